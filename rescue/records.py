@@ -1,0 +1,140 @@
+"""The study's record types: what the journal stores and exports read.
+
+Every durable fact about a study is one of these pydantic models. They carry
+plain data only (digests as hex strings, no arrays), so the pure core
+(classification, statistics, proofs) can be tested without a simulator.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ArmName = Literal["control", "assisted"]
+
+# How an arm ended. `complete`: ran to success or to its horizon.
+# `interrupted`: started but never finished (crash, kill, lost worker).
+# `error`: the infrastructure failed under it (simulator, policy connection).
+ArmStatus = Literal["complete", "interrupted", "error"]
+
+# The seed's assistance statuses. `control` marks the control arm; the rest
+# describe what happened to the assisted arm's single VLM request.
+AssistanceStatus = Literal[
+    "control",
+    "applied",
+    "not_reached",
+    "broker_error",
+    "invalid_response",
+    "timeout",
+]
+
+Label = Literal["rescued", "not_rescued", "unknown", "initial_state_deviation"]
+
+
+class TraceRow(BaseModel):
+    """One policy query: what the policy saw and what it answered, as digests."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: int
+    state: str
+    images: dict[str, str] = Field(default_factory=dict)
+    instruction: str
+    actions: str
+
+
+class Assistance(BaseModel):
+    """What the assisted arm did at the query point (the control arm: status `control`)."""
+
+    status: AssistanceStatus
+    query_step: int | None = None
+    subgoal: str | None = None
+    instruction: str | None = None  # the applied instruction, verbatim
+    instruction_digest: str | None = None
+    call_id: str | None = None  # the receipt's call id
+    request_id: str | None = None  # our request id within that call
+    error_kind: str | None = None
+    error: str | None = None
+
+
+class ArmResult(BaseModel):
+    """One finished (or failed) replay of a case under one arm spec."""
+
+    case_id: str
+    arm: ArmName
+    status: ArmStatus
+    error: str | None = None
+    success: bool | None = None
+    steps: int = 0
+    fingerprint: str | None = None
+    image_fingerprint: dict[str, str] = Field(default_factory=dict)
+    trace: list[TraceRow] = Field(default_factory=list)
+    assistance: Assistance
+    rule_firings: list[dict] = Field(default_factory=list)
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class Usage(BaseModel):
+    """Token counts of one call; each is None when the provider did not report it."""
+
+    input_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+
+class Receipt(BaseModel):
+    """The durable record of one VLM call attempt or outcome (DESIGN §2)."""
+
+    kind: Literal["attempt", "outcome"]
+    call_id: str
+    attempt: int
+    request_ids: list[str]
+    tokens: dict[str, str] = Field(default_factory=dict)  # request id -> per-request token
+    case_ids: list[str]
+    provider_request_id: str | None = None
+    model_requested: str
+    model_reported: str | None = None
+    endpoint_kind: Literal["chat", "responses"]
+    prompt_template: str
+    prompt_template_sha256: str
+    prompt_sha256: str
+    image_sha256: dict[str, list[str]] = Field(default_factory=dict)  # request id -> view digests
+    started_at: float
+    finished_at: float
+    latency_s: float
+    status: Literal["ok", "error", "invalid_response", "timeout"]
+    error_kind: str | None = None
+    error: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    response_sha256: str | None = None
+    subgoals: dict[str, str | None] = Field(default_factory=dict)  # request id -> subgoal
+
+
+class CaseRecord(BaseModel):
+    """Everything the classification of one case needs, gathered from the journal."""
+
+    case_id: str
+    group: str
+    task: str
+    horizon: int
+    query_step: int
+    historical_fingerprint: str | None = None
+    pilot: bool = False
+    interrupted: bool = False
+    control: ArmResult | None = None
+    assisted: ArmResult | None = None
+    receipt: Receipt | None = None  # the outcome receipt of the assisted arm's call
+
+
+class Verdict(BaseModel):
+    """A case's classification and the rule (DESIGN §3 number) that decided it."""
+
+    case_id: str
+    label: Label
+    rule: int
+    reason: str
+    in_m: bool = False
+    in_e: bool = False

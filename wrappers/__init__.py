@@ -1,0 +1,1 @@
+"""Numpy-only policy wrappers: instruction injection, chunk brokering, rule wrappers."""
