@@ -1,0 +1,92 @@
+"""Classification of one case (DESIGN §3): rules checked in order, first match wins."""
+
+from __future__ import annotations
+
+from rescue.proofs import check_evidence, prefix_match
+from rescue.records import ArmResult, CaseRecord, Verdict
+
+# Assistance statuses that mean the VLM request failed (rule 3).
+ASSISTANCE_FAILURES = frozenset({"broker_error", "invalid_response", "timeout"})
+
+
+def deviation_reason(rec: CaseRecord) -> str | None:
+    """Why the case's initial state deviates (rule 1), or None when it does not."""
+    # An arm that never reset has no fingerprint; it is rule 2's business, not a deviation.
+    arms = [(arm.arm, arm.fingerprint) for arm in (rec.control, rec.assisted) if arm is not None]
+    seen = [(name, fp) for name, fp in arms if fp is not None]
+    if rec.historical_fingerprint is not None:
+        for name, fp in seen:
+            if fp != rec.historical_fingerprint:
+                return f"{name} initial-state fingerprint differs from the historical one"
+        return None
+    if len(seen) == 2 and seen[0][1] != seen[1][1]:
+        return "no historical fingerprint; the two arms' initial-state fingerprints differ"
+    return None
+
+
+def _arm_problem(rec: CaseRecord, arm: ArmResult | None, name: str) -> str | None:
+    if arm is None:
+        return f"{name} arm missing"
+    if arm.status != "complete":
+        return f"{name} arm {arm.status}" + (f": {arm.error}" if arm.error else "")
+    # The checks below catch records stitched from the wrong case or arm.
+    if arm.case_id != rec.case_id or arm.arm != name:
+        return f"{name} slot holds {arm.arm} arm of case {arm.case_id!r}"
+    if arm.success is None:
+        return f"{name} arm complete but its success is unknown"
+    if (name == "control") != (arm.assistance.status == "control"):
+        return f"{name} arm has assistance status {arm.assistance.status!r}"
+    return None
+
+
+def invalid_reason(rec: CaseRecord) -> str | None:
+    """Why the pair is missing, interrupted or invalid (rule 2), or None when it is sound."""
+    if rec.interrupted:
+        return "case interrupted"
+    for name, arm in (("control", rec.control), ("assisted", rec.assisted)):
+        problem = _arm_problem(rec, arm, name)
+        if problem is not None:
+            return problem
+    return None
+
+
+def classify(rec: CaseRecord) -> Verdict:
+    """Classify one case by DESIGN §3 and record membership of M and E."""
+    deviation = deviation_reason(rec)
+    invalid = invalid_reason(rec)
+    in_m = False
+    prefix_ok, prefix_why = False, "not checked"
+    if invalid is None:
+        assert rec.control is not None and rec.assisted is not None
+        prefix_ok, prefix_why = prefix_match(rec.control.trace, rec.assisted.trace, rec.query_step)
+        in_m = deviation is None and prefix_ok
+    evidence_ok, evidence_why = check_evidence(rec) if in_m else (False, "not checked")
+    # check_evidence demands status 'applied', so E is "M with the subgoal applied and valid evidence".
+    in_e = in_m and evidence_ok
+
+    def verdict(label: str, rule: int, reason: str) -> Verdict:
+        return Verdict(
+            case_id=rec.case_id, label=label, rule=rule, reason=reason, in_m=in_m, in_e=in_e
+        )
+
+    if deviation is not None:
+        return verdict("initial_state_deviation", 1, deviation)
+    if invalid is not None:
+        return verdict("unknown", 2, invalid)
+    assert rec.control is not None and rec.assisted is not None
+    status = rec.assisted.assistance.status
+    if status in ASSISTANCE_FAILURES:
+        kind = rec.assisted.assistance.error_kind
+        return verdict("unknown", 3, f"assistance {status}" + (f" ({kind})" if kind else ""))
+    if status == "not_reached":
+        ended = f"assisted arm ended at step {rec.assisted.steps}, before the query point {rec.query_step}"
+        return verdict("not_rescued", 4, ended)
+    if not prefix_ok:
+        return verdict("unknown", 5, prefix_why)
+    if not evidence_ok:
+        return verdict("unknown", 6, f"evidence invalid: {evidence_why}")
+    if rec.control.success:
+        return verdict("not_rescued", 7, "control arm succeeded")
+    if not rec.assisted.success:
+        return verdict("not_rescued", 8, "assisted arm failed")
+    return verdict("rescued", 9, "control failed, assisted succeeded, prefix and evidence hold")

@@ -1,0 +1,680 @@
+"""Behaviour of the pure core: query point, digests, proofs, classification, statistics."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from rescue.classify import classify
+from rescue.digest import digest_array, digest_bytes, digest_json, digest_obs, digest_text
+from rescue.proofs import check_evidence, prefix_match, trace_is_regular
+from rescue.querypoint import query_point
+from rescue.records import Assistance, ArmResult, CaseRecord, Receipt, TraceRow, Verdict
+from rescue.stats import block_bootstrap_ci, mcnemar_exact, paired_diff_ci, summarize
+
+H, C = 220, 16
+Q = query_point(H, C)
+FP = digest_text("initial state of the case")
+ORIGINAL = "pick up the black bowl and place it on the plate"
+SUBGOAL = "Move the gripper above the bowl rim and close it."
+
+
+def injected(original: str, subgoal: str) -> str:
+    return original + "\nImmediate next actions: " + subgoal.strip() + "\nThen complete the original task."
+
+
+def make_trace(arm: str, *, applied: str | None = None, end: int = H) -> list[TraceRow]:
+    """One row per query; rows before Q are arm-independent, rows from Q on are not."""
+    rows = []
+    for step in range(0, end, C):
+        before = step < Q
+        tag = "shared" if before else arm
+        instruction = ORIGINAL if before or applied is None else applied
+        rows.append(
+            TraceRow(
+                step=step,
+                state=digest_text(f"{tag}-state-{step}"),
+                images={"agentview": digest_text(f"{tag}-image-{step}")},
+                instruction=digest_text(instruction),
+                actions=digest_text(f"{tag}-actions-{step}"),
+            )
+        )
+    return rows
+
+
+def make_case(
+    case_id: str,
+    *,
+    group: str = "g",
+    task: str = "t",
+    control_success: bool = False,
+    assisted_success: bool = False,
+    pilot: bool = False,
+) -> CaseRecord:
+    """A complete, valid pair: same initial state, same prefix, a receipt tying the subgoal."""
+    instruction = injected(ORIGINAL, SUBGOAL)
+    call_id, request_id = f"call-{case_id}", f"req-{case_id}"
+    control = ArmResult(
+        case_id=case_id,
+        arm="control",
+        status="complete",
+        success=control_success,
+        steps=H,
+        fingerprint=FP,
+        trace=make_trace("control"),
+        assistance=Assistance(status="control"),
+    )
+    assisted = ArmResult(
+        case_id=case_id,
+        arm="assisted",
+        status="complete",
+        success=assisted_success,
+        steps=H,
+        fingerprint=FP,
+        trace=make_trace("assisted", applied=instruction),
+        assistance=Assistance(
+            status="applied",
+            query_step=Q,
+            subgoal=SUBGOAL,
+            instruction=instruction,
+            instruction_digest=digest_text(instruction),
+            call_id=call_id,
+            request_id=request_id,
+        ),
+    )
+    receipt = Receipt(
+        kind="outcome",
+        call_id=call_id,
+        attempt=1,
+        request_ids=[request_id],
+        tokens={request_id: "tok"},
+        case_ids=[case_id],
+        model_requested="vlm",
+        model_reported="vlm",
+        endpoint_kind="chat",
+        prompt_template="subgoal",
+        prompt_template_sha256=digest_text("template"),
+        prompt_sha256=digest_text("prompt"),
+        started_at=0.0,
+        finished_at=1.0,
+        latency_s=1.0,
+        status="ok",
+        response_sha256=digest_text("response"),
+        subgoals={request_id: SUBGOAL},
+    )
+    return CaseRecord(
+        case_id=case_id,
+        group=group,
+        task=task,
+        horizon=H,
+        query_step=Q,
+        historical_fingerprint=FP,
+        pilot=pilot,
+        control=control,
+        assisted=assisted,
+        receipt=receipt,
+    )
+
+
+def replace_row(arm: ArmResult, step: int, **changes) -> None:
+    arm.trace = [r.model_copy(update=changes) if r.step == step else r for r in arm.trace]
+
+
+# Ways to break a record, each aimed at one rule. Each mutates the record in place.
+
+
+def dev_assisted(rec):
+    rec.assisted.fingerprint = digest_text("other state")
+
+
+def dev_control(rec):
+    rec.control.fingerprint = digest_text("other state")
+
+
+def dev_no_history(rec):
+    rec.historical_fingerprint = None
+    rec.assisted.fingerprint = digest_text("other state")
+
+
+def dev_and_interrupted(rec):
+    dev_assisted(rec)
+    rec.interrupted = True
+    rec.assisted.status = "interrupted"
+
+
+def dev_and_missing(rec):
+    dev_control(rec)
+    rec.assisted = None
+
+
+def missing_control(rec):
+    rec.control = None
+
+
+def assisted_interrupted(rec):
+    rec.assisted.status = "interrupted"
+    rec.assisted.success = None
+
+
+def case_interrupted(rec):
+    rec.interrupted = True
+
+
+def control_error(rec):
+    rec.control.status = "error"
+    rec.control.error = "policy connection lost"
+
+
+def timeout_and_diverged(rec):
+    # The VLM timed out; the arm's trace also diverged, so the pair is outside M.
+    rec.assisted.assistance = Assistance(status="timeout", error_kind="ReadTimeout")
+    replace_row(rec.assisted, 0, actions=digest_text("different"))
+
+
+def prefix_row_differs(rec):
+    replace_row(rec.assisted, Q - C, state=digest_text("different"))
+
+
+def prefix_rows_missing(rec):
+    rec.assisted.trace = [r for r in rec.assisted.trace if r.step != C]
+
+
+def evidence_no_receipt(rec):
+    rec.receipt = None
+
+
+def evidence_wrong_call(rec):
+    rec.assisted.assistance.call_id = "call-someone-else"
+
+
+def evidence_wrong_subgoal(rec):
+    rec.receipt.subgoals[rec.assisted.assistance.request_id] = "Open the drawer."
+
+
+def evidence_row_not_applied(rec):
+    replace_row(rec.assisted, Q, instruction=digest_text(ORIGINAL))
+
+
+def evidence_other_case(rec):
+    rec.receipt.case_ids = ["another-case"]
+
+
+DEVIATIONS = [dev_assisted, dev_control, dev_no_history, dev_and_interrupted, dev_and_missing]
+OTHER_UNKNOWNS = [
+    missing_control,
+    assisted_interrupted,
+    case_interrupted,
+    control_error,
+    timeout_and_diverged,
+    prefix_row_differs,
+    prefix_rows_missing,
+]
+EVIDENCE_BREAKS = [
+    evidence_no_receipt,
+    evidence_wrong_call,
+    evidence_wrong_subgoal,
+    evidence_row_not_applied,
+    evidence_other_case,
+]
+
+# The seed's cohort (DESIGN §3): per group, cases by how they were built.
+SEED_PLAN = {
+    "Atomic-Seen": {"rescued": 12, "both_fail": 125, "evidence": 0, "other_unknown": 0, "deviation": 16},
+    "Composite-Seen": {"rescued": 25, "both_fail": 218, "evidence": 2, "other_unknown": 6, "deviation": 70},
+    "Composite-Unseen": {"rescued": 19, "both_fail": 470, "evidence": 3, "other_unknown": 17, "deviation": 21},
+}
+EXPECTED_LABEL = {
+    "rescued": "rescued",
+    "both_fail": "not_rescued",
+    "evidence": "unknown",
+    "other_unknown": "unknown",
+    "deviation": "initial_state_deviation",
+}
+
+
+def build_seed_cohort() -> tuple[list[CaseRecord], dict[str, str]]:
+    """The seed's 1,004 cases built from arms, traces and receipts, plus their planned kind."""
+    records, kinds = [], {}
+    counter = Counter()
+    for group, plan in SEED_PLAN.items():
+        for kind, count in plan.items():
+            for i in range(count):
+                case_id = f"{group}-{kind}-{i}"
+                task = f"{group}/task{counter[group] % 7}"
+                counter[group] += 1
+                rec = make_case(case_id, group=group, task=task, assisted_success=kind == "rescued")
+                if kind == "deviation":
+                    DEVIATIONS[i % len(DEVIATIONS)](rec)
+                elif kind == "other_unknown":
+                    OTHER_UNKNOWNS[i % len(OTHER_UNKNOWNS)](rec)
+                elif kind == "evidence":
+                    EVIDENCE_BREAKS[i % len(EVIDENCE_BREAKS)](rec)
+                records.append(rec)
+                kinds[case_id] = kind
+    # Manifest order should not matter.
+    order = np.random.default_rng(7).permutation(len(records))
+    return [records[i] for i in order], kinds
+
+
+# --- query point -----------------------------------------------------------------
+
+
+def test_query_point_seed_and_libero():
+    assert query_point(1800, 16) == 912
+    assert query_point(220, 16) == 112
+    assert query_point(32, 16) == 16  # H/2 already on the grid
+    assert query_point(221, 1) == 111
+
+
+@pytest.mark.parametrize("h, c", [(0, 16), (220, 0), (-1, 16), (220.0, 16), (True, 16)])
+def test_query_point_rejects_bad_input(h, c):
+    with pytest.raises((ValueError, TypeError)):
+        query_point(h, c)
+
+
+# --- digests ---------------------------------------------------------------------
+
+
+def test_digest_array_sensitive_to_shape_and_dtype():
+    a = np.arange(12, dtype=np.int32)
+    assert a.tobytes() == a.reshape(3, 4).tobytes()
+    assert digest_array(a) != digest_array(a.reshape(3, 4))
+    assert digest_array(a.reshape(3, 4)) != digest_array(a.reshape(4, 3))
+    same_bytes = a.view(np.float32)
+    assert digest_array(a) != digest_array(same_bytes)
+    assert digest_array(a) != digest_array(a.astype(">i4"))  # byte order is part of dtype.str
+
+
+def test_digest_array_stable_for_equal_arrays():
+    a = np.arange(12, dtype=np.float64).reshape(3, 4)
+    assert digest_array(a) == digest_array(a.copy())
+    assert digest_array(a.T) == digest_array(np.ascontiguousarray(a.T))  # layout does not matter
+    assert digest_array(a) != digest_array(a + 1e-12)
+    with pytest.raises(TypeError):
+        digest_array(np.array([{}, 1], dtype=object))
+
+
+def test_digest_text_json_bytes_obs():
+    assert digest_text("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert digest_bytes(b"abc") == digest_text("abc")
+    assert digest_json({"b": 1, "a": "é"}) == digest_json({"a": "é", "b": 1})
+    expected = hashlib.sha256('{"a":"é","b":[1,2]}'.encode("utf-8")).hexdigest()
+    assert digest_json({"b": [1, 2], "a": "é"}) == expected
+    obs = {"wrist": np.zeros((2, 2), np.uint8), "state": np.ones(3)}
+    assert digest_obs(obs) == digest_obs(dict(reversed(list(obs.items()))))
+    assert digest_obs(obs) != digest_obs({"wrist": np.zeros((2, 2), np.uint8), "state": np.ones(3, np.float32)})
+    assert digest_obs(obs) != digest_obs({"wrist2": obs["wrist"], "state": obs["state"]})
+
+
+# --- proofs ----------------------------------------------------------------------
+
+
+def test_trace_is_regular():
+    assert trace_is_regular(make_trace("control"), C)
+    assert not trace_is_regular(make_trace("control"), 8)
+    assert not trace_is_regular([], C)
+    gap = [r for r in make_trace("control") if r.step != 2 * C]
+    assert not trace_is_regular(gap, C)
+    late = [r for r in make_trace("control") if r.step != 0]
+    assert not trace_is_regular(late, C)
+
+
+def test_prefix_match_accepts_identical_prefix_and_ignores_rows_after_q():
+    rec = make_case("p")
+    ok, why = prefix_match(rec.control.trace, rec.assisted.trace, Q)
+    assert ok, why
+    assert rec.control.trace[-1] != rec.assisted.trace[-1]
+
+
+def test_prefix_match_differing_row():
+    rec = make_case("p")
+    replace_row(rec.assisted, 2 * C, images={"agentview": digest_text("x")})
+    ok, why = prefix_match(rec.control.trace, rec.assisted.trace, Q)
+    assert not ok and "images" in why
+
+
+def test_prefix_match_missing_rows():
+    rec = make_case("p")
+    short = [r for r in rec.assisted.trace if r.step < Q - C]
+    ok, why = prefix_match(rec.control.trace, short, Q)
+    assert not ok and "length" in why
+
+
+def test_prefix_match_zero_rows():
+    rec = make_case("p")
+    assert prefix_match(rec.control.trace, rec.assisted.trace, 0)[0] is False
+    assert prefix_match([], [], Q)[0] is False
+
+
+def test_check_evidence_accepts_valid_case():
+    ok, why = check_evidence(make_case("e"))
+    assert ok, why
+
+
+@pytest.mark.parametrize(
+    "breaker, expected",
+    [
+        (evidence_no_receipt, "no receipt"),
+        (evidence_wrong_call, "call id"),
+        (evidence_wrong_subgoal, "subgoal"),
+        (evidence_row_not_applied, "not queried with the applied instruction"),
+        (evidence_other_case, "does not name case"),
+        (lambda r: setattr(r.receipt, "status", "error"), "status"),
+        (lambda r: setattr(r.receipt, "kind", "attempt"), "kind"),
+        (lambda r: setattr(r.assisted.assistance, "request_id", "req-other"), "request id"),
+        (lambda r: setattr(r.assisted.assistance, "query_step", Q + C), "query point"),
+        (lambda r: setattr(r.assisted.assistance, "instruction", ORIGINAL), "digest"),
+        (lambda r: setattr(r.assisted, "trace", [x for x in r.assisted.trace if x.step != Q]), "0 assisted trace rows"),
+    ],
+)
+def test_check_evidence_failures(breaker, expected):
+    rec = make_case("e")
+    breaker(rec)
+    ok, why = check_evidence(rec)
+    assert not ok
+    assert expected in why
+
+
+@pytest.mark.skipif("request_errors" not in Receipt.model_fields, reason="receipt has no per-request errors")
+def test_check_evidence_rejects_request_refused_within_an_ok_call():
+    rec = make_case("e")
+    rec.receipt.request_errors = {"req-e": "token mismatch"}
+    ok, why = check_evidence(rec)
+    assert not ok and "rejected request" in why
+
+
+def test_check_evidence_rejects_empty_subgoal():
+    rec = make_case("e")
+    rec.assisted.assistance.subgoal = "  "
+    rec.receipt.subgoals[rec.assisted.assistance.request_id] = "  "
+    assert check_evidence(rec) == (False, "applied subgoal is empty")
+
+
+# --- classification: each rule on a minimal record -------------------------------
+
+
+def not_reached(rec):
+    rec.assisted.trace = [r for r in rec.assisted.trace if r.step < Q]
+    rec.assisted.steps = Q - 5
+    rec.assisted.assistance = Assistance(status="not_reached")
+    rec.receipt = None
+
+
+@pytest.mark.parametrize(
+    "mutate, label, rule",
+    [
+        (dev_assisted, "initial_state_deviation", 1),
+        (dev_control, "initial_state_deviation", 1),
+        (dev_no_history, "initial_state_deviation", 1),
+        (missing_control, "unknown", 2),
+        (lambda r: setattr(r, "assisted", None), "unknown", 2),
+        (assisted_interrupted, "unknown", 2),
+        (case_interrupted, "unknown", 2),
+        (control_error, "unknown", 2),
+        (lambda r: setattr(r.assisted.assistance, "status", "broker_error"), "unknown", 3),
+        (lambda r: setattr(r.assisted.assistance, "status", "invalid_response"), "unknown", 3),
+        (lambda r: setattr(r.assisted.assistance, "status", "timeout"), "unknown", 3),
+        (not_reached, "not_rescued", 4),
+        (prefix_row_differs, "unknown", 5),
+        (prefix_rows_missing, "unknown", 5),
+        (evidence_no_receipt, "unknown", 6),
+        (evidence_row_not_applied, "unknown", 6),
+        (lambda r: setattr(r.control, "success", True), "not_rescued", 7),
+        (lambda r: setattr(r.assisted, "success", False), "not_rescued", 8),
+        (lambda r: None, "rescued", 9),
+    ],
+)
+def test_each_rule(mutate, label, rule):
+    rec = make_case("c", assisted_success=True)
+    mutate(rec)
+    v = classify(rec)
+    assert (v.label, v.rule) == (label, rule), v.reason
+    assert v.case_id == "c" and v.reason
+
+
+def test_membership_of_m_and_e():
+    ok = classify(make_case("c", assisted_success=True))
+    assert ok.in_m and ok.in_e
+    rec = make_case("c")
+    evidence_wrong_call(rec)
+    v = classify(rec)
+    assert v.in_m and not v.in_e
+    rec = make_case("c")
+    not_reached(rec)
+    v = classify(rec)
+    assert v.in_m and not v.in_e
+    for mutate in DEVIATIONS + OTHER_UNKNOWNS:
+        rec = make_case("c")
+        mutate(rec)
+        v = classify(rec)
+        assert not v.in_m and not v.in_e, mutate.__name__
+
+
+def test_precedence():
+    # A deviation that was also interrupted stays a deviation.
+    rec = make_case("c", assisted_success=True)
+    dev_and_interrupted(rec)
+    assert classify(rec).rule == 1
+    # A deviation with an arm missing is still a deviation.
+    rec = make_case("c")
+    dev_and_missing(rec)
+    assert classify(rec).rule == 1
+    # A missing arm beats an assistance failure.
+    rec = make_case("c")
+    rec.assisted.status = "error"
+    rec.assisted.assistance = Assistance(status="timeout")
+    assert classify(rec).rule == 2
+    # An assistance failure beats a broken prefix.
+    rec = make_case("c")
+    timeout_and_diverged(rec)
+    assert classify(rec).rule == 3
+    # Not reached beats a missing receipt and a control success.
+    rec = make_case("c", control_success=True)
+    not_reached(rec)
+    assert (classify(rec).label, classify(rec).rule) == ("not_rescued", 4)
+    # A broken prefix beats broken evidence.
+    rec = make_case("c", assisted_success=True)
+    prefix_row_differs(rec)
+    evidence_no_receipt(rec)
+    assert classify(rec).rule == 5
+    # Broken evidence beats a control success.
+    rec = make_case("c", control_success=True, assisted_success=True)
+    evidence_wrong_subgoal(rec)
+    assert (classify(rec).label, classify(rec).rule) == ("unknown", 6)
+
+
+def test_fingerprint_of_an_arm_that_never_reset_is_skipped():
+    rec = make_case("c")
+    rec.control.fingerprint = None
+    rec.control.status = "error"
+    assert classify(rec).rule == 2
+    rec = make_case("c", assisted_success=True)
+    rec.historical_fingerprint = None
+    assert classify(rec).label == "rescued"  # arms agree with each other
+    rec = make_case("c")
+    rec.historical_fingerprint = None
+    rec.control.fingerprint = None
+    rec.control.status = "error"
+    assert classify(rec).rule == 2
+
+
+def test_arm_in_the_wrong_slot_is_invalid():
+    rec = make_case("c", assisted_success=True)
+    rec.control.case_id = "other"
+    assert classify(rec).rule == 2
+    rec = make_case("c", assisted_success=True)
+    rec.control.assistance = rec.assisted.assistance  # the control arm got a subgoal
+    assert classify(rec).rule == 2
+
+
+# --- statistics -----------------------------------------------------------------
+
+
+def test_mcnemar_seed():
+    assert round(mcnemar_exact(53, 47), 4) == 0.6173
+    assert mcnemar_exact(0, 0) == 1.0
+    assert mcnemar_exact(5, 5) == 1.0
+    assert mcnemar_exact(56, 0) == pytest.approx(2 * 0.5**56)
+
+
+def _wilson_by_roots(x: int, n: int, z: float) -> tuple[float, float]:
+    # Roots of (p - x/n)^2 = z^2 p (1 - p) / n, solved as a polynomial in p.
+    ph = x / n
+    roots = np.roots([1 + z * z / n, -(2 * ph + z * z / n), ph * ph])
+    return float(min(roots.real)), float(max(roots.real))
+
+
+def _newcombe_by_hand(a: int, b: int, c: int, d: int, z: float = 1.959963984540054):
+    n = a + b + c + d
+    p1, p2 = (a + b) / n, (a + c) / n
+    l1, u1 = _wilson_by_roots(a + b, n, z)
+    l2, u2 = _wilson_by_roots(a + c, n, z)
+    cross = a * d - b * c
+    margins = (a + b) * (c + d) * (a + c) * (b + d)
+    if margins == 0:
+        phi = 0.0  # a marginal is all-or-nothing: no correlation to estimate
+    elif cross > 0:
+        phi = max(cross - n / 2, 0) / math.sqrt(margins)
+    else:
+        phi = cross / math.sqrt(margins)
+    lo = p1 - p2 - math.sqrt((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2)
+    hi = p1 - p2 + math.sqrt((u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2)
+    return lo, hi
+
+
+def test_newcombe_matches_independent_computation():
+    lo, hi = paired_diff_ci(53, 47, 600)
+    assert (lo, hi) == pytest.approx(_newcombe_by_hand(0, 53, 47, 500), abs=1e-9)
+    assert (round(lo, 4), round(hi, 4)) == (-0.0229, 0.0430)
+    lo, hi = paired_diff_ci(53, 47, 600, both_success=120)
+    assert (lo, hi) == pytest.approx(_newcombe_by_hand(120, 53, 47, 380), abs=1e-9)
+
+
+def test_newcombe_published_example():
+    # Cavo et al. (2012) table as worked in Fagerland, Lydersen & Laake: -0.0621 (-0.1186 to -0.0046).
+    lo, hi = paired_diff_ci(6, 16, 161, both_success=59)
+    assert (round(lo, 4), round(hi, 4)) == (-0.1186, -0.0046)
+
+
+@pytest.mark.parametrize(
+    "b, c, n, a",
+    [(53, 47, 600, 0), (56, 0, 874, 0), (0, 0, 10, 0), (10, 0, 10, 0), (0, 10, 10, 0), (3, 1, 20, 16)],
+)
+def test_newcombe_properties(b, c, n, a):
+    lo, hi = paired_diff_ci(b, c, n, both_success=a)
+    point = (b - c) / n
+    assert -1.0 <= lo <= point <= hi <= 1.0
+
+
+def test_newcombe_degenerate_and_invalid():
+    assert all(math.isnan(x) for x in paired_diff_ci(0, 0, 0))
+    with pytest.raises(ValueError):
+        paired_diff_ci(5, 6, 10)
+    with pytest.raises(ValueError):
+        paired_diff_ci(-1, 0, 10)
+
+
+def test_block_bootstrap():
+    rng = np.random.default_rng(0)
+    pairs = [(f"task{i % 12}", bool(rng.random() < 0.3), bool(rng.random() < 0.4)) for i in range(600)]
+    lo, hi = block_bootstrap_ci(pairs, seed=1)
+    point = np.mean([p[2] for p in pairs]) - np.mean([p[1] for p in pairs])
+    assert lo <= point <= hi
+    assert block_bootstrap_ci(pairs, seed=1) == (lo, hi)
+    assert block_bootstrap_ci(pairs, seed=2) != (lo, hi)
+    assert all(math.isnan(x) for x in block_bootstrap_ci([], seed=1))
+    same = [("t", True, True)] * 5
+    assert block_bootstrap_ci(same, seed=1) == (0.0, 0.0)
+
+
+# --- the seed cohort -------------------------------------------------------------
+
+
+def test_seed_cohort_summary():
+    records, kinds = build_seed_cohort()
+    pilots = [
+        make_case(f"pilot-{i}", group="Atomic-Seen", task="Atomic-Seen/task0", assisted_success=True, pilot=True)
+        for i in range(3)
+    ]
+    records = records + pilots
+    verdicts = [classify(rec) for rec in records]
+    for rec, v in zip(records, verdicts):
+        if not rec.pilot:
+            assert v.label == EXPECTED_LABEL[kinds[rec.case_id]], (rec.case_id, v.reason)
+
+    s = summarize(records, verdicts)
+    assert s.n == 1004
+    assert s.counts == {"rescued": 56, "not_rescued": 813, "unknown": 28, "initial_state_deviation": 107}
+    assert (s.r, s.m, s.e) == (56, 874, 869)
+    assert round(100 * s.r_over_n, 2) == 5.58
+    assert round(100 * s.r_over_m, 2) == 6.41
+    assert round(100 * s.r_over_e, 2) == 6.44
+    assert s.pairs.model_dump() == {"assisted_only": 56, "control_only": 0, "both_success": 0, "both_fail": 818}
+
+    groups = {g: (b.rescued, b.n) for g, b in s.per_group.items()}
+    assert groups == {"Atomic-Seen": (12, 153), "Composite-Seen": (25, 321), "Composite-Unseen": (19, 530)}
+    assert s.per_group["Atomic-Seen"].counts == {"rescued": 12, "not_rescued": 125, "unknown": 0, "initial_state_deviation": 16}
+    assert s.per_group["Composite-Seen"].counts == {"rescued": 25, "not_rescued": 218, "unknown": 8, "initial_state_deviation": 70}
+    assert s.per_group["Composite-Unseen"].counts == {"rescued": 19, "not_rescued": 470, "unknown": 20, "initial_state_deviation": 21}
+    assert s.per_group["Composite-Seen"].rate == pytest.approx(25 / 321)
+
+    # Per task: expected from how each case was built, not from the verdicts.
+    expected_tasks: dict[str, Counter] = {}
+    for rec in records:
+        if not rec.pilot:
+            expected_tasks.setdefault(rec.task, Counter())[EXPECTED_LABEL[kinds[rec.case_id]]] += 1
+    assert set(s.per_task) == set(expected_tasks)
+    for task, counter in expected_tasks.items():
+        got = s.per_task[task]
+        assert got.n == sum(counter.values())
+        assert {k: v for k, v in got.counts.items() if v} == dict(counter)
+    assert sum(t.n for t in s.per_task.values()) == 1004
+
+    # Which rule decided: 5 unknowns by evidence, the rest by rules 2, 3 and 5.
+    rules = Counter((v.label, v.rule) for rec, v in zip(records, verdicts) if not rec.pilot)
+    assert rules[("unknown", 6)] == 5
+    assert rules[("unknown", 2)] + rules[("unknown", 3)] + rules[("unknown", 5)] == 23
+    assert rules[("unknown", 3)] > 0 and rules[("unknown", 5)] > 0
+    assert rules[("not_rescued", 8)] == 813
+
+    assert s.mcnemar_p == pytest.approx(2 * 0.5**56)
+    assert s.diff == pytest.approx(56 / 874)
+    lo, hi = s.diff_ci
+    assert 0 < lo < s.diff < hi < 1
+    assert (lo, hi) == pytest.approx(_newcombe_by_hand(0, 56, 0, 818), abs=1e-9)
+
+    assert s.pilot_ids == [f"pilot-{i}" for i in range(3)]
+    assert s.pilot is not None and s.pilot.n == 3 and s.pilot.r == 3
+    assert s.pilot.pilot is None
+
+    # The summary round-trips through JSON (what exports write).
+    assert type(s).model_validate_json(s.model_dump_json()) == s
+
+
+def test_summary_keeps_every_case_in_the_denominator():
+    records, _ = build_seed_cohort()
+    verdicts = [classify(rec) for rec in records]
+    with pytest.raises(ValueError):
+        summarize(records, verdicts[:-1])
+    with pytest.raises(ValueError):
+        summarize(records + records[:1], verdicts)
+
+
+def test_summary_rejects_broken_invariant():
+    rec = make_case("x")
+    forged = Verdict(case_id="x", label="rescued", rule=9, reason="forged", in_m=False, in_e=False)
+    with pytest.raises(ValueError, match="R <= E <= M <= N"):
+        summarize([rec], [forged])
+    forged = Verdict(case_id="x", label="not_rescued", rule=8, reason="forged", in_m=False, in_e=True)
+    with pytest.raises(ValueError):
+        summarize([rec], [forged])
+
+
+def test_empty_summary():
+    s = summarize([], [])
+    assert s.n == 0 and s.r_over_n is None and s.r_over_m is None and s.diff_ci is None
+    assert s.mcnemar_p == 1.0 and s.pilot is None and s.pilot_ids == []
