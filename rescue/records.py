@@ -111,6 +111,10 @@ class Receipt(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     response_sha256: str | None = None
     subgoals: dict[str, str | None] = Field(default_factory=dict)  # request id -> subgoal
+    # A batched call can succeed for some of its requests and not for others.
+    request_status: dict[str, str] = Field(default_factory=dict)  # request id -> answer status
+    request_errors: dict[str, str] = Field(default_factory=dict)  # request id -> why rejected
+    sent_image_sha256: list[str] = Field(default_factory=list)  # images as sent (views or contact sheet)
 
 
 class CaseRecord(BaseModel):
