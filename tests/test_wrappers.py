@@ -1,0 +1,250 @@
+"""Wrappers: instruction injection, chunk brokering, and the rule framework."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rescue.digest import digest_array
+from wrappers.chunk_broker import ActionChunkBroker
+from wrappers.injection import inject, parse_injection
+from wrappers.rules import (
+    ActionLayout,
+    ChunkCompression,
+    GripperRecovery,
+    RuleSet,
+    RuleWrapper,
+    StageRollback,
+)
+
+# --- injection -------------------------------------------------------------
+
+
+def test_inject_is_exact():
+    original = "put the bowl on the plate"
+    got = inject(original, "  grasp the bowl rim \n")
+    assert got == (
+        "put the bowl on the plate\nImmediate next actions: grasp the bowl rim"
+        "\nThen complete the original task."
+    )
+
+
+@pytest.mark.parametrize("subgoal", ["", "   ", "\n\t "])
+def test_inject_refuses_empty_subgoal(subgoal):
+    with pytest.raises(ValueError):
+        inject("open the drawer", subgoal)
+
+
+@pytest.mark.parametrize(
+    "original,subgoal",
+    [
+        ("open the drawer", "move left"),
+        ("pick up the cup", "line one\nline two"),
+        ("", "x"),
+    ],
+)
+def test_parse_injection_inverts_inject(original, subgoal):
+    assert parse_injection(inject(original, subgoal)) == (original, subgoal)
+
+
+def test_parse_injection_without_subgoal():
+    assert parse_injection("open the drawer") == ("open the drawer", None)
+    partial = "open the drawer\nImmediate next actions: x"
+    assert parse_injection(partial) == (partial, None)
+
+
+# --- chunk broker ----------------------------------------------------------
+
+
+class CountingPolicy:
+    """Returns chunks whose values tell which call and which row they came from."""
+
+    def __init__(self, chunk: int = 4, dim: int = 7) -> None:
+        self.calls = 0
+        self.resets = 0
+        self.prompts: list[str] = []
+        self.chunk, self.dim = chunk, dim
+
+    def infer(self, obs: dict) -> dict:
+        self.calls += 1
+        self.prompts.append(obs.get("prompt", ""))
+        rows = np.arange(self.chunk, dtype=np.float32)[:, None] + 100 * self.calls
+        return {"actions": np.repeat(rows, self.dim, axis=1), "server_timing": {"infer_ms": 1.0}}
+
+    def reset(self) -> None:
+        self.resets += 1
+
+
+def test_broker_hands_out_chunk_then_requeries():
+    inner = CountingPolicy(chunk=4)
+    broker = ActionChunkBroker(inner, action_horizon=3)
+    firsts = [broker.infer({"prompt": "a"})["actions"][0] for _ in range(4)]
+    assert firsts == [100, 101, 102, 200]
+    assert inner.calls == 2
+    step = broker.infer({})
+    assert step["actions"].shape == (7,)
+    assert step["server_timing"] == {"infer_ms": 1.0}  # non-chunk entries pass through
+
+
+def test_broker_flush_discards_old_plan():
+    inner = CountingPolicy(chunk=8)
+    broker = ActionChunkBroker(inner, action_horizon=8)
+    broker.infer({"prompt": "old"})
+    broker.infer({"prompt": "old"})
+    assert broker.remaining == 6
+    broker.flush()
+    assert broker.remaining == 0
+    out = broker.infer({"prompt": inject("old", "new step")})
+    assert out["actions"][0] == 200  # first row of a fresh chunk
+    assert inner.prompts[-1].endswith("Then complete the original task.")
+
+
+def test_broker_reset_resets_inner_and_flushes():
+    inner = CountingPolicy(chunk=4)
+    broker = ActionChunkBroker(inner, action_horizon=4)
+    broker.infer({})
+    broker.reset()
+    assert inner.resets == 1
+    assert broker.infer({})["actions"][0] == 200
+
+
+# --- rules -----------------------------------------------------------------
+
+
+class StagePolicy:
+    """A scripted LIBERO-shaped policy: fixed chunk, a stage vote in the reply."""
+
+    def __init__(self, chunk: np.ndarray, stages: list[int] | None = None) -> None:
+        self._chunk = chunk
+        self._stages = list(stages or [])
+        self.seen_obs: list[dict] = []
+
+    def infer(self, obs: dict) -> dict:
+        self.seen_obs.append(obs)
+        reply = {"actions": self._chunk.copy()}
+        if self._stages:
+            reply["stage"] = self._stages.pop(0)
+        return reply
+
+    def reset(self) -> None:
+        pass
+
+
+def _smooth_chunk(n: int = 26, gripper: float = -1.0) -> np.ndarray:
+    chunk = np.zeros((n, 7), dtype=np.float32)
+    chunk[:, 0] = np.linspace(0.1, 0.5, n)  # x deltas
+    chunk[:, 2] = -0.05
+    chunk[:, 6] = gripper
+    return chunk
+
+
+def _obs(gripper_opening: float = 0.04) -> dict:
+    state = np.array([0.1, 0.2, 0.3, 0.0, 0.0, 0.0, gripper_opening, -gripper_opening], dtype=np.float32)
+    return {"observation/state": state, "prompt": "pick up the cup"}
+
+
+def _assert_firing(firing: dict, rule: str, step: int, before: np.ndarray, after: np.ndarray):
+    assert firing == {
+        "step": step,
+        "rule": rule,
+        "before": digest_array(before),
+        "after": digest_array(after),
+    }
+
+
+def test_rules_are_all_off_by_default():
+    rules = RuleSet().rules()
+    assert [r.name for r in rules] == ["stage_rollback", "gripper_recovery", "chunk_compression"]
+    assert not any(r.enabled for r in rules)
+    chunk = _smooth_chunk()
+    inner = StagePolicy(chunk, stages=[4, 4])
+    wrapper = RuleWrapper(inner, rules)
+    for _ in range(2):
+        out = wrapper.infer(_obs(gripper_opening=0.0))
+        np.testing.assert_array_equal(out["actions"], chunk)
+    assert wrapper.firings == []
+    assert wrapper.stage == 4
+
+
+def test_ruleset_refuses_unknown_names():
+    with pytest.raises(ValueError):
+        RuleSet(enabled=["gripper_recovery", "no_such_rule"]).rules()
+
+
+def test_stage_rollback_alone():
+    chunk = _smooth_chunk()
+    inner = StagePolicy(chunk, stages=[1, 2, 4, 3])
+    log: list[dict] = []
+    wrapper = RuleWrapper(inner, RuleSet(enabled=["stage_rollback"]).rules(), log=log, stage_obs_key="stage")
+    for step in (0, 16, 32):
+        out = wrapper.infer(_obs(gripper_opening=0.0), step=step)
+        np.testing.assert_array_equal(out["actions"], chunk)  # rollback does not rewrite actions
+    assert wrapper.stage == 2 and wrapper.votes == []
+    assert log is wrapper.firings and len(log) == 1
+    _assert_firing(log[0], "stage_rollback", 32, chunk, chunk)
+    # The next query is conditioned on the rolled-back stage.
+    wrapper.infer(_obs(), step=48)
+    assert inner.seen_obs[-1]["stage"] == 2
+    assert wrapper.votes == [3]
+
+
+def test_gripper_recovery_alone_overwrites_whole_chunk():
+    chunk = _smooth_chunk(gripper=1.0)  # policy keeps closing
+    inner = StagePolicy(chunk, stages=[2, 2])
+    wrapper = RuleWrapper(inner, [GripperRecovery(enabled=True), StageRollback(), ChunkCompression()])
+    open_out = wrapper.infer(_obs(gripper_opening=0.03))  # not closed: no firing
+    np.testing.assert_array_equal(open_out["actions"], chunk)
+    out = wrapper.infer(_obs(gripper_opening=0.0005), step=16)
+    expected = np.zeros_like(chunk)
+    expected[:, 6] = -1.0  # hold still (zero deltas), gripper open
+    np.testing.assert_array_equal(out["actions"], expected)
+    assert len(wrapper.firings) == 1
+    _assert_firing(wrapper.firings[0], "gripper_recovery", 16, chunk, expected)
+
+
+def test_gripper_recovery_respects_stage_gate_and_absolute_layout():
+    chunk = np.ones((5, 3), dtype=np.float64)
+    layout = ActionLayout(
+        action_dim=3,
+        gripper_dims=(2,),
+        open_value=1.0,
+        close_value=0.0,
+        relative=False,
+        hold_state_dims=(0, 1, 2),
+        state_key="state",
+        gripper_state_dims=(2,),
+    )
+    obs = {"state": np.array([0.5, -0.25, 0.0])}
+    rule = GripperRecovery(enabled=True)
+    early = RuleWrapper(StagePolicy(chunk, stages=[1]), [rule], layout=layout)
+    early.infer(obs)
+    assert early.firings == []  # the seed's rule only acts from stage 2 on
+    late = RuleWrapper(StagePolicy(chunk, stages=[3]), [rule], layout=layout)
+    out = late.infer(obs)["actions"]
+    np.testing.assert_array_equal(out, np.tile([0.5, -0.25, 1.0], (5, 1)))
+
+
+def test_chunk_compression_alone():
+    chunk = np.concatenate([_smooth_chunk(26), _smooth_chunk(4)])
+    wrapper = RuleWrapper(StagePolicy(chunk), RuleSet(enabled=["chunk_compression"]).rules())
+    out = wrapper.infer(_obs())["actions"]
+    assert out.shape == (20 + 4, 7) and out.dtype == chunk.dtype
+    # Relative actions: the compressed steps cover the same displacement.
+    np.testing.assert_allclose(out[:20, :6].sum(axis=0), chunk[:26, :6].sum(axis=0), rtol=1e-5)
+    np.testing.assert_array_equal(out[:20, 6], -1.0)
+    np.testing.assert_array_equal(out[20:], chunk[26:])
+    _assert_firing(wrapper.firings[0], "chunk_compression", 0, chunk, out)
+
+
+def test_chunk_compression_gated_by_gripper_span():
+    chunk = _smooth_chunk(30)
+    chunk[15:, 6] = 1.0  # a close inside the chunk: span 2 > 0.2
+    wrapper = RuleWrapper(StagePolicy(chunk), [ChunkCompression(enabled=True)])
+    np.testing.assert_array_equal(wrapper.infer(_obs())["actions"], chunk)
+    assert wrapper.firings == []
+
+
+def test_ruleset_params_reach_the_rule():
+    rules = RuleSet(enabled=["chunk_compression"], params={"chunk_compression": {"keep": 5, "of": 10}}).rules()
+    wrapper = RuleWrapper(StagePolicy(_smooth_chunk(10)), rules)
+    assert wrapper.infer(_obs())["actions"].shape == (5, 7)
