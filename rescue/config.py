@@ -1,0 +1,68 @@
+"""The study configuration: one pydantic model, loadable from TOML, overridable by flags."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rescue.digest import canonical_json, digest_text
+from rescue.vlm.client import VLMConfig
+
+
+class PolicyConfig(BaseModel):
+    """Where the frozen policy is served, or which in-process policy to serve."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = None  # ws://host:port; None serves `factory` on loopback
+    factory: str = "rescue.policy.scripted:make_policy"
+    api_key_env: str | None = None
+    replan_interval: int | None = None  # C; None takes the server's `action_horizon`
+    seed_offset: int = 0
+
+
+class EnvConfig(BaseModel):
+    """Which simulator adapter to run and how many processes of it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    adapter: str = "rescue.env.libero:LiberoAdapter"
+    simulators: int = 2
+    image_size: int = 256
+
+
+class StudyConfig(BaseModel):
+    """Everything that decides how a study runs; its sha256 is written into the study folder."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    # base_url "local" serves the bundled OpenAI-compatible endpoint on loopback.
+    vlm: VLMConfig = Field(default_factory=lambda: VLMConfig(base_url="local"))
+    cases_in_flight: int = 2
+    keepalive_s: float = 120.0
+    arms: tuple[str, ...] = ("control", "assisted")
+
+    def sha256(self) -> str:
+        """Digest of the resolved configuration."""
+        return digest_text(canonical_json(self.model_dump(mode="json")))
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> StudyConfig:
+    """Read a TOML file (if any), apply dotted-key overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return StudyConfig.model_validate(data)
