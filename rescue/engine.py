@@ -26,6 +26,7 @@ from rescue.arm import ArmSpec, run_arm
 from rescue.classify import classify
 from rescue.config import StudyConfig
 from rescue.env.pool import SimPool
+from rescue.evaluation import classify_episode
 from rescue.journal import Journal
 from rescue.manifest import Case, Manifest, write_manifest
 from rescue.policy.ws_client import WebsocketPolicyClient
@@ -96,6 +97,20 @@ def case_record(case: Case, arms: dict[str, ArmResult], receipts: dict[str, Rece
         assisted=assisted,
         receipt=receipt,
     )
+
+
+def is_evaluation(config: StudyConfig) -> bool:
+    """An evaluation study runs the control arm only."""
+    return tuple(config.arms) == ("control",)
+
+
+def classify_any(
+    config: StudyConfig, case: Case, arms: dict[str, ArmResult], receipts: dict[str, Receipt], interval: int, interrupted: bool
+) -> Verdict:
+    """Label a case: an episode label in an evaluation study, DESIGN §3 in a rescue study."""
+    if is_evaluation(config):
+        return classify_episode(case.case_id, arms.get("control"), interrupted)
+    return classify(case_record(case, arms, receipts, interval, interrupted))
 
 
 def outcome_receipts(path: Path) -> dict[str, Receipt]:
@@ -190,6 +205,9 @@ class Engine:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)
 
+    def _classify(self, case: Case, arms: dict[str, ArmResult], interval: int, interrupted: bool) -> Verdict:
+        return classify_any(self.config, case, arms, self._receipts, interval, interrupted)
+
     def _on_signal(self, sig: int) -> None:
         log.warning("study.draining", signal=signal.Signals(sig).name)
         self.drain()
@@ -211,7 +229,7 @@ class Engine:
         if assisted is not None and assisted.assistance.call_id:
             self._receipts.update(outcome_receipts(self.study_dir / RECEIPTS_FILE))
             self.journal.index_receipt(assisted.assistance.call_id, [case.case_id], RECEIPTS_FILE)
-        verdict = classify(case_record(case, by_arm, self._receipts, services.interval, interrupted=False))
+        verdict = self._classify(case, by_arm, services.interval, interrupted=False)
         self.journal.finish(case.case_id, verdict)
         log.info("case.classified", case_id=case.case_id, label=verdict.label, rule=verdict.rule, reason=verdict.reason)
         if self.on_case:
@@ -250,6 +268,7 @@ class Engine:
 def recover(study_dir: Path) -> list[str]:
     """Turn started-unfinished cases into `unknown` (reason: interrupted); return their ids."""
     study_dir = Path(study_dir)
+    config = load_study_config(study_dir)
     journal = Journal.open(study_dir)
     try:
         interval = int(journal.meta().get("replan_interval") or 0) or None
@@ -257,8 +276,7 @@ def recover(study_dir: Path) -> list[str]:
         receipts = outcome_receipts(study_dir / RECEIPTS_FILE)
         for case_id in ids:
             case = journal.case(case_id)
-            rec = case_record(case, journal.arms(case_id), receipts, interval or 1, interrupted=True)
-            verdict = classify(rec)
+            verdict = classify_any(config, case, journal.arms(case_id), receipts, interval or 1, interrupted=True)
             journal.set_verdict(case_id, verdict)
             log.info("case.classified", case_id=case_id, label=verdict.label, rule=verdict.rule, reason="interrupted")
         return ids

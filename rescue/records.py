@@ -30,6 +30,8 @@ AssistanceStatus = Literal[
 ]
 
 Label = Literal["rescued", "not_rescued", "unknown", "initial_state_deviation"]
+# An evaluation study (control arm only) labels episodes instead.
+EpisodeLabel = Literal["success", "failure", "unknown"]
 
 
 class TraceRow(BaseModel):
@@ -137,7 +139,7 @@ class Verdict(BaseModel):
     """A case's classification and the rule (DESIGN §3 number) that decided it."""
 
     case_id: str
-    label: Label
+    label: Label | EpisodeLabel
     rule: int
     reason: str
     in_m: bool = False

@@ -42,9 +42,13 @@ def _serve(conn, adapter_spec: str, adapter_kwargs: dict) -> None:
         if method == "stop":
             break
         try:
-            conn.send(("ok", getattr(adapter, method)(*args)))
+            reply = ("ok", getattr(adapter, method)(*args))
         except BaseException:
-            conn.send(("error", traceback.format_exc()))
+            reply = ("error", traceback.format_exc())
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            break  # the driver is gone (killed or crashed): nothing to answer
     adapter.close()
 
 

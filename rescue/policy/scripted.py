@@ -113,7 +113,7 @@ class ScriptedPickPlace:
             "descend": self._descended(obs) or self._phase_queries >= 4,
             "grasp": self._phase_queries >= 1,
             "lift": self._grasp_z is not None and eef[2] > self._grasp_z + 0.09,
-            "carry": near < 0.03,
+            "carry": near < 0.03 or self._phase_queries >= 8,
             "lower": near < 0.02,
             "release": self._phase_queries >= 1,
             "retreat": near < 0.03,

@@ -1,0 +1,86 @@
+"""Terminal renderings of a study's figures (pure: data in, rich renderables out)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from rescue.evaluation import EvalSummary
+from rescue.stats import Summary
+
+LABEL_ORDER = ("rescued", "not_rescued", "unknown", "initial_state_deviation")
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.2f}%"
+
+
+def summary_table(summary: Summary, title: str) -> Table:
+    """DESIGN §3 summary: counts, R/N, R/M, R/E, the 2x2 of M, McNemar and the paired CI."""
+    t = Table(title=title, show_header=False)
+    t.add_row("cases (N, fixed)", str(summary.n))
+    for label in LABEL_ORDER:
+        t.add_row(label, str(summary.counts.get(label, 0)))
+    t.add_row("M (valid, complete, no deviation, exact prefix)", str(summary.m))
+    t.add_row("E (M with the subgoal applied, valid evidence)", str(summary.e))
+    t.add_row("R/N  R/M  R/E", f"{_pct(summary.r_over_n)}  {_pct(summary.r_over_m)}  {_pct(summary.r_over_e)}")
+    p = summary.pairs
+    t.add_row(
+        "2x2 of M",
+        f"assisted-only {p.assisted_only}, control-only {p.control_only}, both success {p.both_success}, both fail {p.both_fail}",
+    )
+    t.add_row("exact McNemar p (discordant pairs)", f"{summary.mcnemar_p:.4f}")
+    if summary.diff is not None and summary.diff_ci is not None:
+        lo, hi = summary.diff_ci
+        t.add_row(f"paired difference, {int(summary.confidence * 100)}% CI", f"{_pct(summary.diff)} [{_pct(lo)}, {_pct(hi)}]")
+    return t
+
+
+def group_table(summary: Summary) -> Table:
+    """Per group: the fixed count, each label, rescued / fixed."""
+    t = Table(title="per group")
+    for col in ("group", "cases", *LABEL_ORDER, "R/N"):
+        t.add_column(col)
+    for group, b in sorted(summary.per_group.items()):
+        t.add_row(group, str(b.n), *(str(b.counts.get(k, 0)) for k in LABEL_ORDER), _pct(b.rate))
+    return t
+
+
+def usage_table(usage: Any) -> Table:
+    """VLM calls, statuses, tokens (a total only when every call reported the counter), latency."""
+    t = Table(title="VLM usage", show_header=False)
+    t.add_row("calls (deduplicated)", f"{usage.calls} ({', '.join(f'{k} {v}' for k, v in sorted(usage.by_status.items()))})")
+    for name, tally in usage.tokens.items():
+        total = tally.total if tally.total is not None else f"unknown ({tally.known_sum} known, {tally.calls_without} call(s) lack it)"
+        t.add_row(f"{name} tokens", str(total))
+    lat = usage.latency
+    if lat.median_s is not None:
+        t.add_row("latency", f"sum {lat.sum_s:.2f} s, median {lat.median_s:.2f} s, range {lat.min_s:.2f}-{lat.max_s:.2f} s")
+    return t
+
+
+def render_summary(export: Any) -> Group:
+    """A rescue study's export as tables: summary, per group, pilot apart, usage."""
+    parts: list[Any] = []
+    if getattr(export, "n_pending", 0):
+        parts.append(Text(f"{export.n_pending} case(s) never started (pending); they are outside these figures until run"))
+    parts += [summary_table(export.summary, "rescue study"), group_table(export.summary)]
+    if export.summary.pilot is not None:
+        parts.append(Text(f"pilot cases (not in N): {', '.join(export.summary.pilot_ids)}"))
+        parts.append(summary_table(export.summary.pilot, "pilot"))
+    parts.append(usage_table(export.usage))
+    return Group(*parts)
+
+
+def render_eval(summary: EvalSummary) -> Table:
+    """An evaluation's success per task and overall, unknown and unexecuted shown."""
+    t = Table(title="baseline evaluation")
+    for col in ("task", "episodes", "success", "failure", "unknown", "unexecuted", "success rate"):
+        t.add_column(col)
+    rows = [*sorted(summary.per_task.items()), ("overall", summary.overall)]
+    for name, r in rows:
+        t.add_row(name, str(r.n), str(r.success), str(r.failure), str(r.unknown), str(r.unexecuted), _pct(r.rate))
+    return t

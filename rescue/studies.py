@@ -1,0 +1,153 @@
+"""What the commands do, as library functions: run, resume, continue, evaluate, demo."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+from rescue import logs
+from rescue.config import StudyConfig
+from rescue.engine import (
+    MANIFEST_FILE,
+    StudyError,
+    complement_manifest,
+    create_study,
+    is_evaluation,
+    load_study_config,
+    new_study_dir,
+    recover,
+    run_study,
+)
+from rescue.evaluation import EvalSummary, episode_cases, failure_cases, mark_pilot, summarize_eval
+from rescue.journal import Journal
+from rescue.manifest import Case, Manifest, load_manifest, parse_manifest, write_manifest
+from rescue.records import Verdict
+
+OnCase = Callable[[Verdict], None] | None
+
+
+def _manifest_of(cases: list[Case], source: str) -> Manifest:
+    body = "".join(c.model_dump_json(exclude_none=True) + "\n" for c in cases)
+    return parse_manifest(body.encode(), source)
+
+
+def _run(study_dir: Path, on_case: OnCase, verbose: bool) -> None:
+    logs.configure(study_dir / "events.jsonl", verbose)
+    asyncio.run(run_study(study_dir, on_case))
+
+
+def run_manifest(
+    manifest_path: Path, study_dir: Path | None, config: StudyConfig, on_case: OnCase = None, verbose: bool = False
+) -> Path:
+    """Create a study from a manifest and run every case."""
+    manifest = load_manifest(manifest_path)
+    study_dir = Path(study_dir) if study_dir else new_study_dir()
+    create_study(study_dir, manifest, config, {"kind": "evaluation" if is_evaluation(config) else "rescue"}).close()
+    _run(study_dir, on_case, verbose)
+    return study_dir
+
+
+def resume(study_dir: Path, on_case: OnCase = None, verbose: bool = False) -> list[str]:
+    """Record started-unfinished cases as unknown (interrupted), then run the never-started ones."""
+    study_dir = Path(study_dir)
+    with Journal.open(study_dir) as journal:
+        meta = journal.meta()
+        if meta.get("continued_by"):
+            raise StudyError(f"{study_dir} was continued by {meta['continued_by']}; resume that study instead")
+        journal.clear_drain()
+    logs.configure(study_dir / "events.jsonl", verbose)
+    interrupted = recover(study_dir)
+    _run(study_dir, on_case, verbose)
+    return interrupted
+
+
+def continue_from(prior: Path, new_dir: Path, on_case: OnCase = None, verbose: bool = False) -> Path:
+    """Run the never-claimed complement of a prior study as a new study (partition by claim)."""
+    prior, new_dir = Path(prior), Path(new_dir)
+    recover(prior)
+    cases = complement_manifest(prior)
+    if not cases:
+        raise StudyError(f"{prior} has no never-started case to continue with")
+    config = load_study_config(prior)
+    with Journal.open(prior) as journal:
+        if journal.meta().get("continued_by"):
+            raise StudyError(f"{prior} was already continued by {journal.meta()['continued_by']}")
+        # Close the prior study to dispatch first, so no case can run in both.
+        journal.set_meta("continued_by", str(new_dir))
+        journal.request_drain()
+    create_study(new_dir, _manifest_of(cases, str(Path(prior) / MANIFEST_FILE)), config, {"kind": "rescue", "continues": str(prior)}).close()
+    _run(new_dir, on_case, verbose)
+    return new_dir
+
+
+def evaluate(
+    suite: str,
+    tasks: list[int],
+    episodes: int,
+    horizon: int | None,
+    study_dir: Path | None,
+    config: StudyConfig,
+    on_case: OnCase = None,
+    verbose: bool = False,
+    first_init: int = 0,
+) -> Path:
+    """A baseline evaluation: control arms over official initial states, same journal and rules."""
+    from rescue.env.libero import SUITE_HORIZON
+
+    horizon = horizon or SUITE_HORIZON[suite]
+    cases = episode_cases(suite, tasks, episodes, horizon, first_init)
+    config = config.model_copy(update={"arms": ("control",)})
+    study_dir = Path(study_dir) if study_dir else new_study_dir()
+    create_study(study_dir, _manifest_of(cases, f"{suite} x{episodes}"), config, {"kind": "evaluation"}).close()
+    _run(study_dir, on_case, verbose)
+    return study_dir
+
+
+def eval_summary(study_dir: Path) -> EvalSummary:
+    """Success per task and group of an evaluation study, with unknown and unexecuted episodes."""
+    with Journal.open(study_dir, readonly=True) as journal:
+        return summarize_eval(journal.cases(), journal.verdicts())
+
+
+def manifest_from_eval(eval_dir: Path, out: Path, pilot_tasks: int = 0, limit: int | None = None) -> list[Case]:
+    """Write the failure manifest of an evaluation study, with fingerprints and provenance."""
+    with Journal.open(eval_dir, readonly=True) as journal:
+        meta = journal.meta()
+        if meta.get("kind") != "evaluation":
+            raise StudyError(f"{eval_dir} is not an evaluation study")
+        provenance = {
+            "eval_study": meta.get("study_id"),
+            "eval_config_sha256": meta.get("config_sha256"),
+            "eval_manifest_sha256": meta.get("manifest_sha256"),
+        }
+        cases = failure_cases(journal.cases(), journal.verdicts(), journal.all_arms(), provenance)
+    if limit is not None:
+        cases = cases[:limit]
+    if pilot_tasks:
+        cases = mark_pilot(cases, pilot_tasks)
+    write_manifest(cases, out)
+    return cases
+
+
+def demo(
+    root: Path = Path("queue"),
+    tasks: tuple[int, ...] = (0, 1, 2, 3),
+    episodes: int = 3,
+    max_cases: int = 6,
+    on_case: OnCase = None,
+    verbose: bool = False,
+) -> dict[str, Path]:
+    """Evaluate the embedded default, collect its real failures, and run the rescue study over them."""
+    base = Path(root) / f"demo-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    config = StudyConfig()
+    baseline = evaluate("libero_object", list(tasks), episodes, None, base / "baseline", config, on_case, verbose)
+    manifest = base / "failures.jsonl"
+    cases = manifest_from_eval(baseline, manifest, limit=max_cases)
+    paths = {"baseline": baseline, "manifest": manifest}
+    if cases:
+        paths["rescue"] = run_manifest(manifest, base / "rescue", config, on_case, verbose)
+    (base / "demo.json").write_text(json.dumps({k: str(v) for k, v in paths.items()}, indent=2) + "\n")
+    return paths
