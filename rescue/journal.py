@@ -1,8 +1,10 @@
 """The journal: a study's one source of truth (DESIGN §4, §5).
 
 One SQLite file in WAL mode in the study folder holds the cases, their
-claims, arm results, verdicts and the receipts index. The rules of §4 live
-here as constraints rather than conventions:
+claims, arm results (each with the sha256 of its canonical JSON), verdicts
+and the receipts index (each entry with the sha256 of its receipt line), so
+that `rescue verify` can tell a record changed after it was written. The
+rules of §4 live here as constraints rather than conventions:
 
 - a claim is a compare-and-set from `pending`, committed before the caller
   touches the simulator, and a case once claimed is never pending again;
@@ -27,11 +29,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from rescue.digest import digest_json
 from rescue.manifest import Case
 from rescue.records import ArmResult, Verdict
 
 JOURNAL_FILE = "journal.sqlite"
-SCHEMA_VERSION = 1
+# 2: arms.digest and receipts.line_sha256.
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 60.0
 
 CaseState = Literal["pending", "claimed", "finished", "interrupted"]
@@ -42,6 +46,8 @@ EVER_CLAIMED: tuple[CaseState, ...] = ("claimed", "finished", "interrupted")
 _SCHEMA_KEY = "schema_version"
 _CREATED_KEY = "created_at"
 _DRAIN_KEY = "drain"
+# The study's summary as last stored; `rescue verify` recomputes and compares it.
+SUMMARY_KEY = "summary"
 
 _SCHEMA = """
 CREATE TABLE meta (
@@ -64,6 +70,7 @@ CREATE TABLE arms (
     case_id TEXT NOT NULL REFERENCES cases(case_id),
     arm TEXT NOT NULL,
     data TEXT NOT NULL,
+    digest TEXT NOT NULL,
     recorded_at REAL NOT NULL,
     PRIMARY KEY (case_id, arm)
 );
@@ -75,6 +82,7 @@ CREATE TABLE receipts (
     call_id TEXT NOT NULL,
     case_id TEXT NOT NULL REFERENCES cases(case_id),
     path TEXT NOT NULL,
+    line_sha256 TEXT,
     PRIMARY KEY (call_id, case_id)
 );
 -- The only moves are pending -> claimed -> finished | interrupted, whoever
@@ -110,6 +118,30 @@ class CaseRow(BaseModel):
     claimed_at: float | None = None
     finished_at: float | None = None
     reason: str | None = None
+
+
+class ArmRow(BaseModel):
+    """An arm result as stored: its raw JSON and the digest taken when it was recorded."""
+
+    case_id: str
+    arm: str
+    data: str
+    digest: str
+    recorded_at: float
+
+
+class ReceiptIndexRow(BaseModel):
+    """One receipts-index entry: which file holds a call naming a case, and its line's sha256."""
+
+    call_id: str
+    case_id: str
+    path: str
+    line_sha256: str | None = None
+
+
+def arm_digest(result: ArmResult) -> str:
+    """The sha256 of an arm result's canonical JSON (what the journal stores beside it)."""
+    return digest_json(result.model_dump(mode="json"))
 
 
 def journal_path(study_dir: str | os.PathLike[str]) -> Path:
@@ -321,8 +353,8 @@ class Journal:
                 )
             try:
                 conn.execute(
-                    "INSERT INTO arms (case_id, arm, data, recorded_at) VALUES (?, ?, ?, ?)",
-                    (result.case_id, result.arm, result.model_dump_json(), time.time()),
+                    "INSERT INTO arms (case_id, arm, data, digest, recorded_at) VALUES (?, ?, ?, ?, ?)",
+                    (result.case_id, result.arm, result.model_dump_json(), arm_digest(result), time.time()),
                 )
             except sqlite3.IntegrityError:
                 raise DuplicateRecord(
@@ -363,24 +395,38 @@ class Journal:
         except sqlite3.IntegrityError:
             raise DuplicateRecord(f"case {verdict.case_id!r} already has a verdict") from None
 
-    def index_receipt(self, call_id: str, case_ids: Iterable[str], path: str) -> None:
-        """Note which receipts file holds a VLM call naming these cases (idempotent)."""
+    def index_receipt(
+        self, call_id: str, case_ids: Iterable[str], path: str, line_sha256: str | None = None
+    ) -> None:
+        """Note which receipts file holds a VLM call naming these cases, and its outcome line's sha256 (idempotent)."""
         path = str(path)
         with self._write() as conn:
             for case_id in case_ids:
                 conn.execute(
-                    "INSERT INTO receipts (call_id, case_id, path) VALUES (?, ?, ?) "
+                    "INSERT INTO receipts (call_id, case_id, path, line_sha256) VALUES (?, ?, ?, ?) "
                     "ON CONFLICT (call_id, case_id) DO NOTHING",
-                    (call_id, case_id, path),
+                    (call_id, case_id, path, line_sha256),
                 )
-                (stored,) = conn.execute(
-                    "SELECT path FROM receipts WHERE call_id = ? AND case_id = ?",
+                stored_path, stored_sha = conn.execute(
+                    "SELECT path, line_sha256 FROM receipts WHERE call_id = ? AND case_id = ?",
                     (call_id, case_id),
                 ).fetchone()
-                if stored != path:
+                if stored_path != path:
                     raise JournalError(
-                        f"call {call_id!r} for case {case_id!r} is already indexed in {stored}"
+                        f"call {call_id!r} for case {case_id!r} is already indexed in {stored_path}"
                     )
+                if line_sha256 is None or stored_sha == line_sha256:
+                    continue
+                # A digest may be added to an entry that lacked one, never replaced.
+                if stored_sha is not None:
+                    raise JournalError(
+                        f"call {call_id!r} for case {case_id!r} is already indexed with "
+                        f"line sha256 {stored_sha}"
+                    )
+                conn.execute(
+                    "UPDATE receipts SET line_sha256 = ? WHERE call_id = ? AND case_id = ?",
+                    (line_sha256, call_id, case_id),
+                )
 
     # --- drain -----------------------------------------------------------
 
@@ -413,6 +459,11 @@ class Journal:
                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (key, json.dumps(value)),
             )
+
+    def set_summary(self, summary: BaseModel | dict[str, Any]) -> None:
+        """Store the study's summary in meta (under `summary`) for later re-checking."""
+        value = summary.model_dump(mode="json") if isinstance(summary, BaseModel) else summary
+        self.set_meta(SUMMARY_KEY, value)
 
     def counts(self) -> dict[str, int]:
         """Number of cases in each state (every state present, zero included)."""
@@ -482,6 +533,14 @@ class Journal:
             )
         }
 
+    def raw_verdicts(self) -> dict[str, str]:
+        """Every stored verdict as its raw JSON, by case id in manifest order (for re-checking)."""
+        return dict(
+            self._read(
+                "SELECT v.case_id, v.data FROM verdicts v JOIN cases c USING (case_id) ORDER BY c.ord"
+            )
+        )
+
     def pending_ids(self) -> list[str]:
         """Ids of cases never claimed, in manifest order."""
         return [r[0] for r in self._read("SELECT case_id FROM cases WHERE state = 'pending' ORDER BY ord")]
@@ -498,3 +557,25 @@ class Journal:
             "SELECT call_id, case_id, path FROM receipts WHERE case_id = ? ORDER BY call_id",
             (case_id,),
         )
+
+    def arm_rows(self) -> list[ArmRow]:
+        """Every stored arm result as raw JSON with its recorded digest, in manifest order."""
+        return [
+            ArmRow(case_id=r[0], arm=r[1], data=r[2], digest=r[3], recorded_at=r[4])
+            for r in self._read(
+                "SELECT a.case_id, a.arm, a.data, a.digest, a.recorded_at "
+                "FROM arms a JOIN cases c USING (case_id) ORDER BY c.ord, a.arm"
+            )
+        ]
+
+    def receipt_index(self, case_id: str | None = None) -> list[ReceiptIndexRow]:
+        """Receipts-index entries with their line sha256, optionally for one case."""
+        where, params = ("WHERE case_id = ? ", (case_id,)) if case_id is not None else ("", ())
+        return [
+            ReceiptIndexRow(call_id=r[0], case_id=r[1], path=r[2], line_sha256=r[3])
+            for r in self._read(
+                f"SELECT call_id, case_id, path, line_sha256 FROM receipts {where}"
+                "ORDER BY call_id, case_id",
+                params,
+            )
+        ]

@@ -1,0 +1,370 @@
+"""Export a study: per-case results, the fixed-denominator summary and VLM usage (DESIGN §1, §3).
+
+The export reads the journal read-only and the receipts files; it never runs
+or re-classifies anything (`rescue verify` does that). Cases that never
+started or are still in flight stay visible: the export counts them beside
+the summary instead of letting them leave the denominator unnoticed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from rescue.engine import RECEIPTS_FILE, case_record, outcome_receipts
+from rescue.journal import SUMMARY_KEY, CaseState, Journal, arm_digest
+from rescue.manifest import Case
+from rescue.querypoint import query_point
+from rescue.records import ArmResult, CaseRecord, Receipt, Verdict
+from rescue.stats import Summary, summarize
+from rescue.vlm.receipts import read_receipts
+from rescue.vlm.usage import UsageSummary, usage_summary
+
+EXPORT_SCHEMA = "rescue-export/1"
+EXPORT_JSON = "export.json"
+EXPORT_CSV = "export.csv"
+
+# The states whose cases carry a verdict and so enter the summary.
+SUMMARIZED_STATES: tuple[CaseState, ...] = ("finished", "interrupted")
+
+
+class ExportError(RuntimeError):
+    """A study that cannot be exported as it stands."""
+
+
+class StudyInfo(BaseModel):
+    """Who the study is: its id, what it was run with, and its replanning interval C."""
+
+    study_id: str | None = None
+    kind: str = "rescue"  # "evaluation" studies run the control arm only and label episodes
+    created_at: float | None = None
+    config_sha256: str | None = None
+    manifest_sha256: str | None = None
+    replan_interval: int | None = None
+    journal_schema_version: int | None = None
+    draining: bool = False
+    summary_stored: bool = False
+
+
+class ArmEntry(BaseModel):
+    """One arm of one case as exported."""
+
+    status: str
+    error: str | None = None
+    success: bool | None = None
+    steps: int
+    fingerprint: str | None = None
+    assistance: str
+    query_step: int | None = None
+    subgoal: str | None = None
+    call_id: str | None = None
+    request_id: str | None = None
+    trace_rows: int
+    digest: str
+
+
+class CaseEntry(BaseModel):
+    """One manifest case: its queue state, its stored verdict (if any) and its arms."""
+
+    case_id: str
+    group: str
+    task: str
+    pilot: bool
+    state: CaseState
+    label: str | None = None
+    rule: int | None = None
+    reason: str | None = None
+    in_m: bool | None = None
+    in_e: bool | None = None
+    query_step: int | None = None
+    call_id: str | None = None
+    control: ArmEntry | None = None
+    assisted: ArmEntry | None = None
+
+
+class Coverage(BaseModel):
+    """How much of a cohort the summary covers; N of DESIGN §3 is `n_manifest`."""
+
+    n_manifest: int = 0
+    n_pending: int = 0  # never started
+    n_in_flight: int = 0  # claimed, neither finished nor interrupted yet
+    n_finished: int = 0
+    n_interrupted: int = 0
+    n_without_verdict: int = 0  # finished or interrupted but not yet classified
+    n_summarized: int = 0  # the summary's n: finished and interrupted cases with a verdict
+    complete: bool = False  # the summary's n equals n_manifest
+
+
+class StudyExport(BaseModel):
+    """A study's whole result in one document (what `rescue export` writes as JSON)."""
+
+    schema_version: Literal["rescue-export/1"] = EXPORT_SCHEMA
+    study: StudyInfo
+    # The summary counts finished and interrupted cases only; `coverage` says
+    # how many manifest cases that is, so a partial study cannot pass for a whole one.
+    coverage: dict[str, Coverage] = Field(default_factory=dict)  # "main", "pilot"
+    summary: Summary | None = None  # DESIGN §3 summary; None for an evaluation study
+    episodes: dict[str, Any] | None = None  # an evaluation study's success rates instead
+    usage: UsageSummary
+    cases: list[CaseEntry]
+
+
+class StudyRecords(BaseModel):
+    """What a study's files hold, gathered once for export and verification."""
+
+    cases: list[Case]
+    states: dict[str, CaseState]
+    arms: dict[str, dict[str, ArmResult]]
+    verdicts: dict[str, Verdict]
+    receipts: dict[str, Receipt]  # outcome receipts by call id
+    interval: int | None
+    meta: dict[str, Any]
+
+    def record(self, case: Case) -> CaseRecord:
+        """The classification input of one case (needs C)."""
+        if self.interval is None:
+            raise ExportError("the study has no replan_interval; it never started running")
+        interrupted = self.states[case.case_id] == "interrupted"
+        return case_record(case, self.arms.get(case.case_id, {}), self.receipts, self.interval, interrupted)
+
+
+def receipt_files(study_dir: str | os.PathLike[str], journal: Journal) -> dict[str, Path]:
+    """Every receipts file of a study by its name in the index: the default one and any the index names."""
+    names = [RECEIPTS_FILE] + sorted({row.path for row in journal.receipt_index()} - {RECEIPTS_FILE})
+    return {name: Path(study_dir) / name for name in names}
+
+
+def is_evaluation(meta: dict[str, Any]) -> bool:
+    """Whether a study is a baseline evaluation (episode labels) rather than a rescue study."""
+    return meta.get("kind") == "evaluation"
+
+
+def replan_interval(meta: dict[str, Any]) -> int | None:
+    """The study's replanning interval C from its meta, or None before it ever ran."""
+    value = meta.get("replan_interval")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def read_study(study_dir: str | os.PathLike[str], journal: Journal) -> StudyRecords:
+    """Gather cases, states, arms, verdicts and outcome receipts from an open journal."""
+    receipts: dict[str, Receipt] = {}
+    for path in receipt_files(study_dir, journal).values():
+        receipts.update(outcome_receipts(path))
+    meta = journal.meta()
+    return StudyRecords(
+        cases=journal.cases(),
+        states={row.case_id: row.state for row in journal.rows()},
+        arms=journal.all_arms(),
+        verdicts=journal.verdicts(),
+        receipts=receipts,
+        interval=replan_interval(meta),
+        meta=meta,
+    )
+
+
+def study_summary(records: StudyRecords, verdicts: dict[str, Verdict] | None = None) -> Summary:
+    """The summary over finished and interrupted cases with a verdict (stored ones by default).
+
+    Raises ExportError when the verdicts break the summary's invariants (`rescue verify` says where).
+    """
+    verdicts = records.verdicts if verdicts is None else verdicts
+    chosen = [
+        c for c in records.cases
+        if records.states[c.case_id] in SUMMARIZED_STATES and c.case_id in verdicts
+    ]
+    try:
+        return summarize([records.record(c) for c in chosen], [verdicts[c.case_id] for c in chosen])
+    except ValueError as exc:
+        raise ExportError(f"the study's verdicts cannot be summarized: {exc}") from None
+
+
+def coverage(records: StudyRecords, pilot: bool) -> Coverage:
+    """Counts of one cohort's cases by state, and how many the summary covers."""
+    out = Coverage()
+    for case in records.cases:
+        if case.pilot != pilot:
+            continue
+        state = records.states[case.case_id]
+        out.n_manifest += 1
+        out.n_pending += state == "pending"
+        out.n_in_flight += state == "claimed"
+        out.n_finished += state == "finished"
+        out.n_interrupted += state == "interrupted"
+        if state in SUMMARIZED_STATES:
+            if case.case_id in records.verdicts:
+                out.n_summarized += 1
+            else:
+                out.n_without_verdict += 1
+    out.complete = out.n_summarized == out.n_manifest
+    return out
+
+
+def _arm_entry(arm: ArmResult | None) -> ArmEntry | None:
+    if arm is None:
+        return None
+    a = arm.assistance
+    return ArmEntry(
+        status=arm.status,
+        error=arm.error,
+        success=arm.success,
+        steps=arm.steps,
+        fingerprint=arm.fingerprint,
+        assistance=a.status,
+        query_step=a.query_step,
+        subgoal=a.subgoal,
+        call_id=a.call_id,
+        request_id=a.request_id,
+        trace_rows=len(arm.trace),
+        digest=arm_digest(arm),
+    )
+
+
+def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
+    arms = records.arms.get(case.case_id, {})
+    v = records.verdicts.get(case.case_id)
+    assisted = arms.get("assisted")
+    return CaseEntry(
+        case_id=case.case_id,
+        group=case.group,
+        task=case.task,
+        pilot=case.pilot,
+        state=records.states[case.case_id],
+        label=v.label if v else None,
+        rule=v.rule if v else None,
+        reason=v.reason if v else None,
+        in_m=v.in_m if v else None,
+        in_e=v.in_e if v else None,
+        query_step=query_point(case.horizon, records.interval) if records.interval else None,
+        call_id=assisted.assistance.call_id if assisted else None,
+        control=_arm_entry(arms.get("control")),
+        assisted=_arm_entry(assisted),
+    )
+
+
+def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case) -> StudyExport:
+    """Read a study (read-only) into one StudyExport document."""
+    with Journal.open(study_dir, readonly=True, case_type=case_type) as journal:
+        records = read_study(study_dir, journal)
+        all_receipts: list[Receipt] = []
+        for path in receipt_files(study_dir, journal).values():
+            if path.exists():
+                all_receipts.extend(read_receipts(path))
+        draining = journal.draining()
+    meta = records.meta
+    summary, episodes = None, None
+    if is_evaluation(meta):
+        # Imported here: only evaluation studies need the episode summary.
+        from rescue.evaluation import summarize_eval
+
+        episodes = summarize_eval(records.cases, records.verdicts).model_dump(mode="json")
+    else:
+        summary = study_summary(records)
+    return StudyExport(
+        study=StudyInfo(
+            study_id=meta.get("study_id"),
+            kind="evaluation" if is_evaluation(meta) else "rescue",
+            created_at=meta.get("created_at"),
+            config_sha256=meta.get("config_sha256"),
+            manifest_sha256=meta.get("manifest_sha256"),
+            replan_interval=records.interval,
+            journal_schema_version=meta.get("schema_version"),
+            draining=draining,
+            summary_stored=SUMMARY_KEY in meta,
+        ),
+        coverage={"main": coverage(records, pilot=False), "pilot": coverage(records, pilot=True)},
+        summary=summary,
+        episodes=episodes,
+        usage=usage_summary(all_receipts),
+        cases=[_case_entry(records, case) for case in records.cases],
+    )
+
+
+def store_summary(study_dir: str | os.PathLike[str], case_type: type[Case] = Case) -> Summary:
+    """Compute the study's summary from its stored verdicts and keep it in the journal's meta."""
+    with Journal.open(study_dir, case_type=case_type) as journal:
+        records = read_study(study_dir, journal)
+        if is_evaluation(records.meta):
+            raise ExportError("an evaluation study has no rescue summary to store")
+        summary = study_summary(records)
+        journal.set_summary(summary)
+    return summary
+
+
+# --- files -------------------------------------------------------------------
+
+ARM_COLUMNS = (
+    "status", "success", "steps", "fingerprint", "assistance", "query_step",
+    "subgoal", "call_id", "request_id", "trace_rows", "digest", "error",
+)
+CASE_COLUMNS = (
+    "case_id", "group", "task", "pilot", "state", "label", "rule", "reason",
+    "in_m", "in_e", "query_step", "call_id",
+)
+CSV_COLUMNS = CASE_COLUMNS + tuple(
+    f"{arm}_{col}" for arm in ("control", "assisted") for col in ARM_COLUMNS
+)
+
+
+def _cell(value: Any) -> str:
+    # Lowercase booleans and empty cells for "none" read the same in any tool.
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def csv_rows(export: StudyExport) -> list[dict[str, str]]:
+    """One flat row per case, as the CSV holds it (columns CSV_COLUMNS)."""
+    rows = []
+    for entry in export.cases:
+        row = {col: _cell(getattr(entry, col)) for col in CASE_COLUMNS}
+        for name in ("control", "assisted"):
+            arm = getattr(entry, name)
+            for col in ARM_COLUMNS:
+                row[f"{name}_{col}"] = _cell(getattr(arm, col) if arm else None)
+        rows.append(row)
+    return rows
+
+
+def export_paths(study_dir: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """The default JSON and CSV paths of a study's export."""
+    return Path(study_dir) / EXPORT_JSON, Path(study_dir) / EXPORT_CSV
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    # A reader (or a crash) sees the old file or the new one, never half of one.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_export(
+    export: StudyExport, out_json: str | os.PathLike[str], out_csv: str | os.PathLike[str]
+) -> None:
+    """Write the export as a JSON document and a per-case CSV."""
+    text = json.dumps(export.model_dump(mode="json"), indent=2, ensure_ascii=False)
+    _write_atomic(Path(out_json), text + "\n")
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(CSV_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(csv_rows(export))
+    _write_atomic(Path(out_csv), buf.getvalue())
