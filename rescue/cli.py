@@ -167,9 +167,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from rescue.verify import verify_study
 
     report = verify_study(Path(args.study))
-    for problem in report.problems:
-        console.print(f"[red]FAIL[/red] {problem}")
-    console.print("verify: ok" if report.ok else f"verify: {len(report.problems)} disagreement(s)")
+    print(report.render())
     return 0 if report.ok else 1
 
 

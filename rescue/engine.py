@@ -25,6 +25,7 @@ import structlog
 from rescue.arm import ArmSpec, run_arm
 from rescue.classify import classify
 from rescue.config import StudyConfig
+from rescue.digest import digest_bytes
 from rescue.env.pool import SimPool
 from rescue.evaluation import classify_episode
 from rescue.journal import Journal
@@ -113,6 +114,11 @@ def classify_any(
     return classify(case_record(case, arms, receipts, interval, interrupted))
 
 
+def receipt_line_sha256(receipt: Receipt) -> str:
+    """The sha256 of the receipt's line as the receipt log wrote it (without the newline)."""
+    return digest_bytes(receipt.model_dump_json().encode("utf-8"))
+
+
 def outcome_receipts(path: Path) -> dict[str, Receipt]:
     """Outcome receipts of a study by call id."""
     if not path.exists():
@@ -161,7 +167,7 @@ async def start_services(config: StudyConfig, study_dir: Path) -> AsyncIterator[
                 vlm_config = vlm_config.model_copy(update={"base_url": base_url})
             vlm = VLMClient(vlm_config, ReceiptLog(study_dir / RECEIPTS_FILE))
             closers.append(vlm.aclose)
-        pool = SimPool(config.env.simulators, config.env.adapter)
+        pool = SimPool(config.env.simulators, config.env.adapter, log_path=str(study_dir / "simulator.log"))
         closers.append(pool.close)
         yield Services(policy_url, api_key, interval, pool, vlm, closers)
     finally:
@@ -181,6 +187,7 @@ class Engine:
         self.on_case = on_case
         self._stop = asyncio.Event()
         self._receipts: dict[str, Receipt] = {}
+        self._answers: dict[str, Receipt] = {}  # case id -> the outcome receipt its call returned
 
     def drain(self) -> None:
         """Stop claiming new cases; arms in flight finish."""
@@ -226,9 +233,15 @@ class Engine:
             self.journal.record_arm(result)
         by_arm = {r.arm: r for r in arms}
         assisted = by_arm.get("assisted")
-        if assisted is not None and assisted.assistance.call_id:
-            self._receipts.update(outcome_receipts(self.study_dir / RECEIPTS_FILE))
-            self.journal.index_receipt(assisted.assistance.call_id, [case.case_id], RECEIPTS_FILE)
+        call_id = assisted.assistance.call_id if assisted is not None else None
+        if call_id:
+            receipt = self._answers.pop(case.case_id, None)
+            if receipt is None or receipt.call_id != call_id:
+                self._receipts.update(outcome_receipts(self.study_dir / RECEIPTS_FILE))
+                receipt = self._receipts.get(call_id)
+            self._receipts[call_id] = receipt
+            line_sha = receipt_line_sha256(receipt) if receipt is not None else None
+            self.journal.index_receipt(call_id, [case.case_id], RECEIPTS_FILE, line_sha)
         verdict = self._classify(case, by_arm, services.interval, interrupted=False)
         self.journal.finish(case.case_id, verdict)
         log.info("case.classified", case_id=case.case_id, label=verdict.label, rule=verdict.rule, reason=verdict.reason)
@@ -260,7 +273,10 @@ class Engine:
         vlm = services.vlm
 
         async def ask(case_id: str, instruction: str, remaining: int, views: dict) -> Any:
-            return await vlm.ask(SubgoalRequest(case_id=case_id, instruction=instruction, remaining_steps=remaining, views=views))
+            answer = await vlm.ask(SubgoalRequest(case_id=case_id, instruction=instruction, remaining_steps=remaining, views=views))
+            if answer.receipt is not None:
+                self._answers[case_id] = answer.receipt
+            return answer
 
         return ask if vlm is not None else None
 
@@ -285,13 +301,17 @@ def recover(study_dir: Path) -> list[str]:
 
 
 async def run_study(study_dir: Path, on_case: Callable[[Verdict], None] | None = None) -> None:
-    """Run (or go on with) every never-claimed case of a study."""
+    """Run (or go on with) every never-claimed case of a study; then store its summary for verify."""
+    from rescue.export import store_summary
+
     config = load_study_config(study_dir)
     engine = Engine(study_dir, config, on_case)
     try:
         await engine.run()
     finally:
         engine.journal.close()
+    if not is_evaluation(config):
+        store_summary(study_dir)
 
 
 def complement_manifest(prior_study: Path) -> list[Case]:

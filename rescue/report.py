@@ -82,5 +82,5 @@ def render_eval(summary: EvalSummary) -> Table:
         t.add_column(col)
     rows = [*sorted(summary.per_task.items()), ("overall", summary.overall)]
     for name, r in rows:
-        t.add_row(name, str(r.n), str(r.success), str(r.failure), str(r.unknown), str(r.unexecuted), _pct(r.rate))
+        t.add_row(name.removeprefix("libero_"), str(r.n), str(r.success), str(r.failure), str(r.unknown), str(r.unexecuted), _pct(r.rate))
     return t

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import multiprocessing as mp
+import os
 import threading
 import traceback
 from typing import Any
@@ -26,8 +27,17 @@ def _load(spec: str):
     return getattr(importlib.import_module(module), name)
 
 
-def _serve(conn, adapter_spec: str, adapter_kwargs: dict) -> None:
+def _quiet(log_path: str | None) -> None:
+    """Send the simulator's own chatter (import banners, renderer warnings) to a file, not the terminal."""
+    target = os.open(log_path or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(target, 1)
+    os.dup2(target, 2)
+    os.close(target)
+
+
+def _serve(conn, adapter_spec: str, adapter_kwargs: dict, log_path: str | None = None) -> None:
     """Process main: build the adapter, then answer (method, args) requests until told to stop."""
+    _quiet(log_path)
     try:
         adapter = _load(adapter_spec)(**adapter_kwargs)
     except BaseException:  # report the failure instead of dying silently
@@ -55,10 +65,11 @@ def _serve(conn, adapter_spec: str, adapter_kwargs: dict) -> None:
 class SimProcess:
     """One simulator process with a blocking call interface, wrapped for asyncio."""
 
-    def __init__(self, adapter_spec: str, adapter_kwargs: dict | None = None, name: str = "sim"):
+    def __init__(self, adapter_spec: str, adapter_kwargs: dict | None = None, name: str = "sim", log_path: str | None = None):
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, adapter_spec, adapter_kwargs or {}), name=name, daemon=True)
+        args = (child, adapter_spec, adapter_kwargs or {}, log_path)
+        self._proc = ctx.Process(target=_serve, args=args, name=name, daemon=True)
         self._lock = threading.Lock()
         self.name = name
         self._proc.start()
@@ -106,8 +117,9 @@ class SimProcess:
 class SimPool:
     """A fixed set of simulator processes handed to arms one at a time."""
 
-    def __init__(self, size: int, adapter_spec: str, adapter_kwargs: dict | None = None):
-        self._sims = [SimProcess(adapter_spec, adapter_kwargs, name=f"sim-{i}") for i in range(size)]
+    def __init__(self, size: int, adapter_spec: str, adapter_kwargs: dict | None = None, log_path: str | None = None):
+        self._log_path = log_path
+        self._sims = [SimProcess(adapter_spec, adapter_kwargs, name=f"sim-{i}", log_path=log_path) for i in range(size)]
         self._free: asyncio.Queue[SimProcess] = asyncio.Queue()
         for sim in self._sims:
             self._free.put_nowait(sim)
@@ -118,7 +130,7 @@ class SimPool:
         sim = await self._free.get()
         if not sim.alive():
             idx = self._sims.index(sim)
-            sim = SimProcess(self._spec, self._kwargs, name=sim.name)
+            sim = SimProcess(self._spec, self._kwargs, name=sim.name, log_path=self._log_path)
             self._sims[idx] = sim
         return sim
 

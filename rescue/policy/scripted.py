@@ -83,7 +83,7 @@ class ScriptedPickPlace:
         if ph == "approach":
             return obj + self._offset + [0, 0, 0.07], OPEN
         if ph == "descend":
-            return obj + self._offset + [0, 0, 0.02], OPEN
+            return obj + self._offset + [0, 0, 0.005], OPEN
         if ph == "grasp":
             return eef, CLOSE
         if ph == "lift":
@@ -100,7 +100,7 @@ class ScriptedPickPlace:
         """Over the grasp point and low enough (the table may stop the fingers short of the goal)."""
         goal, _ = self._waypoint(obs)
         err = goal - np.asarray(obs["robot0_eef_pos"])
-        return bool(np.linalg.norm(err[:2]) < 0.01 and abs(err[2]) < 0.02)
+        return bool(np.linalg.norm(err[:2]) < 0.015 and err[2] > -0.025)
 
     def _advance(self, obs: dict) -> None:
         """Move to the next phase when the current one's goal is reached (checked at queries only)."""
@@ -111,10 +111,10 @@ class ScriptedPickPlace:
         nxt = {
             "approach": near < 0.02,
             "descend": self._descended(obs) or self._phase_queries >= 4,
-            "grasp": self._phase_queries >= 1,
+            "grasp": self._phase_queries >= 2,
             "lift": self._grasp_z is not None and eef[2] > self._grasp_z + 0.09,
             "carry": near < 0.03 or self._phase_queries >= 8,
-            "lower": near < 0.02,
+            "lower": near < 0.02 or self._phase_queries >= 3,
             "release": self._phase_queries >= 1,
             "retreat": near < 0.03,
             "idle": False,
