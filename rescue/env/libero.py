@@ -10,6 +10,7 @@ caller asks for, when it asks.
 from __future__ import annotations
 
 import os
+import pickle
 from collections import OrderedDict
 
 import numpy as np
@@ -39,6 +40,22 @@ def _quiet_imports():
     return benchmark, get_libero_path, ControlEnv
 
 
+def _copy_mjdata(dst, src) -> None:
+    """Copy every array and the clock of one MjData into another of the same model, in place."""
+    for name in dir(src):
+        if name.startswith("_"):
+            continue
+        try:
+            value = getattr(src, name)
+        except Exception:  # some attributes are views that need arguments or a model
+            continue
+        if isinstance(value, np.ndarray) and value.size:
+            target = getattr(dst, name)
+            if isinstance(target, np.ndarray) and target.shape == value.shape:
+                target[...] = value
+    dst.time = src.time
+
+
 class LiberoAdapter:
     """One process's LIBERO simulator; builds an env per (suite, task) and caches a few."""
 
@@ -48,6 +65,7 @@ class LiberoAdapter:
         self._envs: OrderedDict[tuple[str, int], tuple[object, str]] = OrderedDict()
         self._cameras = cameras
         self._env = None
+        self._key: tuple[str, int] | None = None
         self._goal: tuple[str, str, str] | None = None
 
     def _suite(self, name: str):
@@ -79,6 +97,8 @@ class LiberoAdapter:
             has_offscreen_renderer=True,
             camera_names=list(self._cameras),
             hard_reset=False,
+            # The case's horizon is enforced by the arm runner; the env's own limit must never bite.
+            horizon=100_000,
         )
         xml_digest = digest_text(env.sim.model.get_xml())
         self._envs[key] = (env, xml_digest)
@@ -103,6 +123,7 @@ class LiberoAdapter:
         for _ in range(SETTLE_STEPS):
             env.step(NOOP)
         self._env = env
+        self._key = (case["suite"], case["task_id"])
         goal = env.env.parsed_problem["goal_state"]
         self._goal = tuple(goal[0]) if len(goal) == 1 and len(goal[0]) == 3 else None
         instruction = suite.get_task(case["task_id"]).language
@@ -159,6 +180,47 @@ class LiberoAdapter:
                 success = True
                 break
         return ChunkResult(obs=self._observe(), steps=steps, success=success)
+
+    def snapshot(self) -> dict:
+        """Everything a continuation depends on: MuJoCo's integration state, the gripper's
+        smoothed action, the observables' sampling timers and the env's step counters."""
+        env = self._env.env
+        return {
+            "key": self._key,
+            "goal": self._goal,
+            "physics": self._physics_state(),
+            # Derived quantities too: robosuite's controller reads the kinematics left by the last
+            # mj_step, which a fresh mj_forward on the integration state would not reproduce.
+            "mjdata": pickle.dumps(env.sim.data._data),
+            "gripper": [np.array(r.gripper.current_action, copy=True) for r in env.robots],
+            "observables": {
+                name: (o._time_since_last_sample, o._current_delay, np.array(o._current_observed_value, copy=True), o._sampled)
+                for name, o in env._observables.items()
+            },
+            "timestep": env.timestep,
+            "cur_time": env.cur_time,
+        }
+
+    def restore(self, snap: dict) -> dict[str, np.ndarray]:
+        """Put this process's simulator in a snapshot's state; returns the observation there."""
+        self._env, _ = self._env_for(*snap["key"])
+        self._key, self._goal = tuple(snap["key"]), snap["goal"]
+        env = self._env.env
+        _copy_mjdata(env.sim.data._data, pickle.loads(snap["mjdata"]))
+        if not np.array_equal(self._physics_state(), snap["physics"]):
+            raise RuntimeError("restored simulator state differs from the snapshot")
+        for robot, action in zip(env.robots, snap["gripper"]):
+            robot.gripper.current_action = np.array(action, copy=True)
+        for name, (since, delay, value, sampled) in snap["observables"].items():
+            o = env._observables[name]
+            o._time_since_last_sample, o._current_delay, o._sampled = since, delay, sampled
+            o._current_observed_value = np.array(value, copy=True)
+        env.timestep, env.cur_time, env.done = snap["timestep"], snap["cur_time"], False
+        return self._observe()
+
+    def state_digest(self) -> str:
+        """Digest of the full integration state now (for proofs that two arms stood in one state)."""
+        return digest_array(self._physics_state())
 
     def render(self, cameras: list[str], size: int = 256) -> dict[str, np.ndarray]:
         """Render the named cameras, upright, uint8 HxWx3."""
