@@ -24,5 +24,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
 fi
+# torch first and pinned: its CPU build; a looser requirement resolved later
+# would pull a multi-GB CUDA build.
+.venv/bin/python -m pip install -q "torch==2.13.0"
 # The project's pins; --upgrade-strategy only-if-needed keeps this fast on a re-run.
-.venv/bin/python -m pip install -q -e ".[libero,test]"
+.venv/bin/python -m pip install -q -e ".[libero,test,learned]"
