@@ -71,13 +71,20 @@ class ArmSpec:
     keepalive_s: float = 120.0
 
 
+async def _query(policy: PolicyConnection, obs: dict, step: int, firings: list | None) -> dict:
+    """One policy query; a rule wrapper (it keeps `firings`) is told the step so each firing names it."""
+    if firings is not None:
+        return await policy.infer(obs, step=step)  # type: ignore[call-arg]
+    return await policy.infer(obs)
+
+
 def policy_seed(case: dict) -> int:
     """The policy RNG seed of a case: explicit, else the env seed."""
     seed = case.get("policy_seed")
     return int(case["env_seed"] if seed is None else seed)
 
 
-async def _wait_with_keepalive(policy: PolicyConnection, answer: Awaitable[Any], every_s: float, case_id: str) -> Any:
+async def wait_with_keepalive(policy: PolicyConnection, answer: Awaitable[Any], every_s: float, case_id: str) -> Any:
     """Await the VLM answer while probing the policy connection; assert its RNG is untouched."""
     before = await policy.keepalive()
     task = asyncio.ensure_future(answer)
@@ -120,6 +127,9 @@ async def run_arm(
     trace: list[TraceRow] = []
     assistance = Assistance(status="control" if spec.arm == "control" else "not_reached")
     fingerprint, step, success = None, 0, False
+    # Rules between policy and simulator (wrappers/async_rules.py) log their firings here.
+    firings: list[dict] | None = getattr(policy, "firings", None)
+    rng_control = bool(policy.supports_rng)
     bound.info("arm.started", horizon=horizon, query_step=q)
     try:
         reset = await sim.call("reset", case)
@@ -128,18 +138,26 @@ async def run_arm(
         if case.get("instruction") not in (None, original):
             raise ValueError(f"manifest instruction {case['instruction']!r} differs from the task's {original!r}")
         await policy.reset()
-        if policy.supports_rng:
+        if rng_control:
             await policy.reset_rng(policy_seed(case))
+        else:
+            # Recorded on the arm (policy_rng_control) so the study shows it.
+            bound.warning("arm.no_rng_control", reason="no RNG extension: prefix equality not guaranteed by the server")
         obs = reset.obs
         while step < horizon:
             if spec.arm == "assisted" and step >= q and assistance.status == "not_reached":
                 assistance = await _assist(case, spec, sim, policy, advisor, original, horizon - step, step)
                 if assistance.status == "applied":
                     instruction = assistance.instruction
-            reply = await policy.infer({**obs, "prompt": instruction})
+            reply = await _query(policy, {**obs, "prompt": instruction}, step, firings)
             # Only the first C actions run; the rest of a longer chunk is dropped,
             # so nothing planned under an old instruction survives the next query.
+            # The chunk is the one after any rules: the trace digests what runs.
             chunk = as_float_chunk(reply["actions"])[:interval]
+            due = min(interval, horizon - step)
+            if len(chunk) < due:
+                # A short chunk would move the next query off the 0, C, 2C, ... grid.
+                raise ValueError(f"step {step}: action chunk has {len(chunk)} actions, fewer than the {due} steps to the next query")
             trace.append(
                 TraceRow(
                     step=step,
@@ -149,7 +167,7 @@ async def run_arm(
                     actions=digest_array(chunk),
                 )
             )
-            result = await sim.call("run_chunk", chunk, min(interval, horizon - step))
+            result = await sim.call("run_chunk", chunk, due)
             step += result.steps
             obs = result.obs
             if result.success:
@@ -166,6 +184,8 @@ async def run_arm(
             fingerprint=fingerprint,
             trace=trace,
             assistance=assistance,
+            rule_firings=list(firings or []),
+            policy_rng_control=rng_control,
             started_at=started,
             finished_at=time.time(),
         )
@@ -179,6 +199,8 @@ async def run_arm(
         fingerprint=fingerprint,
         trace=trace,
         assistance=assistance,
+        rule_firings=list(firings or []),
+        policy_rng_control=rng_control,
         started_at=started,
         finished_at=time.time(),
     )
@@ -198,7 +220,7 @@ async def _assist(
     if advisor is None:
         return Assistance(status="broker_error", query_step=step, error_kind="no_advisor", error="no VLM configured")
     views = await sim.call("render", list(VLM_VIEWS), spec.image_size)
-    answer = await _wait_with_keepalive(
+    answer = await wait_with_keepalive(
         policy, advisor(case["case_id"], original, remaining, views), spec.keepalive_s, case["case_id"]
     )
     common = dict(query_step=step, call_id=answer.call_id, request_id=answer.request_id)

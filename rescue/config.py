@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.digest import canonical_json, digest_text
 from rescue.vlm.client import VLMConfig
+from wrappers.async_rules import RulesConfig
 
 
 class PolicyConfig(BaseModel):
@@ -46,6 +47,8 @@ class StudyConfig(BaseModel):
     cases_in_flight: int = 2
     keepalive_s: float = 120.0
     arms: tuple[str, ...] = ("control", "assisted")
+    # Correction rules between the policy and the simulator; all off unless named in rules.enabled.
+    rules: RulesConfig = Field(default_factory=RulesConfig)
 
     def sha256(self) -> str:
         """Digest of the resolved configuration."""

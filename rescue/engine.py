@@ -35,6 +35,7 @@ from rescue.querypoint import query_point
 from rescue.records import ArmResult, Assistance, CaseRecord, Receipt, Verdict
 from rescue.vlm.client import SubgoalRequest, VLMClient
 from rescue.vlm.receipts import ReceiptLog, read_receipts
+from wrappers.async_rules import AsyncRuleWrapper
 
 log = structlog.get_logger()
 
@@ -253,7 +254,9 @@ class Engine:
         sim = await services.pool.acquire()
         policy = None
         try:
-            policy = await WebsocketPolicyClient.connect(services.policy_url, api_key=services.policy_api_key)
+            client = await WebsocketPolicyClient.connect(services.policy_url, api_key=services.policy_api_key)
+            # The configured correction rules sit between the policy and the simulator; firings go to the arm record.
+            policy = AsyncRuleWrapper(client, self.config.rules)
             advisor = self._advisor(services) if arm == "assisted" else None
             return await run_arm(case.model_dump(mode="json"), spec, sim, policy, advisor)
         except Exception as exc:

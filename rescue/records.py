@@ -73,7 +73,10 @@ class ArmResult(BaseModel):
     image_fingerprint: dict[str, str] = Field(default_factory=dict)
     trace: list[TraceRow] = Field(default_factory=list)
     assistance: Assistance
-    rule_firings: list[dict] = Field(default_factory=list)
+    rule_firings: list[dict] = Field(default_factory=list)  # step, rule, chunk digests before/after
+    # Whether the policy server reset and reported its sampling RNG for this arm;
+    # False: prefix equality with the other arm is not guaranteed by the server.
+    policy_rng_control: bool | None = None
     started_at: float | None = None
     finished_at: float | None = None
 
