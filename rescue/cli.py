@@ -171,6 +171,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from rescue.preflight import preflight
+
+    report = preflight(Path(args.manifest), _config(args), args.cases, args.clients, args.idle_s)
+    print(report.render())
+    return 0 if report.ok else 1
+
+
 def cmd_manifest_check(args: argparse.Namespace) -> int:
     from rescue.manifest import ManifestError, check_instructions, load_manifest
 
@@ -200,6 +208,37 @@ def cmd_manifest_from_eval(args: argparse.Namespace) -> int:
     cases = manifest_from_eval(Path(args.study), Path(args.out), args.pilot_tasks, args.limit)
     pilot = [c.case_id for c in cases if c.pilot]
     console.print(f"wrote {len(cases)} failure case(s) to {args.out}" + (f"; pilot: {', '.join(pilot)}" if pilot else ""))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from rescue import compare
+    from rescue.report import render_compare
+
+    interrupted: dict[str, list[str]] = {}
+    if args.resume:
+        study = Path(args.resume)
+        with _Live("episodes (A, then B)") as live:
+            interrupted = compare.resume_compare(study, live, args.verbose)
+        result = compare.compare_studies(study)
+    else:
+        if (args.a is None and args.policy_a is None) or (args.b is None and args.policy_b is None):
+            raise compare.StudyError("give two config files (A B), or --policy-a and --policy-b, or --resume STUDY")
+        shared = {"env.simulators": args.simulators, "cases_in_flight": args.cases_in_flight}
+        config_a, name_a = compare.side_config(args.a, args.policy_a, shared)
+        config_b, name_b = compare.side_config(args.b, args.policy_b, shared)
+        study = Path(args.study) if args.study else compare.new_compare_dir()
+        tasks = [int(t) for t in args.tasks.split(",")]
+        with _Live("episodes (A, then B)") as live:
+            result = compare.compare_policies(
+                study, args.suite, tasks, args.episodes, args.horizon, (config_a, config_b), (name_a, name_b),
+                args.first_init, args.seed, args.reps, live, args.verbose,
+            )
+    for side, ids in interrupted.items():
+        if ids:
+            console.print(f"side {side}: {len(ids)} started-unfinished episode(s) recorded as unknown (interrupted): {', '.join(ids)}")
+    console.print(f"comparison: {study} (sides {study / 'a'} and {study / 'b'})")
+    console.print(render_compare(result))
     return 0
 
 
@@ -260,6 +299,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out")
     p.set_defaults(func=cmd_export)
 
+    p = sub.add_parser("preflight", help="check determinism across clients and keepalive over an idle hold")
+    p.add_argument("manifest")
+    p.add_argument("--cases", type=int, default=2, help="run the control arms of the first K cases (0: idle hold only)")
+    p.add_argument("--clients", type=int, default=3, help="concurrent clients per case, each its own connection and simulator")
+    p.add_argument("--idle-s", type=float, default=30.0, help="hold a connection idle this long (the longest VLM wait)")
+    p.add_argument("--config", help="TOML configuration file")
+    p.add_argument("--policy-url", help="ws:// URL of a policy server (default: serve the embedded policy)")
+    p.add_argument("--policy-factory", help="module:function of an in-process policy to serve")
+    p.set_defaults(func=cmd_preflight)
+
     p = sub.add_parser("manifest", help="check or produce failure manifests")
     msub = p.add_subparsers(dest="manifest_command", required=True)
     m = msub.add_parser("check", help="validate a manifest; every error names its line and field")
@@ -272,6 +321,24 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--pilot-tasks", type=int, default=0, help="declare the first failure of each of the first K tasks pilot")
     m.add_argument("--limit", type=int)
     m.set_defaults(func=cmd_manifest_from_eval)
+
+    p = sub.add_parser("compare", help="two policies (or wrapper settings) on identical episodes, paired")
+    p.add_argument("a", nargs="?", help="TOML configuration of side A")
+    p.add_argument("b", nargs="?", help="TOML configuration of side B")
+    p.add_argument("--policy-a", help="side A's policy: module:function to serve, or a ws:// URL")
+    p.add_argument("--policy-b", help="side B's policy: module:function to serve, or a ws:// URL")
+    p.add_argument("--resume", metavar="STUDY", help="resume a comparison: interrupted episodes become unknown")
+    p.add_argument("--suite", default="libero_object")
+    p.add_argument("--tasks", default="0,1,2,3,4,5,6,7,8,9")
+    p.add_argument("--episodes", type=int, default=50)
+    p.add_argument("--first-init", type=int, default=0)
+    p.add_argument("--horizon", type=int)
+    p.add_argument("--seed", type=int, default=0, help="seed of the task-block bootstrap (recorded)")
+    p.add_argument("--reps", type=int, default=2000, help="bootstrap resamples")
+    p.add_argument("--study", help="comparison folder (default: a new folder under queue/)")
+    p.add_argument("--simulators", type=int, help="simulator processes")
+    p.add_argument("--cases-in-flight", type=int)
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("serve-vlm", help="the local OpenAI-compatible endpoint", add_help=False)
     p.set_defaults(func=None, forward="rescue.vlm.endpoint:serve_main")

@@ -8,6 +8,7 @@ never-started episodes are counted, never dropped.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 
 from pydantic import BaseModel
 
@@ -48,13 +49,21 @@ class EvalSummary(BaseModel):
 
 def summarize_eval(cases: list[Case], verdicts: dict[str, Verdict]) -> EvalSummary:
     """Count every manifest episode; one with no verdict yet is `unexecuted`."""
+    return summarize_labels(
+        (case.task, case.group, verdicts[case.case_id].label if case.case_id in verdicts else None) for case in cases
+    )
+
+
+def summarize_labels(episodes: Iterable[tuple[str, str, str | None]]) -> EvalSummary:
+    """Count (task, group, label) episodes; a label of None is `unexecuted`."""
     overall = Rate()
     per_task: dict[str, Rate] = defaultdict(Rate)
     per_group: dict[str, Rate] = defaultdict(Rate)
-    for case in cases:
-        verdict = verdicts.get(case.case_id)
-        field = verdict.label if verdict else "unexecuted"
-        for rate in (overall, per_task[case.task], per_group[case.group]):
+    for task, group, label in episodes:
+        field = label or "unexecuted"
+        if field not in ("success", "failure", "unknown", "unexecuted"):
+            raise ValueError(f"not an episode label: {label!r}")
+        for rate in (overall, per_task[task], per_group[group]):
             rate.n += 1
             setattr(rate, field, getattr(rate, field) + 1)
     for rate in [overall, *per_task.values(), *per_group.values()]:

@@ -89,6 +89,27 @@ class CaseEntry(BaseModel):
     assisted: ArmEntry | None = None
 
 
+class EpisodeRow(BaseModel):
+    """One episode of an evaluation study: where it started, how it ended, and its result's sha256."""
+
+    case_id: str
+    task: str
+    group: str
+    init_state_index: int
+    env_seed: int
+    policy_seed: int
+    horizon: int
+    state: CaseState
+    label: str | None = None  # success, failure, unknown; None while not run
+    reason: str | None = None
+    status: str | None = None
+    success: bool | None = None
+    steps: int | None = None
+    fingerprint: str | None = None
+    trace_rows: int | None = None
+    result_sha256: str | None = None  # the digest the journal stored with the arm result
+
+
 class Coverage(BaseModel):
     """How much of a cohort the summary covers; N of DESIGN §3 is `n_manifest`."""
 
@@ -112,6 +133,7 @@ class StudyExport(BaseModel):
     coverage: dict[str, Coverage] = Field(default_factory=dict)  # "main", "pilot"
     summary: Summary | None = None  # DESIGN §3 summary; None for an evaluation study
     episodes: dict[str, Any] | None = None  # an evaluation study's success rates instead
+    episode_rows: list[EpisodeRow] | None = None  # an evaluation study's episodes, one row each
     usage: UsageSummary
     cases: list[CaseEntry]
 
@@ -248,6 +270,29 @@ def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
     )
 
 
+def _episode_row(records: StudyRecords, case: Case, result_sha256: str | None) -> EpisodeRow:
+    arm = records.arms.get(case.case_id, {}).get("control")
+    v = records.verdicts.get(case.case_id)
+    return EpisodeRow(
+        case_id=case.case_id,
+        task=case.task,
+        group=case.group,
+        init_state_index=case.init_state_index,
+        env_seed=case.env_seed,
+        policy_seed=case.policy_seed,
+        horizon=case.horizon,
+        state=records.states[case.case_id],
+        label=v.label if v else None,
+        reason=v.reason if v else None,
+        status=arm.status if arm else None,
+        success=arm.success if arm else None,
+        steps=arm.steps if arm else None,
+        fingerprint=arm.fingerprint if arm else None,
+        trace_rows=len(arm.trace) if arm else None,
+        result_sha256=result_sha256,
+    )
+
+
 def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case) -> StudyExport:
     """Read a study (read-only) into one StudyExport document."""
     with Journal.open(study_dir, readonly=True, case_type=case_type) as journal:
@@ -257,13 +302,15 @@ def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
             if path.exists():
                 all_receipts.extend(read_receipts(path))
         draining = journal.draining()
+        stored_digests = {(row.case_id, row.arm): row.digest for row in journal.arm_rows()}
     meta = records.meta
-    summary, episodes = None, None
+    summary, episodes, rows = None, None, None
     if is_evaluation(meta):
         # Imported here: only evaluation studies need the episode summary.
         from rescue.evaluation import summarize_eval
 
         episodes = summarize_eval(records.cases, records.verdicts).model_dump(mode="json")
+        rows = [_episode_row(records, case, stored_digests.get((case.case_id, "control"))) for case in records.cases]
     else:
         summary = study_summary(records)
     return StudyExport(
@@ -281,6 +328,7 @@ def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         coverage={"main": coverage(records, pilot=False), "pilot": coverage(records, pilot=True)},
         summary=summary,
         episodes=episodes,
+        episode_rows=rows,
         usage=usage_summary(all_receipts),
         cases=[_case_entry(records, case) for case in records.cases],
     )
@@ -334,6 +382,14 @@ def csv_rows(export: StudyExport) -> list[dict[str, str]]:
     return rows
 
 
+EPISODE_COLUMNS = tuple(EpisodeRow.model_fields)
+
+
+def episode_csv_rows(export: StudyExport) -> list[dict[str, str]]:
+    """One flat row per episode of an evaluation study (columns EPISODE_COLUMNS)."""
+    return [{col: _cell(getattr(row, col)) for col in EPISODE_COLUMNS} for row in export.episode_rows or []]
+
+
 def export_paths(study_dir: str | os.PathLike[str]) -> tuple[Path, Path]:
     """The default JSON and CSV paths of a study's export."""
     return Path(study_dir) / EXPORT_JSON, Path(study_dir) / EXPORT_CSV
@@ -360,11 +416,15 @@ def _write_atomic(path: Path, text: str) -> None:
 def write_export(
     export: StudyExport, out_json: str | os.PathLike[str], out_csv: str | os.PathLike[str]
 ) -> None:
-    """Write the export as a JSON document and a per-case CSV."""
+    """Write the export as a JSON document and a CSV: per case, or per episode for an evaluation."""
     text = json.dumps(export.model_dump(mode="json"), indent=2, ensure_ascii=False)
     _write_atomic(Path(out_json), text + "\n")
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(CSV_COLUMNS), lineterminator="\n")
+    if export.episode_rows is not None:
+        columns, rows = EPISODE_COLUMNS, episode_csv_rows(export)
+    else:
+        columns, rows = CSV_COLUMNS, csv_rows(export)
+    writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
     writer.writeheader()
-    writer.writerows(csv_rows(export))
+    writer.writerows(rows)
     _write_atomic(Path(out_csv), buf.getvalue())

@@ -76,11 +76,47 @@ def render_summary(export: Any) -> Group:
 
 
 def render_eval(summary: EvalSummary) -> Table:
-    """An evaluation's success per task and overall, unknown and unexecuted shown."""
+    """An evaluation's success per task, per group and overall, unknown and unexecuted shown."""
     t = Table(title="baseline evaluation")
-    for col in ("task", "episodes", "success", "failure", "unknown", "unexecuted", "success rate"):
+    for col in ("task / group", "episodes", "success", "failure", "unknown", "unexecuted", "success rate"):
         t.add_column(col)
-    rows = [*sorted(summary.per_task.items()), ("overall", summary.overall)]
+    groups = [(f"group {name}", rate) for name, rate in sorted(summary.per_group.items())]
+    rows = [*sorted(summary.per_task.items()), *groups, ("overall", summary.overall)]
     for name, r in rows:
         t.add_row(name.removeprefix("libero_"), str(r.n), str(r.success), str(r.failure), str(r.unknown), str(r.unexecuted), _pct(r.rate))
     return t
+
+
+def _ci(ci: tuple[float, float] | None) -> str:
+    return "n/a" if ci is None else f"[{_pct(ci[0])}, {_pct(ci[1])}]"
+
+
+def render_compare(comparison: Any) -> Group:
+    """A paired comparison: wins, losses, ties, both rates, McNemar, both intervals, excluded pairs."""
+    c, k = comparison, comparison.counts
+    conf = f"{int(round(c.confidence * 100))}%"
+    t = Table(title=f"paired comparison: B = {c.b_name} against A = {c.a_name}", show_header=False)
+    t.add_row("episode pairs", str(k.n))
+    t.add_row("paired (both completed, fingerprints match)", str(k.paired))
+    t.add_row("wins (B only) / losses (A only) / ties", f"{k.wins} / {k.losses} / {k.ties} (both success {k.both_success}, both fail {k.both_fail})")
+    t.add_row("excluded: fingerprint mismatch", str(k.fingerprint_mismatch))
+    t.add_row("excluded: unknown / unexecuted / unmatched", f"{k.unknown} / {k.unexecuted} / {k.unmatched}")
+    t.add_row("success over the paired episodes: A, B", f"{_pct(c.a_rate)}, {_pct(c.b_rate)}")
+    t.add_row("success over all episodes: A, B", f"{_pct(c.a.overall.rate)}, {_pct(c.b.overall.rate)}")
+    t.add_row("exact McNemar p (wins vs losses)", f"{c.mcnemar_p:.4f}")
+    t.add_row(f"B - A, Newcombe {conf} CI", f"{_pct(c.diff)} {_ci(c.newcombe_ci)}")
+    t.add_row(f"B - A, task-block bootstrap {conf} CI", f"{_ci(c.bootstrap_ci)} (seed {c.bootstrap_seed}, {c.bootstrap_reps} reps)")
+    tasks = Table(title="per task")
+    for col in ("task", "pairs", "paired", "wins", "losses", "ties", "mismatch", "unknown", "unexecuted"):
+        tasks.add_column(col)
+    for name, p in c.per_task.items():
+        tasks.add_row(name.removeprefix("libero_"), *(str(x) for x in (p.n, p.paired, p.wins, p.losses, p.ties, p.fingerprint_mismatch, p.unknown, p.unexecuted)))
+    sides = Table(title="each side over all its episodes")
+    for col in ("side", "episodes", "success", "failure", "unknown", "unexecuted", "success rate"):
+        sides.add_column(col)
+    for label, s in (("A " + c.a_name, c.a.overall), ("B " + c.b_name, c.b.overall)):
+        sides.add_row(label, str(s.n), str(s.success), str(s.failure), str(s.unknown), str(s.unexecuted), _pct(s.rate))
+    parts: list[Any] = [t, tasks, sides]
+    for status, ids in c.excluded.items():
+        parts.append(Text(f"excluded ({status.replace('_', ' ')}): {', '.join(ids)}"))
+    return Group(*parts)
