@@ -230,9 +230,8 @@ class Engine:
 
     async def _run_case(self, case: Case, services: Services) -> None:
         arms = await asyncio.gather(*(self._run_one_arm(case, arm, services) for arm in self.config.arms))
-        for result in arms:
-            self.journal.record_arm(result)
         by_arm = {r.arm: r for r in arms}
+        index = None
         assisted = by_arm.get("assisted")
         call_id = assisted.assistance.call_id if assisted is not None else None
         if call_id:
@@ -241,10 +240,11 @@ class Engine:
                 self._receipts.update(outcome_receipts(self.study_dir / RECEIPTS_FILE))
                 receipt = self._receipts.get(call_id)
             self._receipts[call_id] = receipt
-            line_sha = receipt_line_sha256(receipt) if receipt is not None else None
-            self.journal.index_receipt(call_id, [case.case_id], RECEIPTS_FILE, line_sha)
+            index = (call_id, RECEIPTS_FILE, receipt_line_sha256(receipt) if receipt is not None else None)
         verdict = self._classify(case, by_arm, services.interval, interrupted=False)
-        self.journal.finish(case.case_id, verdict)
+        # Arms, receipt index and verdict land in one transaction: a crash leaves the case
+        # claimed with nothing recorded (resume makes it unknown), never half-finished.
+        self.journal.finish_case(case.case_id, arms, verdict, index)
         log.info("case.classified", case_id=case.case_id, label=verdict.label, rule=verdict.rule, reason=verdict.reason)
         if self.on_case:
             self.on_case(verdict)

@@ -351,15 +351,47 @@ class Journal:
                 raise JournalError(
                     f"case {result.case_id!r} is {state}, not claimed; arm {result.arm} not recorded"
                 )
-            try:
+            self._insert_arm(conn, result)
+
+    @staticmethod
+    def _insert_arm(conn: sqlite3.Connection, result: ArmResult) -> None:
+        try:
+            conn.execute(
+                "INSERT INTO arms (case_id, arm, data, digest, recorded_at) VALUES (?, ?, ?, ?, ?)",
+                (result.case_id, result.arm, result.model_dump_json(), arm_digest(result), time.time()),
+            )
+        except sqlite3.IntegrityError:
+            raise DuplicateRecord(f"arm {result.arm} of case {result.case_id!r} is already recorded") from None
+
+    def finish_case(
+        self,
+        case_id: str,
+        arms: Iterable[ArmResult],
+        verdict: Verdict,
+        receipt: tuple[str, str, str | None] | None = None,
+    ) -> None:
+        """Record a claimed case's arms, its receipt index entry and its verdict, and finish it, in one transaction."""
+        if verdict.case_id != case_id:
+            raise JournalError(f"verdict is for {verdict.case_id!r}, not {case_id!r}")
+        with self._write() as conn:
+            state = self._require_case(conn, case_id)
+            if state != "claimed":
+                raise JournalError(f"case {case_id!r} is {state}, not claimed; cannot finish it")
+            for result in arms:
+                if result.case_id != case_id:
+                    raise JournalError(f"arm result is for {result.case_id!r}, not {case_id!r}")
+                self._insert_arm(conn, result)
+            if receipt is not None:
+                call_id, path, line_sha256 = receipt
                 conn.execute(
-                    "INSERT INTO arms (case_id, arm, data, digest, recorded_at) VALUES (?, ?, ?, ?, ?)",
-                    (result.case_id, result.arm, result.model_dump_json(), arm_digest(result), time.time()),
+                    "INSERT OR IGNORE INTO receipts (call_id, case_id, path, line_sha256) VALUES (?, ?, ?, ?)",
+                    (call_id, case_id, path, line_sha256),
                 )
-            except sqlite3.IntegrityError:
-                raise DuplicateRecord(
-                    f"arm {result.arm} of case {result.case_id!r} is already recorded"
-                ) from None
+            conn.execute(
+                "UPDATE cases SET state = 'finished', finished_at = ? WHERE case_id = ?",
+                (time.time(), case_id),
+            )
+            self._insert_verdict(conn, verdict)
 
     def finish(self, case_id: str, verdict: Verdict) -> None:
         """Move a claimed case to `finished` and store its verdict, in one transaction."""

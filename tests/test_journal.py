@@ -368,3 +368,40 @@ def test_read_only_view_sees_writes_and_cannot_write(study):
         assert view.counts()["claimed"] == 1
         with pytest.raises(sqlite3.OperationalError):
             view.claim("case-00001", "w")
+
+
+def test_finish_case_records_arms_receipt_and_verdict_at_once(tmp_path):
+    from rescue.journal import DuplicateRecord, Journal
+    from rescue.manifest import Case
+    from rescue.records import ArmResult, Assistance, Verdict
+
+    case = Case(case_id="c1", suite="libero_object", task_id=0, init_state_index=0, env_seed=0, horizon=16)
+    journal = Journal.create(tmp_path / "s", [case], {})
+    assert journal.claim("c1", "w")
+    arms = [
+        ArmResult(case_id="c1", arm="control", status="complete", success=False, assistance=Assistance(status="control")),
+        ArmResult(case_id="c1", arm="assisted", status="complete", success=True, assistance=Assistance(status="applied", call_id="k")),
+    ]
+    verdict = Verdict(case_id="c1", label="rescued", rule=9, reason="test")
+    journal.finish_case("c1", arms, verdict, ("k", "receipts/receipts.jsonl", "ab" * 32))
+    assert journal.state("c1") == "finished"
+    assert set(journal.arms("c1")) == {"control", "assisted"}
+    assert journal.verdicts()["c1"].label == "rescued"
+    assert [row[0] for row in journal.receipts("c1")] == ["k"]
+    with pytest.raises(Exception):
+        journal.finish_case("c1", arms, verdict)  # finished cases are final
+
+
+def test_finish_case_is_atomic_on_a_duplicate_arm(tmp_path):
+    from rescue.journal import DuplicateRecord, Journal
+    from rescue.manifest import Case
+    from rescue.records import ArmResult, Assistance, Verdict
+
+    case = Case(case_id="c1", suite="libero_object", task_id=0, init_state_index=0, env_seed=0, horizon=16)
+    journal = Journal.create(tmp_path / "s", [case], {})
+    journal.claim("c1", "w")
+    arm = ArmResult(case_id="c1", arm="control", status="complete", success=False, assistance=Assistance(status="control"))
+    with pytest.raises(DuplicateRecord):
+        journal.finish_case("c1", [arm, arm], Verdict(case_id="c1", label="unknown", rule=2, reason="t"))
+    # Nothing of the failed transaction remains: the case is still claimed with no arm.
+    assert journal.state("c1") == "claimed" and journal.arms("c1") == {}
