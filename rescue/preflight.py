@@ -1,0 +1,288 @@
+"""Preflight: check determinism and keepalive before a study is run (DESIGN §4).
+
+Three checks, each with a verdict:
+- the policy server's RNG extension (without it the server does not make the
+  two arms' prefixes equal; any equality is observed, not enforced);
+- determinism: the first k cases' control arms, each run at once on n
+  clients (own policy connection, own simulator), agree to the last trace row;
+- idle hold: one policy connection held idle as long as the longest VLM wait,
+  with the study's keepalive probes, keeps its connection and RNG state, and
+  its next inference equals a fresh connection's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import structlog
+from pydantic import BaseModel
+
+from rescue.arm import ArmSpec, KeepaliveError, policy_seed, run_arm, wait_with_keepalive
+from rescue.config import StudyConfig
+from rescue.engine import Services, start_services
+from rescue.manifest import Case, load_manifest
+from rescue.policy.ws_client import PolicyConnectionClosed, PolicyServerError, WebsocketPolicyClient
+from rescue.records import ArmResult
+from wrappers.async_rules import AsyncRuleWrapper
+
+log = structlog.get_logger()
+
+CheckVerdict = Literal["pass", "warn", "fail"]
+_TRACE_FIELDS = ("state", "images", "instruction", "actions")
+
+
+class Check(BaseModel):
+    """One preflight check and what it found."""
+
+    name: str
+    verdict: CheckVerdict
+    detail: str
+
+
+class PreflightReport(BaseModel):
+    """Every check's verdict; a study should not start unless `ok`."""
+
+    checks: list[Check]
+    policy_url: str | None = None
+    policy_rng_control: bool | None = None  # None: never reached the server
+
+    @property
+    def ok(self) -> bool:
+        """True when no check failed (warnings do not fail)."""
+        return bool(self.checks) and all(c.verdict != "fail" for c in self.checks)
+
+    def render(self) -> str:
+        """The policy server, one line per check, then the overall verdict."""
+        control = {None: "unknown", True: "true", False: "false (prefix equality not guaranteed by the server)"}
+        lines = [f"policy {self.policy_url or '(not reached)'}: policy_rng_control = {control[self.policy_rng_control]}"]
+        lines += [f"{c.verdict.upper():4}  {c.name}: {c.detail}" for c in self.checks]
+        lines.append("preflight: " + ("ok" if self.ok else "FAILED"))
+        return "\n".join(lines)
+
+
+def agreement(results: list[ArmResult]) -> str | None:
+    """None if every arm is complete and equal to the first (fingerprint, trace, outcome); else the first difference."""
+    for i, r in enumerate(results):
+        if r.status != "complete":
+            return f"client {i}: arm {r.status}: {r.error}"
+    ref = results[0]
+    for i, r in enumerate(results[1:], start=1):
+        if r.fingerprint != ref.fingerprint:
+            return f"client {i}: initial-state fingerprint differs from client 0"
+        for row_ref, row in zip(ref.trace, r.trace):
+            if row_ref.step != row.step:
+                return f"client {i}: trace row at step {row.step}, client 0 at step {row_ref.step}"
+            diff = [f for f in _TRACE_FIELDS if getattr(row, f) != getattr(row_ref, f)]
+            if diff:
+                return f"client {i}: trace differs from client 0 at step {row.step} ({', '.join(diff)})"
+        if len(r.trace) != len(ref.trace):
+            return f"client {i}: {len(r.trace)} trace rows, client 0 has {len(ref.trace)}"
+        if (r.steps, r.success) != (ref.steps, ref.success):
+            return f"client {i}: ended at step {r.steps} (success {r.success}), client 0 at {ref.steps} ({ref.success})"
+        if r.rule_firings != ref.rule_firings:
+            return f"client {i}: rule firings differ from client 0"
+    return None
+
+
+async def _connect(services: Services) -> WebsocketPolicyClient:
+    return await WebsocketPolicyClient.connect(services.policy_url, api_key=services.policy_api_key)
+
+
+async def _one_arm(case: Case, config: StudyConfig, services: Services) -> ArmResult:
+    """A control arm as the engine runs it: own simulator, own connection, the configured rules."""
+    spec = ArmSpec(arm="control", interval=services.interval, image_size=config.env.image_size, keepalive_s=config.keepalive_s)
+    sim = await services.pool.acquire()
+    try:
+        policy = AsyncRuleWrapper(await _connect(services), config.rules)
+        try:
+            return await run_arm(case.model_dump(mode="json"), spec, sim, policy)
+        finally:
+            await policy.close()
+    finally:
+        services.pool.release(sim)
+
+
+async def check_determinism(case: Case, config: StudyConfig, services: Services, clients: int) -> Check:
+    """Run the case's control arm on `clients` clients at once; their traces must agree to the last row."""
+    name = f"determinism {case.case_id}"
+    try:
+        results = list(await asyncio.gather(*(_one_arm(case, config, services) for _ in range(clients))))
+    except Exception as exc:  # the simulator or the connection failed before an arm could record it
+        return Check(name=name, verdict="fail", detail=f"{type(exc).__name__}: {exc}")
+    problem = agreement(results)
+    if problem is not None:
+        return Check(name=name, verdict="fail", detail=f"{clients} clients disagree: {problem}")
+    ref = results[0]
+    last = ref.trace[-1].step if ref.trace else None
+    return Check(
+        name=name,
+        verdict="pass",
+        detail=f"{clients} clients agree: fingerprint and all {len(ref.trace)} trace rows (last at step {last}), "
+        f"{ref.steps} steps, success {ref.success}",
+    )
+
+
+async def _first_obs(case: Case, services: Services) -> dict:
+    sim = await services.pool.acquire()
+    try:
+        reset = await sim.call("reset", case.model_dump(mode="json"))
+    finally:
+        services.pool.release(sim)
+    return {**reset.obs, "prompt": reset.instruction}
+
+
+async def _fresh_second_chunk(services: Services, obs: dict, seed: int) -> np.ndarray:
+    """What a new connection answers to its second query after reset_rng(seed)."""
+    ref = await _connect(services)
+    try:
+        await ref.reset()
+        await ref.reset_rng(seed)
+        await ref.infer(obs)
+        return np.asarray((await ref.infer(obs))["actions"])
+    finally:
+        await ref.close()
+
+
+async def check_idle_hold(case: Case, config: StudyConfig, services: Services, idle_s: float) -> Check:
+    """Hold a connection idle for idle_s with the study's keepalive; its connection and RNG must survive."""
+    try:
+        return await _idle_hold(case, config, services, idle_s)
+    except Exception as exc:  # the simulator or the connection failed outside the hold itself
+        return Check(name="idle hold", verdict="fail", detail=f"{type(exc).__name__}: {exc}")
+
+
+async def _idle_hold(case: Case, config: StudyConfig, services: Services, idle_s: float) -> Check:
+    name = "idle hold"
+    every = config.keepalive_s
+    obs = await _first_obs(case, services)
+    seed = policy_seed(case.model_dump(mode="json"))
+    client = await _connect(services)
+    try:
+        await client.reset()
+        if client.supports_rng:
+            await client.reset_rng(seed)
+        await client.infer(obs)
+        before = await client.rng_state()
+        start = time.monotonic()
+        try:
+            await wait_with_keepalive(client, asyncio.sleep(idle_s), every, case.case_id)
+        except KeepaliveError as exc:
+            return Check(name=name, verdict="fail", detail=f"the policy's RNG state changed while idle: {exc}")
+        except (PolicyConnectionClosed, PolicyServerError, ConnectionError, asyncio.TimeoutError) as exc:
+            held = time.monotonic() - start
+            return Check(
+                name=name,
+                verdict="fail",
+                detail=f"the policy connection was lost {held:.1f} s into a {idle_s:g} s idle hold with keepalive "
+                f"every {every:g} s ({type(exc).__name__}: {exc}); the server or a proxy drops idle connections: "
+                "lower keepalive_s below its idle limit or raise that limit",
+            )
+        after = await client.rng_state()
+        if before != after:
+            return Check(name=name, verdict="fail", detail=f"RNG state changed across the idle hold: {before} -> {after}")
+        try:
+            chunk = np.asarray((await client.infer(obs))["actions"])
+        except (PolicyConnectionClosed, PolicyServerError, ConnectionError) as exc:
+            return Check(name=name, verdict="fail", detail=f"inference after the idle hold failed: {type(exc).__name__}: {exc}")
+    finally:
+        await client.close()
+    if before is None:
+        return Check(
+            name=name,
+            verdict="pass",
+            detail=f"connection held idle {idle_s:g} s with ping keepalive every {every:g} s and answered afterwards; "
+            "its RNG state cannot be read (no RNG extension)",
+        )
+    reference = await _fresh_second_chunk(services, obs, seed)
+    if reference.shape != chunk.shape or not np.array_equal(reference, chunk):
+        return Check(
+            name=name,
+            verdict="fail",
+            detail="after the idle hold the next inference differs from a fresh connection's second inference: "
+            "keepalive consumed randomness or the policy is not deterministic",
+        )
+    return Check(
+        name=name,
+        verdict="pass",
+        detail=f"connection held idle {idle_s:g} s with keepalive every {every:g} s: RNG digest, request counter "
+        f"({after.requests}), connection id and server instance unchanged; the next inference equals a fresh connection's",
+    )
+
+
+async def check_rng_extension(services: Services) -> tuple[Check, bool]:
+    """Whether the server resets and reports the policy RNG per connection."""
+    client = await _connect(services)
+    try:
+        supported = client.supports_rng
+    finally:
+        await client.close()
+    if supported:
+        return Check(name="rng extension", verdict="pass", detail="the server announces the RNG extension: the policy RNG is reset per arm and read by keepalive"), True
+    detail = ("the server lacks the RNG extension: prefix equality is not guaranteed by the server "
+              "(arms record policy_rng_control = false; determinism below is observed, not enforced)")
+    return Check(name="rng extension", verdict="warn", detail=detail), False
+
+
+def _idle_length_check(config: StudyConfig, idle_s: float) -> Check | None:
+    if "assisted" not in config.arms or idle_s >= config.vlm.deadline_s:
+        return None
+    return Check(
+        name="idle length",
+        verdict="warn",
+        detail=f"held {idle_s:g} s, shorter than the longest VLM wait (vlm.deadline_s = {config.vlm.deadline_s:g} s); "
+        f"run with --idle-s {config.vlm.deadline_s:g} before a real study",
+    )
+
+
+async def run_preflight(
+    cases: list[Case],
+    config: StudyConfig,
+    k: int = 2,
+    clients: int = 3,
+    idle_s: float = 30.0,
+    workdir: Path | None = None,
+) -> PreflightReport:
+    """Start the study's services with `clients` simulators and run every check; never raises for a failed check.
+
+    k=0 skips the determinism check (the idle hold alone, e.g. for a long hold).
+    """
+    if not cases:
+        raise ValueError("the manifest has no case to run")
+    if k < 0 or (k > 0 and clients < 2):
+        raise ValueError("the determinism check needs at least two clients")
+    simulators = clients if k > 0 else 1
+    run_config = config.model_copy(
+        update={"arms": ("control",), "env": config.env.model_copy(update={"simulators": simulators})}
+    )
+    checks: list[Check] = []
+    url, rng_control = None, None
+    with tempfile.TemporaryDirectory(prefix="preflight-") as tmp:
+        try:
+            async with start_services(run_config, Path(workdir or tmp)) as services:
+                url = services.policy_url
+                rng_check, rng_control = await check_rng_extension(services)
+                checks.append(rng_check)
+                for case in cases[:k]:
+                    checks.append(await check_determinism(case, config, services, clients))
+                    log.info("preflight.check", **checks[-1].model_dump())
+                checks.append(await check_idle_hold(cases[0], config, services, idle_s))
+                log.info("preflight.check", **checks[-1].model_dump())
+        except Exception as exc:  # a service that does not start is a failed preflight, not a crash
+            checks.append(Check(name="services", verdict="fail", detail=f"{type(exc).__name__}: {exc}"))
+    idle = _idle_length_check(config, idle_s)
+    if idle is not None:
+        checks.append(idle)
+    return PreflightReport(checks=checks, policy_url=url, policy_rng_control=rng_control)
+
+
+def preflight(
+    manifest_path: str | Path, config: StudyConfig, k: int = 2, clients: int = 3, idle_s: float = 30.0
+) -> PreflightReport:
+    """Load a manifest and run the preflight checks on its first k cases."""
+    manifest = load_manifest(manifest_path)
+    return asyncio.run(run_preflight(list(manifest.cases), config, k, clients, idle_s))

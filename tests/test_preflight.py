@@ -1,0 +1,127 @@
+"""`rescue preflight` on real LIBERO: passes on the embedded default, fails loudly on a broken policy or server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT, cli_env, rescue_cli, write_cases
+from rescue.config import load_config
+from rescue.engine import start_services
+from rescue.manifest import load_manifest
+from rescue.policy.bundled import policy_metadata
+from rescue.policy.scripted import make_policy
+from rescue.policy.ws_server import PolicyServer
+from rescue.preflight import check_idle_hold
+
+HORIZON = 32
+
+
+class IgnoresResetRng:
+    """The scripted policy behind a broken RNG extension: reset_rng is accepted and ignored.
+
+    Its stream starts from an unseeded (OS-random) state, so two connections never agree.
+    """
+
+    def __init__(self) -> None:
+        self._inner = make_policy()
+        self._inner.reset_rng(secrets.randbits(63))
+        self.action_horizon = self._inner.action_horizon
+
+    def infer(self, obs: dict) -> dict:
+        return self._inner.infer(obs)
+
+    def reset(self) -> None:
+        self._inner.reset()
+
+    def reset_rng(self, seed: int) -> None:
+        pass  # the bug under test
+
+    def rng_state(self) -> str:
+        return self._inner.rng_state()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_preflight_passes_on_the_embedded_default(tmp_path):
+    manifest = write_cases(tmp_path / "m.jsonl", 3, horizon=HORIZON)
+    out = rescue_cli("preflight", str(manifest), "--cases", "2", "--clients", "2", "--idle-s", "1").stdout
+    lines = out.splitlines()
+    assert "policy_rng_control = true" in lines[0]
+    assert any(line.startswith("PASS  rng extension") for line in lines)
+    determinism = [line for line in lines if "determinism" in line]
+    # The first two cases only, each agreeing on both clients to the last row.
+    assert len(determinism) == 2
+    for case_id, line in zip(("object-3-ep0", "object-3-ep1"), determinism):
+        assert line.startswith(f"PASS  determinism {case_id}: 2 clients agree")
+        assert f"last at step {HORIZON - 8}" in line
+    idle = next(line for line in lines if "idle hold" in line)
+    assert idle.startswith("PASS") and "RNG digest, request counter (1)" in idle
+    # A 1 s hold proves little about a 1200 s VLM wait, and the report says so.
+    assert any(line.startswith("WARN  idle length") for line in lines)
+    assert lines[-1] == "preflight: ok"
+
+
+def test_preflight_fails_when_the_policy_ignores_reset_rng(tmp_path):
+    manifest = write_cases(tmp_path / "m.jsonl", 1, horizon=HORIZON)
+    port = _free_port()
+    env = {**cli_env(), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rescue.cli", "serve-policy", "--policy", "test_preflight:IgnoresResetRng", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        proc = rescue_cli(
+            "preflight", str(manifest), "--cases", "1", "--clients", "2", "--idle-s", "0.5",
+            "--policy-url", f"ws://127.0.0.1:{port}/", check=False,
+        )
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    # The server claims the extension, so only running the arms can reveal the broken determinism.
+    assert any(line.startswith("PASS  rng extension") for line in lines)
+    determinism = next(line for line in lines if "determinism" in line)
+    assert determinism.startswith("FAIL  determinism object-3-ep0: 2 clients disagree")
+    assert "trace differs from client 0 at step 0 (actions)" in determinism
+    assert lines[-1] == "preflight: FAILED"
+
+
+def test_idle_hold_fails_when_the_server_drops_connections_between_probes(tmp_path):
+    # A server (or a proxy in front of it) that closes connections idle for 1 s, while the
+    # study probes only every 30 s: the seed's 120 s keepalive behind a 60 s proxy limit, scaled down.
+    case = load_manifest(write_cases(tmp_path / "m.jsonl", 1, horizon=HORIZON)).cases[0]
+
+    async def main():
+        server = PolicyServer(make_policy, policy_metadata(make_policy, "scripted"), idle_timeout_s=1.0)
+        url = await server.start()
+        try:
+            config = load_config(None, {"policy.url": url, "env.simulators": 1, "arms": ["control"]})
+            async with start_services(config, tmp_path) as services:
+                sparse = await check_idle_hold(case, config.model_copy(update={"keepalive_s": 30.0}), services, 3.0)
+                dense = await check_idle_hold(case, config.model_copy(update={"keepalive_s": 0.3}), services, 3.0)
+            return sparse, dense
+        finally:
+            await server.stop()
+
+    sparse, dense = asyncio.run(main())
+    assert sparse.verdict == "fail"
+    assert "connection was lost" in sparse.detail and "3 s idle hold with keepalive every 30 s" in sparse.detail
+    assert "lower keepalive_s below its idle limit" in sparse.detail
+    # Probing more often than the server's idle limit keeps the same connection and RNG state.
+    assert dense.verdict == "pass", dense.detail
+    assert "connection id and server instance unchanged" in dense.detail
