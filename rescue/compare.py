@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 from rescue.config import StudyConfig, load_config
 from rescue.engine import StudyError, create_study, new_study_dir, run_study
 from rescue.evaluation import EvalSummary, episode_cases, summarize_labels
-from rescue.journal import Journal
+from rescue.journal import Journal, journal_path
 from rescue.manifest import parse_manifest
 from rescue.records import EpisodeLabel, Verdict
 from rescue.stats import block_bootstrap_ci, mcnemar_exact, paired_diff_ci
@@ -216,10 +216,11 @@ def compare_episodes(
 
 
 class Side(BaseModel):
-    """One side of a comparison: its name (config file and/or policy) and its config sha256."""
+    """One side of a comparison: its name (config file and/or policy), resolved config and its sha256."""
 
     name: str
     config_sha256: str
+    config: dict = Field(default_factory=dict)  # the resolved configuration, so a side can be created late
 
 
 class ComparePlan(BaseModel):
@@ -294,23 +295,35 @@ def create_compare(
     study_dir = Path(study_dir)
     if (study_dir / PLAN_FILE).exists():
         raise StudyError(f"{study_dir} already holds a comparison; use `rescue compare --resume {study_dir}`")
-    horizon = horizon or SUITE_HORIZON[suite]
-    cases = episode_cases(suite, tasks, episodes, horizon, first_init)
-    body = "".join(c.model_dump_json(exclude_none=True) + "\n" for c in cases)
-    manifest = parse_manifest(body.encode(), f"{suite} x{episodes}")
+    sides = []
+    for name, config in zip(names, configs):
+        config = config.model_copy(update={"arms": ("control",)})
+        sides.append(Side(name=name, config_sha256=config.sha256(), config=config.model_dump(mode="json")))
     plan = ComparePlan(
-        suite=suite, tasks=tasks, episodes=episodes, horizon=horizon, first_init=first_init,
-        seed=seed, reps=reps, confidence=confidence,
-        a=Side(name=names[0], config_sha256=configs[0].sha256()),
-        b=Side(name=names[1], config_sha256=configs[1].sha256()),
+        suite=suite, tasks=tasks, episodes=episodes, horizon=horizon or SUITE_HORIZON[suite], first_init=first_init,
+        seed=seed, reps=reps, confidence=confidence, a=sides[0], b=sides[1],
     )
     study_dir.mkdir(parents=True, exist_ok=True)
     _write_json(study_dir / PLAN_FILE, plan.model_dump(mode="json"))
-    # Both sides exist before either runs, so a crash leaves both resumable.
-    for side, config in zip(SIDES, configs):
-        meta = {"kind": "evaluation", "compare": study_dir.name, "side": side}
-        create_study(study_dir / side, manifest, config.model_copy(update={"arms": ("control",)}), meta).close()
+    _create_sides(study_dir, plan)
     return plan
+
+
+def _create_sides(study_dir: Path, plan: ComparePlan) -> None:
+    """Create each side's evaluation study that does not exist yet, all on one episode manifest."""
+    cases = episode_cases(plan.suite, plan.tasks, plan.episodes, plan.horizon, plan.first_init)
+    body = "".join(c.model_dump_json(exclude_none=True) + "\n" for c in cases)
+    manifest = parse_manifest(body.encode(), f"{plan.suite} x{plan.episodes}")
+    # Both sides exist before either runs, so a crash leaves both resumable.
+    for side in SIDES:
+        if journal_path(study_dir / side).exists():
+            continue
+        spec: Side = getattr(plan, side)
+        config = StudyConfig.model_validate(spec.config)
+        if config.sha256() != spec.config_sha256:
+            raise StudyError(f"side {side}'s configuration in {PLAN_FILE} does not match its sha256")
+        meta = {"kind": "evaluation", "compare": study_dir.name, "side": side}
+        create_study(study_dir / side, manifest, config, meta).close()
 
 
 def compare_policies(
@@ -354,7 +367,7 @@ def resume_compare(study_dir: str | os.PathLike[str], on_case=None, verbose: boo
     from rescue.studies import resume
 
     study_dir = Path(study_dir)
-    load_plan(study_dir)
+    _create_sides(study_dir, load_plan(study_dir))
     interrupted: dict[str, list[str]] = {}
     for side in SIDES:
         with Journal.open(study_dir / side, readonly=True) as journal:

@@ -75,16 +75,21 @@ def render_summary(export: Any) -> Group:
     return Group(*parts)
 
 
-def render_eval(summary: EvalSummary) -> Table:
-    """An evaluation's success per task, per group and overall, unknown and unexecuted shown."""
-    t = Table(title="baseline evaluation")
-    for col in ("task / group", "episodes", "success", "failure", "unknown", "unexecuted", "success rate"):
+def _eval_table(title: str, first: str, rows: list[tuple[str, Any]]) -> Table:
+    t = Table(title=title)
+    for col in (first, "episodes", "success", "failure", "unknown", "unexecuted", "success rate"):
         t.add_column(col)
-    groups = [(f"group {name}", rate) for name, rate in sorted(summary.per_group.items())]
-    rows = [*sorted(summary.per_task.items()), *groups, ("overall", summary.overall)]
     for name, r in rows:
         t.add_row(name.removeprefix("libero_"), str(r.n), str(r.success), str(r.failure), str(r.unknown), str(r.unexecuted), _pct(r.rate))
     return t
+
+
+def render_eval(summary: EvalSummary) -> Group:
+    """An evaluation's success per task, per group and overall, unknown and unexecuted shown."""
+    return Group(
+        _eval_table("baseline evaluation", "task", [*sorted(summary.per_task.items()), ("overall", summary.overall)]),
+        _eval_table("per group", "group", sorted(summary.per_group.items())),
+    )
 
 
 def _ci(ci: tuple[float, float] | None) -> str:
@@ -95,28 +100,32 @@ def render_compare(comparison: Any) -> Group:
     """A paired comparison: wins, losses, ties, both rates, McNemar, both intervals, excluded pairs."""
     c, k = comparison, comparison.counts
     conf = f"{int(round(c.confidence * 100))}%"
-    t = Table(title=f"paired comparison: B = {c.b_name} against A = {c.a_name}", show_header=False)
+    head = Text(f"B = {c.b_name}\nA = {c.a_name}\na win: B succeeded where A failed; differences are B - A")
+    t = Table(title="paired comparison", show_header=False)
     t.add_row("episode pairs", str(k.n))
-    t.add_row("paired (both completed, fingerprints match)", str(k.paired))
-    t.add_row("wins (B only) / losses (A only) / ties", f"{k.wins} / {k.losses} / {k.ties} (both success {k.both_success}, both fail {k.both_fail})")
+    t.add_row("paired (completed, same initial state)", str(k.paired))
+    t.add_row("wins / losses / ties", f"{k.wins} / {k.losses} / {k.ties}")
+    t.add_row("ties: both success / both fail", f"{k.both_success} / {k.both_fail}")
     t.add_row("excluded: fingerprint mismatch", str(k.fingerprint_mismatch))
     t.add_row("excluded: unknown / unexecuted / unmatched", f"{k.unknown} / {k.unexecuted} / {k.unmatched}")
-    t.add_row("success over the paired episodes: A, B", f"{_pct(c.a_rate)}, {_pct(c.b_rate)}")
-    t.add_row("success over all episodes: A, B", f"{_pct(c.a.overall.rate)}, {_pct(c.b.overall.rate)}")
-    t.add_row("exact McNemar p (wins vs losses)", f"{c.mcnemar_p:.4f}")
+    t.add_row("success, paired episodes: A / B", f"{_pct(c.a_rate)} / {_pct(c.b_rate)}")
+    t.add_row("success, all episodes: A / B", f"{_pct(c.a.overall.rate)} / {_pct(c.b.overall.rate)}")
+    t.add_row("exact McNemar p", f"{c.mcnemar_p:.4f}")
     t.add_row(f"B - A, Newcombe {conf} CI", f"{_pct(c.diff)} {_ci(c.newcombe_ci)}")
-    t.add_row(f"B - A, task-block bootstrap {conf} CI", f"{_ci(c.bootstrap_ci)} (seed {c.bootstrap_seed}, {c.bootstrap_reps} reps)")
+    t.add_row(f"B - A, task-bootstrap {conf} CI", _ci(c.bootstrap_ci))
+    t.add_row("bootstrap seed, resamples", f"{c.bootstrap_seed}, {c.bootstrap_reps}")
     tasks = Table(title="per task")
-    for col in ("task", "pairs", "paired", "wins", "losses", "ties", "mismatch", "unknown", "unexecuted"):
+    tasks.add_column("task", no_wrap=True)
+    for col in ("pairs", "paired", "wins", "losses", "ties", "excluded"):
         tasks.add_column(col)
     for name, p in c.per_task.items():
-        tasks.add_row(name.removeprefix("libero_"), *(str(x) for x in (p.n, p.paired, p.wins, p.losses, p.ties, p.fingerprint_mismatch, p.unknown, p.unexecuted)))
+        tasks.add_row(name.removeprefix("libero_"), *(str(x) for x in (p.n, p.paired, p.wins, p.losses, p.ties, p.n - p.paired)))
     sides = Table(title="each side over all its episodes")
     for col in ("side", "episodes", "success", "failure", "unknown", "unexecuted", "success rate"):
         sides.add_column(col)
-    for label, s in (("A " + c.a_name, c.a.overall), ("B " + c.b_name, c.b.overall)):
+    for label, s in (("A", c.a.overall), ("B", c.b.overall)):
         sides.add_row(label, str(s.n), str(s.success), str(s.failure), str(s.unknown), str(s.unexecuted), _pct(s.rate))
-    parts: list[Any] = [t, tasks, sides]
+    parts: list[Any] = [head, t, tasks, sides]
     for status, ids in c.excluded.items():
         parts.append(Text(f"excluded ({status.replace('_', ' ')}): {', '.join(ids)}"))
     return Group(*parts)

@@ -18,7 +18,10 @@ from rescue.compare import (
     Side,
     compare_episodes,
     compare_studies,
+    create_compare,
+    load_plan,
     pair_episodes,
+    side_config,
 )
 from rescue.config import StudyConfig
 from rescue.digest import digest_text
@@ -260,6 +263,29 @@ def test_compare_studies_reads_two_journals(tmp_path):
         compare_studies(tmp_path)
 
 
+def test_a_comparison_is_laid_out_before_either_side_runs(tmp_path):
+    configs = (
+        side_config(None, "rescue.policy.scripted:make_policy")[0],
+        side_config(None, "rescue.policy.variants:make_steady_policy", {"cases_in_flight": 1})[0],
+    )
+    plan = create_compare(tmp_path, "libero_object", [3, 4], 2, 64, configs, ("a", "b"), seed=5)
+    assert load_plan(tmp_path) == plan and plan.seed == 5
+    metas = []
+    for side, config in zip(("a", "b"), configs):
+        with Journal.open(tmp_path / side, readonly=True) as journal:
+            metas.append(journal.meta())
+            assert journal.pending_ids() == [c.case_id for c in episode_cases("libero_object", [3, 4], 2, 64)]
+        assert metas[-1]["kind"] == "evaluation" and metas[-1]["config_sha256"] == config.sha256()
+        assert getattr(plan, side).config_sha256 == config.sha256() and config.arms == ("control",)
+    assert metas[0]["manifest_sha256"] == metas[1]["manifest_sha256"]
+    assert plan.a.config["policy"]["factory"] != plan.b.config["policy"]["factory"]
+    with pytest.raises(StudyError, match="already holds a comparison"):
+        create_compare(tmp_path, "libero_object", [3], 1, 64, configs, ("a", "b"))
+    with pytest.raises(StudyError, match="config file or a policy"):
+        side_config(None, None)
+    assert side_config(None, "ws://127.0.0.1:9")[0].policy.url == "ws://127.0.0.1:9"
+
+
 # --- (d) a real `rescue compare` on LIBERO -----------------------------------------------------
 
 
@@ -272,7 +298,8 @@ def test_rescue_compare_end_to_end(tmp_path):
         "--suite", "libero_object", "--tasks", "3", "--first-init", "2", "--episodes", "2", "--horizon", "150",
         "--seed", "9", "--reps", "300", "--study", str(study),
     )
-    assert "wins (B only)" in out.stdout and "McNemar" in out.stdout
+    for shown in ("wins / losses / ties", "exact McNemar p", "Newcombe", "task-bootstrap", "each side over all"):
+        assert shown in out.stdout
     plan = json.loads((study / PLAN_FILE).read_text())
     assert plan["seed"] == 9 and plan["a"]["name"] != plan["b"]["name"]
     assert plan["a"]["config_sha256"] != plan["b"]["config_sha256"]
