@@ -66,10 +66,7 @@ class PreflightReport(BaseModel):
 
 
 def agreement(results: list[ArmResult]) -> str | None:
-    """None if every arm is complete and equal to the first (fingerprint, trace, outcome); else the first difference."""
-    for i, r in enumerate(results):
-        if r.status != "complete":
-            return f"client {i}: arm {r.status}: {r.error}"
+    """None if every arm equals the first (fingerprint, trace, outcome, rule firings); else the first difference."""
     ref = results[0]
     for i, r in enumerate(results[1:], start=1):
         if r.fingerprint != ref.fingerprint:
@@ -110,11 +107,14 @@ async def _one_arm(case: Case, config: StudyConfig, services: Services) -> ArmRe
 async def check_determinism(case: Case, config: StudyConfig, services: Services, clients: int) -> Check:
     """Run the case's control arm on `clients` clients at once; their traces must agree to the last row."""
     name = f"determinism {case.case_id}"
-    try:
-        results = list(await asyncio.gather(*(_one_arm(case, config, services) for _ in range(clients))))
-    except Exception as exc:  # the simulator or the connection failed before an arm could record it
-        return Check(name=name, verdict="fail", detail=f"{type(exc).__name__}: {exc}")
-    problem = agreement(results)
+    # Every arm finishes (and frees its simulator) before the verdict, even when one fails.
+    results = await asyncio.gather(*(_one_arm(case, config, services) for _ in range(clients)), return_exceptions=True)
+    for i, r in enumerate(results):
+        if isinstance(r, BaseException):  # the simulator or the connection failed before the arm could record it
+            return Check(name=name, verdict="fail", detail=f"client {i}: {type(r).__name__}: {r}")
+        if r.status != "complete":
+            return Check(name=name, verdict="fail", detail=f"client {i}: arm {r.status}: {r.error}")
+    problem = agreement(list(results))
     if problem is not None:
         return Check(name=name, verdict="fail", detail=f"{clients} clients disagree: {problem}")
     ref = results[0]

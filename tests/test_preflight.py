@@ -18,7 +18,8 @@ from rescue.manifest import load_manifest
 from rescue.policy.bundled import policy_metadata
 from rescue.policy.scripted import make_policy
 from rescue.policy.ws_server import PolicyServer
-from rescue.preflight import check_idle_hold
+from rescue.preflight import agreement, check_idle_hold
+from rescue.records import ArmResult, Assistance, TraceRow
 
 HORIZON = 32
 
@@ -125,3 +126,19 @@ def test_idle_hold_fails_when_the_server_drops_connections_between_probes(tmp_pa
     # Probing more often than the server's idle limit keeps the same connection and RNG state.
     assert dense.verdict == "pass", dense.detail
     assert "connection id and server instance unchanged" in dense.detail
+
+
+def _arm(rows: list[tuple[int, str]], steps: int = 48, fingerprint: str = "f0") -> ArmResult:
+    trace = [TraceRow(step=s, state="s", instruction="i", actions=a) for s, a in rows]
+    return ArmResult(case_id="c", arm="control", status="complete", success=False, steps=steps,
+                     fingerprint=fingerprint, trace=trace, assistance=Assistance(status="control"))
+
+
+def test_agreement_names_the_first_difference():
+    same = [(0, "a0"), (8, "a1"), (16, "a2")]
+    assert agreement([_arm(same), _arm(same), _arm(same)]) is None
+    assert agreement([_arm(same), _arm(same), _arm(same[:2] + [(16, "zz")])]) == (
+        "client 2: trace differs from client 0 at step 16 (actions)"
+    )
+    assert agreement([_arm(same), _arm(same[:2], steps=16)]) == "client 1: 2 trace rows, client 0 has 3"
+    assert "fingerprint" in agreement([_arm(same), _arm(same, fingerprint="f1")])
