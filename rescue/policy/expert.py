@@ -18,8 +18,8 @@ OPEN, CLOSE = -1.0, 1.0
 # at 4 cm of error and tapers as the gripper closes in.
 GAIN = 25.0
 ABOVE = 0.10  # approach height over the object's origin
-CARRY = 0.14  # height over the target while carrying
-PLACE = 0.06  # height over the target to let go
+CARRY = 0.22  # gripper height over the target while lifting and carrying: tall objects clear the rim
+PLACE = 0.05  # height over the target of the held object's origin when letting go
 GRASP_DZ = 0.01  # grasp height over the object's origin
 CLOSE_STEPS = 12  # the fingers take about this long to close on an object
 RELEASE_STEPS = 10
@@ -55,12 +55,13 @@ class Expert:
             return obj + [0, 0, GRASP_DZ], OPEN
         if ph == "grasp":
             return np.r_[obj[:2], eef[2]], CLOSE
+        hang = max(0.0, float(eef[2] - obj[2]))  # how far the object's base is below the gripper
         if ph == "lift":
             return np.r_[eef[:2], target[2] + CARRY], CLOSE
         if ph == "carry":
             return target + [0, 0, CARRY], CLOSE
         if ph == "place":
-            return target + [0, 0, PLACE], CLOSE
+            return target + [0, 0, PLACE + hang], CLOSE
         return np.r_[eef[:2], target[2] + CARRY], OPEN
 
     def _next(self, obs: dict) -> str | None:
@@ -79,7 +80,7 @@ class Expert:
             return "lift"
         if ph == "lift" and err[2] < 0.03:
             return "carry"
-        if ph == "carry" and np.linalg.norm(err[:2]) < 0.015:
+        if ph == "carry" and (np.linalg.norm(err[:2]) < 0.015 or n >= 60):
             return "place"
         if ph == "place" and (abs(err[2]) < 0.015 or n >= 30):
             return "release"
@@ -117,7 +118,7 @@ def situation_phase(obs: dict) -> str:
     if held:
         if np.linalg.norm(obj[:2] - target[:2]) < 0.03:
             return "place"
-        return "lift" if eef[2] < target[2] + CARRY - 0.04 else "carry"
+        return "lift" if eef[2] < target[2] + CARRY - 0.05 else "carry"
     if over_object:
         return "grasp" if eef[2] - obj[2] < 0.025 else "descend"
     return "approach"

@@ -1,10 +1,14 @@
-"""The local endpoint's decision: a rule-based stand-in for a learned VLM.
+"""The local endpoint's decision: an image-only subgoal model, with a rule as fallback.
 
 It reads only what a request carries (the instruction, the views, the step
-budget). It does not look at the images' content beyond checking that they
-decoded and are not blank; the subgoal comes from the instruction's wording:
-grasp the task's object again and finish the motion the instruction names.
-The verb "grasp" is deliberate: policies trained on LIBERO-style text react to it.
+budget). The subgoal model (`rescue.vlm.vision`, trained on rendered LIBERO
+frames) looks at the three views and says which phase of a pick-and-place the
+scene is in; the answer is that phase's sub-instruction, naming the object the
+instruction names (or, if the instruction names none the model knows, the
+object the model sees). Fallback, documented and only then: when the model
+file is missing, or the instruction is not a pick-and-place of an object the
+model was trained on (libero_object's), the subgoal comes from the
+instruction's wording (grasp the object again, finish the motion).
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
+
+from rescue.policy.phases import PHASES, PickPlace, parse_pick_place, sub_instruction
+from rescue.vlm.vision import OBJECTS, VIEWS, load_model
 
 _PREP = r"(?:on top of|onto|into|inside|on|in|to|towards|toward)"
 _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
@@ -72,9 +79,29 @@ def _usable(view: Image.Image) -> bool:
 
 
 def propose_subgoal(instruction: str, views: list[Image.Image], remaining_steps: int) -> str:
-    """One bounded subgoal from the instruction's wording, after checking the views."""
+    """One bounded subgoal: the subgoal model's reading of the views, else the instruction's wording."""
     if not views or not any(_usable(v) for v in views):
         return "look around: the view is empty"
+    model = load_model()
+    goal = parse_pick_place(instruction)
+    # The model knows libero_object's scenes only; other tasks keep the rule.
+    known = goal is not None and goal.obj in OBJECTS
+    if model is not None and len(views) == len(VIEWS) and (known or not instruction.strip()):
+        return model_subgoal(model, goal, views)
+    return rule_subgoal(instruction, remaining_steps)
+
+
+def model_subgoal(model, goal: PickPlace | None, views: list[Image.Image]) -> str:
+    """The sub-instruction of the phase the model sees, for the instruction's object (else the one it sees)."""
+    phase_p, object_p = model.predict(views)
+    phase = PHASES[int(np.argmax(phase_p))]
+    if goal is None:
+        goal = PickPlace(obj=OBJECTS[int(np.argmax(object_p))], target="basket", prep="in")
+    return sub_instruction(phase, goal)
+
+
+def rule_subgoal(instruction: str, remaining_steps: int) -> str:
+    """The fallback: a subgoal from the instruction's wording alone."""
     goal = parse_goal(instruction)
     # With few steps left, ask for the shortest useful motion.
     hurry = " quickly" if remaining_steps < 50 else ""

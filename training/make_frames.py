@@ -1,0 +1,120 @@
+"""Render labelled frames for the image-only subgoal model.
+
+    python -m training.make_frames --out data/frames/libero_object.npz
+
+Frames come from noisy expert episodes and, when a policy checkpoint is
+given, from the learned policy's own episodes (whose states look like the
+failures the subgoal model will see). Every `--every` steps the three views
+are rendered at the size the study sends to the VLM and stored downsampled;
+each frame is labelled with `situation_phase` of the state and the index of
+the task's object in `OBJECTS`. Only the frames kept are rendered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rescue.env.libero import SUITE_HORIZON, LiberoAdapter
+from rescue.policy.expert import Expert, situation_phase
+from rescue.policy.phases import PHASES, parse_pick_place
+from rescue.vlm.vision import INPUT_SIZE, OBJECTS, VIEWS, downsample
+from training.make_demos import HELD_OUT, NOISE
+
+RENDER_SIZE = 256  # what the study sends; downsampled exactly as the advisor does
+
+
+def _frame(adapter: LiberoAdapter) -> np.ndarray:
+    views = adapter.render(list(VIEWS), RENDER_SIZE)
+    return np.stack([downsample(views[v]) for v in VIEWS])
+
+
+def collect(
+    suite: str, tasks: list[int], inits: list[int], every: int, checkpoint: Path | None, policy_inits: set[int], seed: int
+) -> dict:
+    """Frames, phase labels, object labels and provenance of every rendered state."""
+    adapter = LiberoAdapter(cameras=VIEWS)
+    rng = np.random.default_rng(seed)
+    policy = None
+    if checkpoint is not None:
+        from rescue.policy.learned import LearnedPolicy
+
+        policy = LearnedPolicy(checkpoint)
+    out: dict[str, list] = {k: [] for k in ("frames", "phase", "object", "task", "init", "source", "step")}
+    for task in tasks:
+        for idx in inits:
+            sources = ("expert", "policy") if policy is not None and idx in policy_inits else ("expert",)
+            for source in sources:
+                case = {"suite": suite, "task_id": task, "init_state_index": idx, "env_seed": idx}
+                reset = adapter.reset(case)
+                obj = OBJECTS.index(parse_pick_place(reset.instruction).obj)
+                obs, expert, chunk = reset.obs, Expert(), []
+                if policy is not None:
+                    policy.reset_rng(idx)
+                phase_offset = int(rng.integers(every))  # so frames are not always at the same steps
+                for step in range(SUITE_HORIZON[suite]):
+                    if step % every == phase_offset:
+                        out["frames"].append(_frame(adapter))
+                        for k, v in zip(("phase", "object", "task", "init", "source", "step"),
+                                        (PHASES.index(situation_phase(obs)), obj, task, idx, source, step)):
+                            out[k].append(v)
+                    if source == "expert":
+                        action = expert.act(obs)
+                        action[:3] = np.clip(action[:3] + rng.normal(0.0, NOISE, 3), -1, 1)
+                    else:
+                        if not chunk:
+                            chunk = list(policy.infer({**obs, "prompt": reset.instruction})["actions"])
+                        action = chunk.pop(0)
+                    result = adapter.run_chunk(np.asarray(action)[None], 1)
+                    obs = result.obs
+                    if result.success:
+                        break
+            print(json.dumps({"task": task, "init": idx, "frames": len(out["frames"])}), flush=True)
+    adapter.close()
+    return {
+        "frames": np.asarray(out["frames"], dtype=np.uint8),
+        "phase": np.asarray(out["phase"], dtype=np.int8),
+        "object": np.asarray(out["object"], dtype=np.int8),
+        "task": np.asarray(out["task"], dtype=np.int16),
+        "init": np.asarray(out["init"], dtype=np.int16),
+        "source": np.asarray(out["source"]),
+        "step": np.asarray(out["step"], dtype=np.int16),
+        "views": np.asarray(VIEWS),
+        "suite": np.asarray(suite),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", default="libero_object")
+    parser.add_argument("--tasks", default="0-9")
+    parser.add_argument("--inits", default="10-17", help="training initial states (0-9 are held out)")
+    parser.add_argument("--every", type=int, default=12, help="render one frame every this many steps")
+    parser.add_argument("--policy", type=Path, default=None, help="also roll out this policy checkpoint")
+    parser.add_argument("--policy-inits", default="10-13", help="initial states the policy is rolled out from")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("data/frames/libero_object.npz"))
+    args = parser.parse_args(argv)
+
+    def ints(text: str) -> list[int]:
+        lo, _, hi = text.partition("-")
+        return list(range(int(lo), int(hi) + 1)) if hi else [int(t) for t in text.split(",")]
+
+    inits = ints(args.inits)
+    if any(i < HELD_OUT for i in inits):
+        print(f"note: initial states below {HELD_OUT} are the policy's held-out states", flush=True)
+    start = time.time()
+    data = collect(args.suite, ints(args.tasks), inits, args.every, args.policy, set(ints(args.policy_inits)), args.seed)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(args.out, **data)
+    print(json.dumps({"out": str(args.out), "frames": int(len(data["frames"])), "seconds": round(time.time() - start, 1),
+                      "input_size": INPUT_SIZE}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
