@@ -69,6 +69,7 @@ class ArmSpec:
     interval: int
     image_size: int = 256
     keepalive_s: float = 120.0
+    release_while_waiting: bool = True
 
 
 async def _query(policy: PolicyConnection, obs: dict, step: int, firings: list | None) -> dict:
@@ -112,6 +113,116 @@ def _check_same(before: Any, after: Any, case_id: str) -> None:
         raise KeepaliveError(f"case {case_id}: policy {', '.join(changed)} changed during the VLM wait")
 
 
+class ArmRun:
+    """One arm in progress: reset, run to a step, assist at q, finish. Both modes are built from it."""
+
+    def __init__(self, case: dict, spec: ArmSpec, sim: Simulator, policy: PolicyConnection, advisor: Advisor | None = None):
+        self.case, self.spec, self.sim, self.policy, self.advisor = case, spec, sim, policy, advisor
+        self.horizon, self.interval = int(case["horizon"]), spec.interval
+        self.q = query_point(self.horizon, self.interval)
+        self.log = log.bind(case_id=case["case_id"], arm=spec.arm)
+        self.started = time.time()
+        self.trace: list[TraceRow] = []
+        self.assistance = Assistance(status="control" if spec.arm == "control" else "not_reached")
+        self.fingerprint: str | None = None
+        self.step, self.success, self.done = 0, False, False
+        self.q_state: str | None = None
+        # Rules between policy and simulator (wrappers/async_rules.py) log their firings here.
+        self.firings: list[dict] | None = getattr(policy, "firings", None)
+        self.rng_control = bool(policy.supports_rng)
+        self.queries: list[tuple[int, dict]] = []  # (step, policy input) of the prefix, for a fork's replay
+        self.original = self.instruction = ""
+        self.obs: dict = {}
+
+    async def start(self) -> None:
+        """Reset the case, check its instruction, reset the policy and its RNG."""
+        self.log.info("arm.started", horizon=self.horizon, query_step=self.q)
+        reset = await self.sim.call("reset", self.case)
+        self.fingerprint = reset.fingerprint
+        self.original = self.instruction = reset.instruction
+        if self.case.get("instruction") not in (None, self.original):
+            raise ValueError(f"manifest instruction {self.case['instruction']!r} differs from the task's {self.original!r}")
+        await self.start_policy()
+        self.obs = reset.obs
+
+    async def start_policy(self) -> None:
+        """Reset the policy and, with the RNG extension, its random stream to the case's seed."""
+        await self.policy.reset()
+        if self.rng_control:
+            await self.policy.reset_rng(policy_seed(self.case))
+        else:
+            # Recorded on the arm (policy_rng_control) so the study shows it.
+            self.log.warning("arm.no_rng_control", reason="no RNG extension: prefix equality not guaranteed by the server")
+
+    async def run_until(self, limit: int) -> None:
+        """Query and step until `limit` steps (or the horizon, or success)."""
+        while not self.done and self.step < min(limit, self.horizon):
+            if self.step >= self.q and self.q_state is None:
+                self.q_state = await self._state_digest()
+            if self.spec.arm == "assisted" and self.step >= self.q and self.assistance.status == "not_reached":
+                self.assistance = await _assist(self.case, self.spec, self.sim, self.policy, self.advisor, self.original, self.horizon - self.step, self.step)
+                if self.assistance.status == "applied":
+                    self.instruction = self.assistance.instruction
+            policy_input = {**self.obs, "prompt": self.instruction}
+            if self.step < self.q:
+                self.queries.append((self.step, policy_input))
+            reply = await _query(self.policy, policy_input, self.step, self.firings)
+            # Only the first C actions run; the rest of a longer chunk is dropped,
+            # so nothing planned under an old instruction survives the next query.
+            # The chunk is the one after any rules: the trace digests what runs.
+            chunk = as_float_chunk(reply["actions"])[: self.interval]
+            due = min(self.interval, self.horizon - self.step)
+            if len(chunk) < due:
+                # A short chunk would move the next query off the 0, C, 2C, ... grid.
+                raise ValueError(f"step {self.step}: action chunk has {len(chunk)} actions, fewer than the {due} steps to the next query")
+            self.trace.append(
+                TraceRow(
+                    step=self.step,
+                    state=digest_obs(self.obs),
+                    images={},
+                    instruction=digest_text(self.instruction),
+                    actions=digest_array(chunk),
+                )
+            )
+            result = await self.sim.call("run_chunk", chunk, due)
+            self.step += result.steps
+            self.obs = result.obs
+            if result.success:
+                self.success = self.done = True
+        if self.step >= self.horizon:
+            self.done = True
+
+    async def _state_digest(self) -> str | None:
+        try:
+            return await self.sim.call("state_digest")
+        except Exception:  # an adapter without state digests: the proof rests on the trace alone
+            return None
+
+    def result(self, error: Exception | None = None, mode: str = "independent") -> ArmResult:
+        """The arm's record; an error makes it an infrastructure failure, never a policy failure."""
+        if error is not None:
+            self.log.warning("arm.error", error=f"{type(error).__name__}: {error}", step=self.step)
+        else:
+            self.log.info("arm.finished", success=self.success, steps=self.step, assistance=self.assistance.status)
+        return ArmResult(
+            case_id=self.case["case_id"],
+            arm=self.spec.arm,
+            status="complete" if error is None else "error",
+            error=None if error is None else f"{type(error).__name__}: {error}",
+            success=self.success if error is None else None,
+            steps=self.step,
+            fingerprint=self.fingerprint,
+            trace=self.trace,
+            assistance=self.assistance,
+            rule_firings=list(self.firings or []),
+            policy_rng_control=self.rng_control,
+            mode=mode,
+            q_state=self.q_state,
+            started_at=self.started,
+            finished_at=time.time(),
+        )
+
+
 async def run_arm(
     case: dict,
     spec: ArmSpec,
@@ -120,90 +231,82 @@ async def run_arm(
     advisor: Advisor | None = None,
 ) -> ArmResult:
     """Replay one case under one arm; infrastructure failures become an `error` result, never an exception."""
-    case_id, horizon, interval = case["case_id"], int(case["horizon"]), spec.interval
-    q = query_point(horizon, interval)
-    bound = log.bind(case_id=case_id, arm=spec.arm)
-    started = time.time()
-    trace: list[TraceRow] = []
-    assistance = Assistance(status="control" if spec.arm == "control" else "not_reached")
-    fingerprint, step, success = None, 0, False
-    # Rules between policy and simulator (wrappers/async_rules.py) log their firings here.
-    firings: list[dict] | None = getattr(policy, "firings", None)
-    rng_control = bool(policy.supports_rng)
-    bound.info("arm.started", horizon=horizon, query_step=q)
+    arm = ArmRun(case, spec, sim, policy, advisor)
     try:
-        reset = await sim.call("reset", case)
-        fingerprint = reset.fingerprint
-        original = instruction = reset.instruction
-        if case.get("instruction") not in (None, original):
-            raise ValueError(f"manifest instruction {case['instruction']!r} differs from the task's {original!r}")
-        await policy.reset()
-        if rng_control:
-            await policy.reset_rng(policy_seed(case))
-        else:
-            # Recorded on the arm (policy_rng_control) so the study shows it.
-            bound.warning("arm.no_rng_control", reason="no RNG extension: prefix equality not guaranteed by the server")
-        obs = reset.obs
-        while step < horizon:
-            if spec.arm == "assisted" and step >= q and assistance.status == "not_reached":
-                assistance = await _assist(case, spec, sim, policy, advisor, original, horizon - step, step)
-                if assistance.status == "applied":
-                    instruction = assistance.instruction
-            reply = await _query(policy, {**obs, "prompt": instruction}, step, firings)
-            # Only the first C actions run; the rest of a longer chunk is dropped,
-            # so nothing planned under an old instruction survives the next query.
-            # The chunk is the one after any rules: the trace digests what runs.
-            chunk = as_float_chunk(reply["actions"])[:interval]
-            due = min(interval, horizon - step)
-            if len(chunk) < due:
-                # A short chunk would move the next query off the 0, C, 2C, ... grid.
-                raise ValueError(f"step {step}: action chunk has {len(chunk)} actions, fewer than the {due} steps to the next query")
-            trace.append(
-                TraceRow(
-                    step=step,
-                    state=digest_obs(obs),
-                    images={},
-                    instruction=digest_text(instruction),
-                    actions=digest_array(chunk),
-                )
-            )
-            result = await sim.call("run_chunk", chunk, due)
-            step += result.steps
-            obs = result.obs
-            if result.success:
-                success = True
-                break
+        await arm.start()
+        await arm.run_until(arm.horizon)
     except Exception as exc:  # the arm's record carries the failure; the case stays in the denominator
-        bound.warning("arm.error", error=f"{type(exc).__name__}: {exc}", step=step)
-        return ArmResult(
-            case_id=case_id,
-            arm=spec.arm,
-            status="error",
-            error=f"{type(exc).__name__}: {exc}",
-            steps=step,
-            fingerprint=fingerprint,
-            trace=trace,
-            assistance=assistance,
-            rule_firings=list(firings or []),
-            policy_rng_control=rng_control,
-            started_at=started,
-            finished_at=time.time(),
-        )
-    bound.info("arm.finished", success=success, steps=step, assistance=assistance.status)
-    return ArmResult(
-        case_id=case_id,
-        arm=spec.arm,
-        status="complete",
-        success=success,
-        steps=step,
-        fingerprint=fingerprint,
-        trace=trace,
-        assistance=assistance,
-        rule_firings=list(firings or []),
-        policy_rng_control=rng_control,
-        started_at=started,
-        finished_at=time.time(),
-    )
+        return arm.result(exc)
+    return arm.result()
+
+
+async def run_forked(
+    case: dict,
+    interval: int,
+    spec_kwargs: dict,
+    control: tuple[Simulator, PolicyConnection],
+    assisted: tuple[Callable[[], Awaitable[Simulator]], PolicyConnection],
+    advisor: Advisor | None,
+    control_done: Callable[[], None] = lambda: None,
+) -> tuple[ArmResult, ArmResult]:
+    """Fork at q: run the common prefix once, snapshot the simulator at q, finish both arms from it.
+
+    The assisted arm's simulator restores the snapshot (its state digest must equal the
+    control arm's at q) and its policy connection replays the prefix queries, which must
+    give the same action chunks: the policy then stands where the control arm's does.
+    """
+    # The assisted arm takes its simulator only at q, and the control arm gives its own back
+    # when done (`control_done`), so forked cases never wait on each other for simulators.
+    acquire_assisted, assisted_policy = assisted
+    ctrl = ArmRun(case, ArmSpec(arm="control", interval=interval, **spec_kwargs), *control)
+    asst = ArmRun(case, ArmSpec(arm="assisted", interval=interval, **spec_kwargs), None, assisted_policy, advisor)
+    try:
+        await ctrl.start()
+        await ctrl.run_until(ctrl.q)
+    except Exception as exc:
+        control_done()
+        # The prefix is shared: its failure is both arms' failure.
+        asst.fingerprint, asst.trace, asst.step = ctrl.fingerprint, list(ctrl.trace), ctrl.step
+        return ctrl.result(exc, "fork"), asst.result(exc, "fork")
+
+    async def finish_control() -> ArmResult:
+        try:
+            await ctrl.run_until(ctrl.horizon)
+        except Exception as exc:
+            return ctrl.result(exc, "fork")
+        finally:
+            control_done()
+        return ctrl.result(mode="fork")
+
+    async def finish_assisted() -> ArmResult:
+        asst.fingerprint, asst.trace, asst.step, asst.obs = ctrl.fingerprint, list(ctrl.trace), ctrl.step, ctrl.obs
+        asst.original = asst.instruction = ctrl.original
+        asst.success = asst.done = ctrl.done and ctrl.success
+        try:
+            await asst.start_policy()
+            for (step, policy_input), row in zip(ctrl.queries, ctrl.trace):
+                reply = await _query(asst.policy, policy_input, step, asst.firings)
+                chunk = as_float_chunk(reply["actions"])[:interval]
+                if digest_array(chunk) != row.actions:
+                    raise RuntimeError(f"fork replay: the policy answered step {step} differently (not deterministic under its seed)")
+            asst.queries = list(ctrl.queries)
+            if not asst.done:
+                asst.sim = await acquire_assisted()
+                await asst.sim.call("restore", snapshot)
+                asst.q_state = await asst._state_digest()
+                if asst.q_state != ctrl.q_state:
+                    raise RuntimeError("fork: the restored simulator state differs from the state at q")
+                await asst.run_until(asst.horizon)
+        except Exception as exc:
+            return asst.result(exc, "fork")
+        return asst.result(mode="fork")
+
+    snapshot = None
+    if not ctrl.done:
+        ctrl.q_state = await ctrl._state_digest()
+        snapshot = await ctrl.sim.call("snapshot")
+    results = await asyncio.gather(finish_control(), finish_assisted())
+    return results[0], results[1]
 
 
 async def _assist(
@@ -220,9 +323,18 @@ async def _assist(
     if advisor is None:
         return Assistance(status="broker_error", query_step=step, error_kind="no_advisor", error="no VLM configured")
     views = await sim.call("render", list(VLM_VIEWS), spec.image_size)
-    answer = await wait_with_keepalive(
-        policy, advisor(case["case_id"], original, remaining, views), spec.keepalive_s, case["case_id"]
-    )
+    # While the VLM thinks, the simulator is not ours to hold: a lease snapshots it and lets
+    # another arm step it; the simulated clock does not move for this arm either way.
+    release = spec.release_while_waiting and hasattr(sim, "suspend")
+    if release:
+        await sim.suspend()
+    try:
+        answer = await wait_with_keepalive(
+            policy, advisor(case["case_id"], original, remaining, views), spec.keepalive_s, case["case_id"]
+        )
+    finally:
+        if release:
+            await sim.resume()
     common = dict(query_step=step, call_id=answer.call_id, request_id=answer.request_id)
     if answer.status != "ok":
         status = _FAILED_ASSISTANCE.get(answer.status, "broker_error")

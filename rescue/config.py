@@ -44,7 +44,12 @@ class StudyConfig(BaseModel):
     env: EnvConfig = Field(default_factory=EnvConfig)
     # base_url "local" serves the bundled OpenAI-compatible endpoint on loopback.
     vlm: VLMConfig = Field(default_factory=lambda: VLMConfig(base_url="local"))
-    cases_in_flight: int = 2
+    # More cases than simulators keep the simulators busy while assisted arms wait for the VLM.
+    cases_in_flight: int = 4
+    # An assisted arm waiting at q snapshots its simulator and gives it back to the pool.
+    release_simulator_while_waiting: bool = True
+    # Opt-in: run the common prefix once and both arms from one snapshot at q (a disclosed mode).
+    fork_at_q: bool = False
     keepalive_s: float = 120.0
     arms: tuple[str, ...] = ("control", "assisted")
     # Correction rules between the policy and the simulator; all off unless named in rules.enabled.

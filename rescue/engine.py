@@ -22,11 +22,11 @@ from typing import Any, AsyncIterator, Callable
 
 import structlog
 
-from rescue.arm import ArmSpec, run_arm
+from rescue.arm import ArmSpec, run_arm, run_forked
 from rescue.classify import classify
 from rescue.config import StudyConfig
 from rescue.digest import digest_bytes
-from rescue.env.pool import SimPool
+from rescue.env.pool import SimLease, SimPool
 from rescue.evaluation import classify_episode
 from rescue.journal import Journal
 from rescue.manifest import Case, Manifest, write_manifest
@@ -229,7 +229,10 @@ class Engine:
             await self._run_case(case, services)
 
     async def _run_case(self, case: Case, services: Services) -> None:
-        arms = await asyncio.gather(*(self._run_one_arm(case, arm, services) for arm in self.config.arms))
+        if self.config.fork_at_q and not is_evaluation(self.config):
+            arms = list(await self._run_forked(case, services))
+        else:
+            arms = await asyncio.gather(*(self._run_one_arm(case, arm, services) for arm in self.config.arms))
         by_arm = {r.arm: r for r in arms}
         index = None
         assisted = by_arm.get("assisted")
@@ -249,28 +252,60 @@ class Engine:
         if self.on_case:
             self.on_case(verdict)
 
+    def _spec_kwargs(self) -> dict:
+        return dict(
+            image_size=self.config.env.image_size,
+            keepalive_s=self.config.keepalive_s,
+            release_while_waiting=self.config.release_simulator_while_waiting,
+        )
+
+    async def _connect(self, services: Services) -> AsyncRuleWrapper:
+        client = await WebsocketPolicyClient.connect(services.policy_url, api_key=services.policy_api_key)
+        # The configured correction rules sit between the policy and the simulator; firings go to the arm record.
+        return AsyncRuleWrapper(client, self.config.rules)
+
     async def _run_one_arm(self, case: Case, arm: str, services: Services) -> ArmResult:
-        spec = ArmSpec(arm=arm, interval=services.interval, image_size=self.config.env.image_size, keepalive_s=self.config.keepalive_s)
-        sim = await services.pool.acquire()
+        spec = ArmSpec(arm=arm, interval=services.interval, **self._spec_kwargs())
+        lease = await SimLease(services.pool).acquire()
         policy = None
         try:
-            client = await WebsocketPolicyClient.connect(services.policy_url, api_key=services.policy_api_key)
-            # The configured correction rules sit between the policy and the simulator; firings go to the arm record.
-            policy = AsyncRuleWrapper(client, self.config.rules)
+            policy = await self._connect(services)
             advisor = self._advisor(services) if arm == "assisted" else None
-            return await run_arm(case.model_dump(mode="json"), spec, sim, policy, advisor)
+            return await run_arm(case.model_dump(mode="json"), spec, lease, policy, advisor)
         except Exception as exc:
-            return ArmResult(
-                case_id=case.case_id,
-                arm=arm,
-                status="error",
-                error=f"{type(exc).__name__}: {exc}",
-                assistance=Assistance(status="control" if arm == "control" else "not_reached"),
-            )
+            return _infrastructure_error(case, arm, exc)
         finally:
             if policy is not None:
                 await policy.close()
-            services.pool.release(sim)
+            lease.release()
+
+    async def _run_forked(self, case: Case, services: Services) -> tuple[ArmResult, ArmResult]:
+        leases: list[SimLease] = []
+        policies: list[AsyncRuleWrapper] = []
+        async def assisted_sim() -> SimLease:
+            leases.append(await SimLease(services.pool).acquire())
+            return leases[-1]
+
+        try:
+            policies.append(await self._connect(services))
+            policies.append(await self._connect(services))
+            leases.append(await SimLease(services.pool).acquire())
+            return await run_forked(
+                case.model_dump(mode="json"),
+                services.interval,
+                self._spec_kwargs(),
+                (leases[0], policies[0]),
+                (assisted_sim, policies[1]),
+                self._advisor(services),
+                control_done=leases[0].release,
+            )
+        except Exception as exc:
+            return _infrastructure_error(case, "control", exc), _infrastructure_error(case, "assisted", exc)
+        finally:
+            for policy in policies:
+                await policy.close()
+            for lease in leases:
+                lease.release()
 
     def _advisor(self, services: Services):
         vlm = services.vlm
@@ -282,6 +317,16 @@ class Engine:
             return answer
 
         return ask if vlm is not None else None
+
+
+def _infrastructure_error(case: Case, arm: str, exc: Exception) -> ArmResult:
+    return ArmResult(
+        case_id=case.case_id,
+        arm=arm,
+        status="error",
+        error=f"{type(exc).__name__}: {exc}",
+        assistance=Assistance(status="control" if arm == "control" else "not_reached"),
+    )
 
 
 def recover(study_dir: Path) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rescue.digest import digest_text
-from rescue.records import CaseRecord, TraceRow
+from rescue.records import ArmResult, CaseRecord, TraceRow
 
 
 def trace_is_regular(trace: Sequence[TraceRow], interval: int) -> bool:
@@ -47,6 +47,17 @@ def prefix_match(
                 f" ({fields})"
             )
     return True, f"{len(control)} rows before step {q} match"
+
+
+def fork_match(control: ArmResult, assisted: ArmResult, prefix_why: str) -> tuple[bool, str]:
+    """In fork mode the prefix is shared by construction; the proof is one simulator state at q."""
+    if control.mode != assisted.mode:
+        return False, f"arms ran in different modes ({control.mode}, {assisted.mode})"
+    if control.mode != "fork" or assisted.assistance.status == "not_reached":
+        return True, prefix_why
+    if control.q_state is None or control.q_state != assisted.q_state:
+        return False, "fork: the arms' simulator states at q differ or are missing"
+    return True, f"fork: shared prefix, one simulator state at q ({prefix_why})"
 
 
 def check_evidence(rec: CaseRecord) -> tuple[bool, str]:

@@ -77,6 +77,9 @@ class ArmResult(BaseModel):
     # Whether the policy server reset and reported its sampling RNG for this arm;
     # False: prefix equality with the other arm is not guaranteed by the server.
     policy_rng_control: bool | None = None
+    # "fork": the prefix ran once and both arms continued from one snapshot at q.
+    mode: Literal["independent", "fork"] = "independent"
+    q_state: str | None = None  # digest of the simulator's full state when the arm reached q
     started_at: float | None = None
     finished_at: float | None = None
 

@@ -13,9 +13,12 @@ import multiprocessing as mp
 import os
 import threading
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+import structlog
+
+log = structlog.get_logger()
 
 
 class SimulatorError(RuntimeError):
@@ -120,14 +123,16 @@ class SimPool:
     def __init__(self, size: int, adapter_spec: str, adapter_kwargs: dict | None = None, log_path: str | None = None):
         self._log_path = log_path
         self._sims = [SimProcess(adapter_spec, adapter_kwargs, name=f"sim-{i}", log_path=log_path) for i in range(size)]
-        self._free: asyncio.Queue[SimProcess] = asyncio.Queue()
-        for sim in self._sims:
-            self._free.put_nowait(sim)
+        self._free: list[SimProcess] = list(self._sims)
+        self._changed = asyncio.Condition()
         self._spec, self._kwargs = adapter_spec, adapter_kwargs
 
-    async def acquire(self) -> SimProcess:
-        """Wait for a free simulator; a dead one is replaced by a fresh process."""
-        sim = await self._free.get()
+    async def acquire(self, prefer: Callable[[SimProcess], int] | None = None) -> SimProcess:
+        """Wait for a free simulator (the one `prefer` ranks highest); a dead one is replaced."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: bool(self._free))
+            sim = max(self._free, key=prefer) if prefer else self._free[0]
+            self._free.remove(sim)
         if not sim.alive():
             idx = self._sims.index(sim)
             sim = SimProcess(self._spec, self._kwargs, name=sim.name, log_path=self._log_path)
@@ -136,12 +141,75 @@ class SimPool:
 
     def release(self, sim: SimProcess) -> None:
         """Give a simulator back."""
-        self._free.put_nowait(sim)
+        self._free.append(sim)
+        asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify()
 
     def close(self) -> None:
         """Stop every simulator process."""
         for sim in self._sims:
             sim.stop()
+
+
+class SimLease:
+    """An arm's hold on a simulator of the pool; while the arm waits for the VLM it lets go.
+
+    `suspend` snapshots the simulator and returns it to the pool, so another arm
+    can use it; `resume` takes a simulator back (the same one when nobody used it
+    meanwhile, else one restored from the snapshot).
+    """
+
+    def __init__(self, pool: SimPool):
+        self._pool = pool
+        self.sim: SimProcess | None = None
+        self._snapshot: Any = None
+        self._key: Any = None
+
+    async def acquire(self) -> "SimLease":
+        """Take a simulator, preferring one that has this lease's task loaded."""
+        self.sim = await self._pool.acquire(self._rank)
+        self.sim.holder = self
+        return self
+
+    def _rank(self, sim: SimProcess) -> int:
+        if getattr(sim, "holder", None) is self:
+            return 2
+        return 1 if self._key is not None and getattr(sim, "task_key", None) == self._key else 0
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """Call the held simulator."""
+        if self.sim is None:
+            raise SimulatorError("the lease holds no simulator")
+        if method == "reset":
+            self._key = (args[0]["suite"], args[0]["task_id"])
+            self.sim.task_key = self._key
+        return await self.sim.call(method, *args)
+
+    async def suspend(self) -> None:
+        """Snapshot the simulator and give it back to the pool."""
+        self._snapshot = await self.call("snapshot")
+        sim, self.sim = self.sim, None
+        self._pool.release(sim)
+        log.info("sim.suspended", sim=sim.name)
+
+    async def resume(self) -> None:
+        """Hold a simulator again, in the state the arm left."""
+        sim = await self._pool.acquire(self._rank)
+        reused = getattr(sim, "holder", None) is self
+        self.sim, sim.holder, sim.task_key = sim, self, self._key
+        if not reused:
+            await self.sim.call("restore", self._snapshot)
+        self._snapshot = None
+        log.info("sim.resumed", sim=sim.name, restored=not reused)
+
+    def release(self) -> None:
+        """Give the simulator back for good."""
+        if self.sim is not None:
+            sim, self.sim = self.sim, None
+            self._pool.release(sim)
 
 
 def as_float_chunk(actions: Any) -> np.ndarray:

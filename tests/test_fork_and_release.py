@@ -1,0 +1,73 @@
+"""Performance modes that must not change results: fork at q, and letting go of the simulator while waiting."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT, cli_env, rescue_cli, write_cases
+
+
+def _arms(study: Path) -> dict[tuple[str, str], dict]:
+    con = sqlite3.connect(study / "journal.sqlite")
+    try:
+        return {(c, a): json.loads(d) for c, a, d in con.execute("SELECT case_id, arm, data FROM arms")}
+    finally:
+        con.close()
+
+
+def _events(study: Path) -> list[dict]:
+    return [json.loads(line) for line in (study / "events.jsonl").read_text().splitlines()]
+
+
+def test_fork_at_q_gives_the_independent_replays_result(tmp_path):
+    manifest = write_cases(tmp_path / "m.jsonl", 2, horizon=64)
+    independent, forked = tmp_path / "independent", tmp_path / "forked"
+    (tmp_path / "fork.toml").write_text("fork_at_q = true\n")
+    rescue_cli("run", str(manifest), "--study", str(independent))
+    rescue_cli("run", str(manifest), "--study", str(forked), "--config", str(tmp_path / "fork.toml"))
+    a, b = _arms(independent), _arms(forked)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key]["mode"] == "independent" and b[key]["mode"] == "fork"
+        # The snapshot at q is exact and the policy replays its prefix: the same rows, row by row.
+        assert a[key]["trace"] == b[key]["trace"], key
+        assert (a[key]["success"], a[key]["steps"]) == (b[key]["success"], b[key]["steps"])
+    for case_id in {c for c, _ in b}:
+        control, assisted = b[(case_id, "control")], b[(case_id, "assisted")]
+        assert control["q_state"] and control["q_state"] == assisted["q_state"]
+    assert rescue_cli("verify", str(forked)).returncode == 0
+
+
+def test_assisted_arm_lets_another_arm_use_its_simulator_while_waiting(tmp_path):
+    endpoint = subprocess.Popen(
+        [sys.executable, "-m", "rescue.cli", "serve-vlm", "--port", "0", "--latency", "4"],
+        cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        url = re.search(r"(http://\S+/v1)", endpoint.stdout.readline()).group(1)
+        manifest = write_cases(tmp_path / "m.jsonl", 2, horizon=64)
+        study, held = tmp_path / "released", tmp_path / "held"
+        (tmp_path / "held.toml").write_text("release_simulator_while_waiting = false\n")
+        common = ["--vlm-url", url, "--simulators", "1", "--cases-in-flight", "2"]
+        rescue_cli("run", str(manifest), "--study", str(study), *common)
+        rescue_cli("run", str(manifest), "--study", str(held), "--config", str(tmp_path / "held.toml"), *common)
+    finally:
+        endpoint.terminate()
+        endpoint.wait(timeout=10)
+    events = _events(study)
+    suspended = [e for e in events if e["event"] == "sim.suspended"]
+    assert len(suspended) == 2
+    first = events.index(suspended[0])
+    resumed = next(i for i, e in enumerate(events) if i > first and e["event"] == "sim.resumed")
+    # With one simulator, some other arm's steps ran while the first assisted arm waited.
+    between = [e for e in events[first:resumed] if e["event"] in ("arm.started", "arm.finished")]
+    assert between, "no other arm used the simulator during the VLM wait"
+    # Letting go and coming back (restored from a snapshot when another arm used it) changes nothing.
+    assert {k: v["trace"] for k, v in _arms(study).items()} == {k: v["trace"] for k, v in _arms(held).items()}
+    assert not [e for e in _events(held) if e["event"] == "sim.suspended"]
+    assert rescue_cli("verify", str(study)).returncode == 0
