@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
-from conftest import rescue_cli
+from conftest import ROOT, cli_env, rescue_cli
 from rescue.compare import (
     PLAN_FILE,
     RESULT_FILE,
@@ -330,3 +335,49 @@ def test_rescue_compare_end_to_end(tmp_path):
     again = rescue_cli("compare", "--resume", str(study))
     assert "interrupted" not in again.stdout
     assert json.loads((study / RESULT_FILE).read_text())["counts"] == k
+
+
+def test_sigkill_mid_compare_then_resume_excludes_interrupted_pairs_as_unknown(tmp_path):
+    study = tmp_path / "cmp"
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "rescue.cli", "compare",
+            "--policy-a", "rescue.policy.scripted:make_policy", "--policy-b", "rescue.policy.variants:make_steady_policy",
+            "--tasks", "3", "--episodes", "3", "--horizon", "48", "--cases-in-flight", "1", "--study", str(study),
+        ],
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + 300
+    try:
+        while time.time() < deadline:
+            if (study / "a" / "journal.sqlite").exists():
+                with Journal.open(study / "a", readonly=True) as journal:
+                    states = [row.state for row in journal.rows()]
+                if "finished" in states and "claimed" in states:
+                    break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("side a never reached a finished and an in-flight episode")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with Journal.open(study / "a", readonly=True) as journal:
+        in_flight = [row.case_id for row in journal.rows() if row.state == "claimed"]
+        before = {row.case_id: row.digest for row in journal.arm_rows()}
+
+    out = rescue_cli("compare", "--resume", str(study))
+    assert "recorded as unknown (interrupted)" in " ".join(out.stdout.split())
+    result = json.loads((study / RESULT_FILE).read_text())
+    k = result["counts"]
+    assert k["n"] == 3 and k["unknown"] == len(in_flight) and k["paired"] == 3 - len(in_flight)
+    assert result["excluded"] == {"unknown": in_flight}
+    assert result["a"]["overall"]["unknown"] == len(in_flight) and result["a"]["overall"]["unexecuted"] == 0
+    with Journal.open(study / "a", readonly=True) as journal:
+        after = {row.case_id: row.digest for row in journal.arm_rows()}
+    # Finished episodes keep their records; the interrupted ones were not run again.
+    assert {c: d for c, d in after.items() if c in before} == before
+    assert all(after.get(c) == before.get(c) for c in in_flight)
