@@ -331,6 +331,10 @@ def test_rescue_compare_end_to_end(tmp_path):
     assert result["a_rate"] == successes["a"] / 2 and result["b_rate"] == successes["b"] / 2
     assert k["wins"] - k["losses"] == successes["b"] - successes["a"]
 
+    # Each side is an ordinary evaluation study: it re-verifies on its own.
+    for side in ("a", "b"):
+        assert rescue_cli("verify", str(study / side)).returncode == 0
+
     # Resuming a finished comparison runs nothing and reports the same figures.
     again = rescue_cli("compare", "--resume", str(study))
     assert "interrupted" not in again.stdout
