@@ -122,3 +122,71 @@ def test_sigkill_mid_study_then_resume_never_reruns_a_started_case(tmp_path):
         assert by_id[case_id]["state"] == "finished"
     assert export["summary"]["n"] == 5
     assert rescue_cli("verify", str(study)).returncode == 0
+
+
+def _tampered(study: Path, dest: Path) -> Path:
+    import shutil
+
+    shutil.copytree(study, dest)
+    return dest
+
+
+def test_verify_fails_on_each_tampered_copy_of_a_real_study(tmp_path):
+    manifest = write_cases(tmp_path / "m.jsonl", 1, horizon=48)
+    study = tmp_path / "study"
+    rescue_cli("run", str(manifest), "--study", str(study))
+    assert rescue_cli("verify", str(study)).returncode == 0
+
+    # A trace row after q (the label does not depend on it): caught by the arm record digest.
+    trace_copy = _tampered(study, tmp_path / "trace")
+    con = sqlite3.connect(trace_copy / "journal.sqlite")
+    data = json.loads(con.execute("SELECT data FROM arms WHERE arm='control'").fetchone()[0])
+    data["trace"][-1]["actions"] = "0" * 64
+    con.execute("UPDATE arms SET data=? WHERE arm='control'", (json.dumps(data),))
+    con.commit()
+    con.close()
+
+    # A receipt's subgoal: caught by the receipt line digest and the evidence check.
+    receipt_copy = _tampered(study, tmp_path / "receipt")
+    path = receipt_copy / "receipts" / "receipts.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    for line in lines:
+        line["subgoals"] = {k: "open the drawer" for k in line["subgoals"]}
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    # A result: the stored verdict's label.
+    result_copy = _tampered(study, tmp_path / "result")
+    con = sqlite3.connect(result_copy / "journal.sqlite")
+    verdict = json.loads(con.execute("SELECT data FROM verdicts").fetchone()[0])
+    verdict["label"] = "rescued" if verdict["label"] != "rescued" else "not_rescued"
+    con.execute("UPDATE verdicts SET data=?", (json.dumps(verdict),))
+    con.commit()
+    con.close()
+
+    for copy in (trace_copy, receipt_copy, result_copy):
+        out = rescue_cli("verify", str(copy), check=False)
+        assert out.returncode != 0, copy.name
+        assert "object-3-ep0" in out.stdout, out.stdout
+
+
+def test_sigterm_drains_then_resume_runs_the_rest(tmp_path):
+    manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=48)
+    study = tmp_path / "study"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study), "--cases-in-flight", "1"],
+        cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if (study / "journal.sqlite").exists() and "claimed" in _states(study).values():
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=300) == 0
+    states = _states(study)
+    # The case in flight finished; nothing new was claimed after the signal.
+    assert "claimed" not in states.values()
+    assert list(states.values()).count("finished") >= 1 and "pending" in states.values()
+    rescue_cli("resume", str(study))
+    assert set(_states(study).values()) == {"finished"}
+    assert rescue_cli("verify", str(study)).returncode == 0

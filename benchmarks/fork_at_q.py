@@ -1,0 +1,55 @@
+"""Fork at q: simulator compute per case, forked vs independent replays.
+
+Compute is the CPU time of the simulator processes (they are this process's
+children, so their time shows in RUSAGE_CHILDREN once they exit), less the
+time a simulator process takes to start and build its env, measured alone.
+Target: at most 0.78 (the limit for q = H/2 is 0.75).
+Run: MUJOCO_GL=egl .venv/bin/python benchmarks/fork_at_q.py [N] [H]
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+from common import cases, timed_study
+from rescue.config import StudyConfig
+from rescue.env.pool import SimProcess
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _startup_cpu(sims: int) -> float:
+    """CPU of starting `sims` simulator processes and building one env in each."""
+    before = _children_cpu()
+    procs = [SimProcess("rescue.env.libero:LiberoAdapter", name=f"startup-{i}") for i in range(sims)]
+    for proc in procs:
+        proc._call("reset", cases(1, 16)[0].model_dump(mode="json"))
+        proc.stop()
+    return _children_cpu() - before
+
+
+def _study_cpu(items, config: StudyConfig) -> tuple[float, float]:
+    before = _children_cpu()
+    wall = timed_study(items, config)
+    return _children_cpu() - before, wall
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+    horizon = int(sys.argv[2]) if len(sys.argv) > 2 else 280
+    items = cases(n, horizon)
+    startup = _startup_cpu(2)
+    independent, wall_i = _study_cpu(items, StudyConfig())
+    forked, wall_f = _study_cpu(items, StudyConfig(fork_at_q=True))
+    per_i, per_f = (independent - startup) / n, (forked - startup) / n
+    print(f"{n} cases, H={horizon}; simulator start-up {startup:.1f} s CPU (subtracted)")
+    print(f"independent: {per_i:.2f} s CPU per case (wall {wall_i:.1f} s); fork at q: {per_f:.2f} s (wall {wall_f:.1f} s)")
+    print(f"fork / independent compute per case: {per_f / per_i:.3f} (target <= 0.78, limit 0.75)")
+
+
+if __name__ == "__main__":
+    main()
