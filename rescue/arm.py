@@ -70,6 +70,10 @@ class ArmSpec:
     image_size: int = 256
     keepalive_s: float = 120.0
     release_while_waiting: bool = True
+    # Keyframes for a person to look at: (case_id, arm, name, pixels) -> sha256 of the stored image.
+    frame_sink: Callable[[str, str, str, np.ndarray], str] | None = None
+    keyframe_view: str = "agentview"
+    keyframe_size: int = 128
 
 
 async def _query(policy: PolicyConnection, obs: dict, step: int, firings: list | None) -> dict:
@@ -131,6 +135,7 @@ class ArmRun:
         self.firings: list[dict] | None = getattr(policy, "firings", None)
         self.rng_control = bool(policy.supports_rng)
         self.queries: list[tuple[int, dict]] = []  # (step, policy input) of the prefix, for a fork's replay
+        self.keyframes: dict[str, str] = {}
         self.original = self.instruction = ""
         self.obs: dict = {}
 
@@ -159,6 +164,8 @@ class ArmRun:
         while not self.done and self.step < min(limit, self.horizon):
             if self.step >= self.q and self.q_state is None:
                 self.q_state = await self._state_digest()
+            if self.step >= self.q and not any(k.startswith("q") for k in self.keyframes):
+                await self.keyframe(f"q{self.step}")
             if self.spec.arm == "assisted" and self.step >= self.q and self.assistance.status == "not_reached":
                 self.assistance = await _assist(self.case, self.spec, self.sim, self.policy, self.advisor, self.original, self.horizon - self.step, self.step)
                 if self.assistance.status == "applied":
@@ -191,6 +198,16 @@ class ArmRun:
                 self.success = self.done = True
         if self.step >= self.horizon:
             self.done = True
+        if self.done and "end" not in self.keyframes:
+            await self.keyframe("end")
+
+    async def keyframe(self, name: str) -> None:
+        """Render and hand one view to the frame sink (only when keyframes are asked for)."""
+        sink = self.spec.frame_sink
+        if sink is None:
+            return
+        frames = await self.sim.call("render", [self.spec.keyframe_view], self.spec.keyframe_size)
+        self.keyframes[name] = sink(self.case["case_id"], self.spec.arm, name, frames[self.spec.keyframe_view])
 
     async def _state_digest(self) -> str | None:
         try:
@@ -218,6 +235,7 @@ class ArmRun:
             policy_rng_control=self.rng_control,
             mode=mode,
             q_state=self.q_state,
+            keyframes=dict(self.keyframes),
             started_at=self.started,
             finished_at=time.time(),
         )

@@ -132,6 +132,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 0
     console.print(f"failure manifest: {paths['manifest']}\nrescue study: {paths['rescue']}")
     _print_rescue_summary(paths["rescue"])
+    from rescue.htmlreport import write_report
+
+    console.print(f"report: {write_report(paths['rescue'])}")
     report = verify_study(paths["rescue"])
     console.print("verify: " + ("[green]ok[/green]" if report.ok else f"[red]{len(report.problems)} problem(s)[/red]"))
     return 0 if report.ok else 1
@@ -160,6 +163,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else study / "export.json"
     write_export(export_study(study), out, out.with_suffix(".csv"))
     console.print(f"wrote {out} and {out.with_suffix('.csv')}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rescue.htmlreport import write_report
+
+    console.print(f"wrote {write_report(Path(args.study), args.out)}")
     return 0
 
 
@@ -308,6 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy-url", help="ws:// URL of a policy server (default: serve the embedded policy)")
     p.add_argument("--policy-factory", help="module:function of an in-process policy to serve")
     p.set_defaults(func=cmd_preflight)
+
+    p = sub.add_parser("report", help="an HTML page: figures, and per case both arms' keyframes, the subgoal, the verdict")
+    p.add_argument("study")
+    p.add_argument("--out", help="default: STUDY/report.html")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("manifest", help="check or produce failure manifests")
     msub = p.add_subparsers(dest="manifest_command", required=True)

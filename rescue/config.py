@@ -50,6 +50,8 @@ class StudyConfig(BaseModel):
     release_simulator_while_waiting: bool = True
     # Opt-in: run the common prefix once and both arms from one snapshot at q (a disclosed mode).
     fork_at_q: bool = False
+    # Render one view of each arm at q and at its end into the study's frames/ (for `rescue report`).
+    keyframes: bool = False
     keepalive_s: float = 120.0
     arms: tuple[str, ...] = ("control", "assisted")
     # Correction rules between the policy and the simulator; all off unless named in rules.enabled.

@@ -42,6 +42,7 @@ log = structlog.get_logger()
 CONFIG_FILE = "config.json"
 MANIFEST_FILE = "manifest.jsonl"
 RECEIPTS_FILE = "receipts/receipts.jsonl"
+FRAMES_DIR = "frames"
 
 
 class StudyError(RuntimeError):
@@ -257,7 +258,18 @@ class Engine:
             image_size=self.config.env.image_size,
             keepalive_s=self.config.keepalive_s,
             release_while_waiting=self.config.release_simulator_while_waiting,
+            frame_sink=self._save_frame if self.config.keyframes else None,
         )
+
+    def _save_frame(self, case_id: str, arm: str, name: str, pixels) -> str:
+        """Store a keyframe as PNG in the study folder; return its sha256."""
+        from rescue.vlm.client import encode_png
+
+        data = encode_png(pixels)
+        path = self.study_dir / FRAMES_DIR / case_id / f"{arm}-{name}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return digest_bytes(data)
 
     async def _connect(self, services: Services) -> AsyncRuleWrapper:
         client = await WebsocketPolicyClient.connect(services.policy_url, api_key=services.policy_api_key)

@@ -80,6 +80,7 @@ class ArmResult(BaseModel):
     # "fork": the prefix ran once and both arms continued from one snapshot at q.
     mode: Literal["independent", "fork"] = "independent"
     q_state: str | None = None  # digest of the simulator's full state when the arm reached q
+    keyframes: dict[str, str] = Field(default_factory=dict)  # name ("q112", "end") -> sha256 of the stored PNG
     started_at: float | None = None
     finished_at: float | None = None
 

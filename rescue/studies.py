@@ -142,7 +142,7 @@ def demo(
 ) -> dict[str, Path]:
     """Evaluate the embedded default, collect its real failures, and run the rescue study over them."""
     base = Path(root) / f"demo-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
-    config = StudyConfig()
+    config = StudyConfig(keyframes=True)
     baseline = evaluate("libero_object", list(tasks), episodes, None, base / "baseline", config, on_case, verbose)
     manifest = base / "failures.jsonl"
     cases = manifest_from_eval(baseline, manifest, limit=max_cases)

@@ -190,3 +190,25 @@ def test_sigterm_drains_then_resume_runs_the_rest(tmp_path):
     rescue_cli("resume", str(study))
     assert set(_states(study).values()) == {"finished"}
     assert rescue_cli("verify", str(study)).returncode == 0
+
+
+def test_report_shows_keyframes_subgoal_and_verdict(tmp_path):
+    import hashlib
+
+    manifest = write_cases(tmp_path / "m.jsonl", 1, horizon=48)
+    (tmp_path / "k.toml").write_text("keyframes = true\n")
+    study = tmp_path / "study"
+    rescue_cli("run", str(manifest), "--study", str(study), "--config", str(tmp_path / "k.toml"))
+    rescue_cli("report", str(study))
+    page = (study / "report.html").read_text()
+    arms = _arms(study)
+    assisted = json.loads(arms[("object-3-ep0", "assisted")])
+    assert "object-3-ep0" in page and assisted["assistance"]["subgoal"] in page
+    for arm in ("control", "assisted"):
+        frames = json.loads(arms[("object-3-ep0", arm)])["keyframes"]
+        assert set(frames) == {"q24", "end"}
+        for name, sha in frames.items():
+            png = study / "frames" / "object-3-ep0" / f"{arm}-{name}.png"
+            assert hashlib.sha256(png.read_bytes()).hexdigest() == sha
+            assert f"frames/object-3-ep0/{arm}-{name}.png" in page
+    assert rescue_cli("verify", str(study)).returncode == 0
