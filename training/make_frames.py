@@ -1,10 +1,10 @@
 """Render labelled frames for the image-only subgoal model.
 
-    python -m training.make_frames --out data/frames/libero_object.npz
+    python -m training.make_frames --out data/frames/libero_object_expert.npz
+    python -m training.make_frames --sources policy --inits 10-13 --out data/frames/libero_object_policy.npz
 
-Frames come from noisy expert episodes and, when a policy checkpoint is
-given, from the learned policy's own episodes (whose states look like the
-failures the subgoal model will see). Every `--every` steps the three views
+Frames come from noisy expert episodes and from the learned policy's own
+episodes (whose states look like the failures the subgoal model will see). Every `--every` steps the three views
 are rendered at the size the study sends to the VLM and stored downsampled;
 each frame is labelled with `situation_phase` of the state and the index of
 the task's object in `OBJECTS`. Only the frames kept are rendered.
@@ -34,20 +34,19 @@ def _frame(adapter: LiberoAdapter) -> np.ndarray:
 
 
 def collect(
-    suite: str, tasks: list[int], inits: list[int], every: int, checkpoint: Path | None, policy_inits: set[int], seed: int
+    suite: str, tasks: list[int], inits: list[int], every: int, sources: list[str], checkpoint: Path | None, seed: int
 ) -> dict:
     """Frames, phase labels, object labels and provenance of every rendered state."""
     adapter = LiberoAdapter(cameras=VIEWS)
     rng = np.random.default_rng(seed)
     policy = None
-    if checkpoint is not None:
+    if "policy" in sources:
         from rescue.policy.learned import LearnedPolicy
 
         policy = LearnedPolicy(checkpoint)
     out: dict[str, list] = {k: [] for k in ("frames", "phase", "object", "task", "init", "source", "step")}
     for task in tasks:
         for idx in inits:
-            sources = ("expert", "policy") if policy is not None and idx in policy_inits else ("expert",)
             for source in sources:
                 case = {"suite": suite, "task_id": task, "init_state_index": idx, "env_seed": idx}
                 reset = adapter.reset(case)
@@ -94,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default="0-9")
     parser.add_argument("--inits", default="10-17", help="training initial states (0-9 are held out)")
     parser.add_argument("--every", type=int, default=12, help="render one frame every this many steps")
-    parser.add_argument("--policy", type=Path, default=None, help="also roll out this policy checkpoint")
-    parser.add_argument("--policy-inits", default="10-13", help="initial states the policy is rolled out from")
+    parser.add_argument("--sources", default="expert", help="expert, policy, or both: expert,policy")
+    parser.add_argument("--policy", type=Path, default=Path("models/policy_libero_object.pt"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("data/frames/libero_object.npz"))
     args = parser.parse_args(argv)
@@ -108,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(i < HELD_OUT for i in inits):
         print(f"note: initial states below {HELD_OUT} are the policy's held-out states", flush=True)
     start = time.time()
-    data = collect(args.suite, ints(args.tasks), inits, args.every, args.policy, set(ints(args.policy_inits)), args.seed)
+    data = collect(args.suite, ints(args.tasks), inits, args.every, args.sources.split(","), args.policy, args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out, **data)
     print(json.dumps({"out": str(args.out), "frames": int(len(data["frames"])), "seconds": round(time.time() - start, 1),

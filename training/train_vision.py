@@ -1,6 +1,6 @@
 """Train the image-only subgoal model on rendered, expert-labelled frames (CPU, one thread).
 
-    python -m training.train_vision --data data/frames/libero_object.npz --out models/subgoal_vision.pt
+    python -m training.train_vision --data data/frames/libero_object_expert.npz data/frames/libero_object_policy.npz
 
 Frames of some initial states are kept aside (`--val-inits`) and the
 phase and object accuracy on them go into the checkpoint's card facts.
@@ -48,11 +48,18 @@ def accuracy(net, frames: np.ndarray, phase: np.ndarray, obj: np.ndarray) -> dic
             "phase_by_class": per_phase, "n": int(len(frames))}
 
 
-def train(data: Path, out: Path, steps: int, batch: int, seed: int, val_inits: set[int]) -> dict:
+def load_frames(paths: list[Path]) -> dict[str, np.ndarray]:
+    """Frames and labels of several files, concatenated."""
+    parts = [dict(np.load(p)) for p in paths]
+    keys = ("frames", "phase", "object", "task", "init", "source", "step")
+    return {k: np.concatenate([p[k] for p in parts]) for k in keys}
+
+
+def train(data: list[Path], out: Path, steps: int, batch: int, seed: int, val_inits: set[int]) -> dict:
     """Fit the network, report held-out accuracy, save the checkpoint."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    d = dict(np.load(data))
+    d = load_frames(data)
     val = np.isin(d["init"], sorted(val_inits))
     tr = ~val
     frames = to_tensor(d["frames"][tr])
@@ -80,8 +87,8 @@ def train(data: Path, out: Path, steps: int, batch: int, seed: int, val_inits: s
             log.append({"step": step, "phase_ce": round(loss_p.item(), 4), "object_ce": round(loss_o.item(), 4)})
             print(json.dumps(log[-1]), flush=True)
     facts = {
-        "data": data.name,
-        "data_sha256": hashlib.sha256(data.read_bytes()).hexdigest(),
+        "data": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in data},
+        "frames_by_source": {str(k): int(v) for k, v in zip(*np.unique(d["source"], return_counts=True))},
         "frames_train": int(tr.sum()),
         "frames_val": int(val.sum()),
         "val_inits": sorted(val_inits),
@@ -102,7 +109,10 @@ def train(data: Path, out: Path, steps: int, batch: int, seed: int, val_inits: s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("data/frames/libero_object.npz"))
+    parser.add_argument(
+        "--data", type=Path, nargs="+",
+        default=[Path("data/frames/libero_object_expert.npz"), Path("data/frames/libero_object_policy.npz")],
+    )
     parser.add_argument("--out", type=Path, default=Path("models/subgoal_vision.pt"))
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--batch", type=int, default=64)
