@@ -1,5 +1,7 @@
 """Fork at q: simulator compute per case, forked vs independent replays.
 
+The cases are real failures of the embedded policy, found by a short
+evaluation first, so both arms run to the horizon as in a rescue study.
 Compute is the CPU time of the simulator processes (they are this process's
 children, so their time shows in RUSAGE_CHILDREN once they exit), less the
 time a simulator process takes to start and build its env, measured alone.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import resource
 import sys
 
-from common import cases, timed_study
+from common import cases, manifest, timed_study
 from rescue.config import StudyConfig
 from rescue.env.pool import SimProcess
 
@@ -38,10 +40,35 @@ def _study_cpu(items, config: StudyConfig) -> tuple[float, float]:
     return _children_cpu() - before, wall
 
 
+def failures(n: int, horizon: int) -> list:
+    """Real failures of the embedded policy: the cases of a rescue study run to the horizon."""
+    import asyncio
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from rescue.engine import create_study, run_study
+    from rescue.evaluation import failure_cases
+    from rescue.journal import Journal
+
+    root = Path(tempfile.mkdtemp(prefix="bench-eval-"))
+    try:
+        # One task, so every simulator builds its env once in either mode.
+        pool = cases(2 * n, horizon, task_id=1)
+        create_study(root / "eval", manifest(pool), StudyConfig(arms=("control",)), {"kind": "evaluation"}).close()
+        asyncio.run(run_study(root / "eval"))
+        with Journal.open(root / "eval", readonly=True) as journal:
+            found = failure_cases(journal.cases(), journal.verdicts(), journal.all_arms(), {})
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return found[:n]
+
+
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 6
     horizon = int(sys.argv[2]) if len(sys.argv) > 2 else 280
-    items = cases(n, horizon)
+    items = failures(n, horizon)
+    n = len(items)
     startup = _startup_cpu(2)
     independent, wall_i = _study_cpu(items, StudyConfig())
     forked, wall_f = _study_cpu(items, StudyConfig(fork_at_q=True))

@@ -1,9 +1,7 @@
 """Latency hiding: a study with a slow VLM vs the same study with an instant one.
 
-The VLM latency is scaled from the seed (a 46 s median per call) to this study's
-size: it is set to half of the mean assisted-arm duration measured in the
-zero-latency run, so every assisted arm waits a long time relative to its own
-work. An arm waiting at q gives its simulator back (a snapshot), so the
+The VLM latency is the seed's median call (46.16 s for arms of 1,800 steps)
+scaled by the horizon: 46.16 s x H / 1800 per call. An arm waiting at q gives its simulator back (a snapshot), so the
 simulators keep stepping other arms. Target: at most 1.05 with 4 or more arms in flight.
 Run: MUJOCO_GL=egl .venv/bin/python benchmarks/latency_hiding.py [N] [H]
 """
@@ -14,6 +12,8 @@ import sys
 
 from common import Endpoint, cases, timed_study
 from rescue.config import StudyConfig
+
+SEED_MEDIAN_S, SEED_HORIZON = 46.16, 1800
 
 
 def _run(items, latency: float, in_flight: int) -> float:
@@ -26,14 +26,12 @@ def _run(items, latency: float, in_flight: int) -> float:
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 12
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 32
     horizon = int(sys.argv[2]) if len(sys.argv) > 2 else 160
     in_flight = 4  # cases, so up to 8 arms in flight on 2 simulators
     items = cases(n, horizon)
+    latency = round(SEED_MEDIAN_S * horizon / SEED_HORIZON, 2)
     zero = _run(items, 0.0, in_flight)
-    # Each case's two arms share the simulators' time: one arm's share of the run.
-    arm_time = zero * StudyConfig().env.simulators / (2 * n)
-    latency = round(arm_time / 2, 2)
     slow = _run(items, latency, in_flight)
     print(f"{n} cases, H={horizon}, {in_flight} cases ({2 * in_flight} arms) in flight, 2 simulators")
     print(f"zero latency: {zero:.1f} s; VLM latency {latency:.2f} s per call: {slow:.1f} s")

@@ -296,13 +296,15 @@ async def run_forked(
             control_done()
         return ctrl.result(mode="fork")
 
+    # The assisted arm starts where the shared prefix ends (copied before the control arm goes on).
+    asst.fingerprint, asst.trace, asst.step, asst.obs = ctrl.fingerprint, list(ctrl.trace), ctrl.step, ctrl.obs
+    asst.original = asst.instruction = ctrl.original
+    asst.success = asst.done = ctrl.done and ctrl.success
+
     async def finish_assisted() -> ArmResult:
-        asst.fingerprint, asst.trace, asst.step, asst.obs = ctrl.fingerprint, list(ctrl.trace), ctrl.step, ctrl.obs
-        asst.original = asst.instruction = ctrl.original
-        asst.success = asst.done = ctrl.done and ctrl.success
         try:
             await asst.start_policy()
-            for (step, policy_input), row in zip(ctrl.queries, ctrl.trace):
+            for (step, policy_input), row in zip(ctrl.queries, asst.trace):
                 reply = await _query(asst.policy, policy_input, step, asst.firings)
                 chunk = as_float_chunk(reply["actions"])[:interval]
                 if digest_array(chunk) != row.actions:

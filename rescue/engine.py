@@ -235,6 +235,11 @@ class Engine:
         else:
             arms = await asyncio.gather(*(self._run_one_arm(case, arm, services) for arm in self.config.arms))
         by_arm = {r.arm: r for r in arms}
+        if any(r.error and r.error.startswith("KeepaliveError") for r in arms):
+            # The seed's rule: a policy whose connection or RNG moved during a wait cannot be
+            # trusted for the next case either. This case stays (unknown); dispatch stops.
+            log.error("study.draining", reason="keepalive failure", case_id=case.case_id)
+            self.drain()
         index = None
         assisted = by_arm.get("assisted")
         call_id = assisted.assistance.call_id if assisted is not None else None

@@ -168,6 +168,17 @@ class _Verifier:
                     self.problem("config", None, f"{CONFIG_FILE} hashes to {sha}, "
                                  f"the journal recorded {meta.get('config_sha256')}")
 
+    # --- keyframes: the stored PNGs are the ones the arm recorded ------------
+
+    def check_keyframes(self, case_id: str, arm: ArmResult) -> None:
+        for name, sha in arm.keyframes.items():
+            path = self.dir / "frames" / case_id / f"{arm.arm}-{name}.png"
+            if not path.exists():
+                self.problem("keyframes", case_id, f"{arm.arm} keyframe {name} is missing ({path.name})")
+            elif digest_bytes(path.read_bytes()) != sha:
+                self.problem("keyframes", case_id, f"{arm.arm} keyframe {name} differs from the one recorded")
+            self.checked["keyframes"] += 1
+
     # --- (a) arm digests, (g) one record per arm ---------------------------
 
     def load_arms(self, states: dict[str, str]) -> dict[str, dict[str, ArmResult]]:
@@ -465,6 +476,7 @@ def verify_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
                 by_arm = arms.get(case.case_id, {})
                 for arm in by_arm.values():
                     v.check_trace(case.case_id, arm, interval)
+                    v.check_keyframes(case.case_id, arm)
                 v.check_instructions(case, by_arm, interval)
             if not is_evaluation(meta):
                 v.check_invariant(records, stored, "stored")

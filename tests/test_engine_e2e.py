@@ -212,3 +212,10 @@ def test_report_shows_keyframes_subgoal_and_verdict(tmp_path):
             assert hashlib.sha256(png.read_bytes()).hexdigest() == sha
             assert f"frames/object-3-ep0/{arm}-{name}.png" in page
     assert rescue_cli("verify", str(study)).returncode == 0
+    # A swapped keyframe is caught: the report shows only what the arm recorded.
+    copy = _tampered(study, tmp_path / "frames-copy")
+    (copy / "frames" / "object-3-ep0" / "control-end.png").write_bytes(
+        (copy / "frames" / "object-3-ep0" / "assisted-end.png").read_bytes()
+    )
+    out = rescue_cli("verify", str(copy), check=False)
+    assert out.returncode != 0 and "keyframe end" in out.stdout
