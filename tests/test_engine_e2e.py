@@ -219,3 +219,37 @@ def test_report_shows_keyframes_subgoal_and_verdict(tmp_path):
     )
     out = rescue_cli("verify", str(copy), check=False)
     assert out.returncode != 0 and "keyframe end" in out.stdout
+
+
+def test_continue_from_runs_only_the_never_claimed_complement(tmp_path):
+    manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=48)
+    old, new = tmp_path / "old", tmp_path / "new"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(old), "--cases-in-flight", "1"],
+        cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    deadline = time.time() + 300
+    try:
+        while time.time() < deadline:
+            if (old / "journal.sqlite").exists():
+                states = _states(old)
+                if "finished" in states.values() and "claimed" in states.values():
+                    break
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    claimed_before = {c for c, s in _states(old).items() if s != "pending"}
+
+    out = rescue_cli("run", "--continue-from", str(old), str(new))
+    assert "prior part" in out.stdout and "continuation" in out.stdout
+    old_states, new_states = _states(old), _states(new)
+    # Partition by claim: the new study holds exactly the cases the old one never started.
+    assert set(new_states) == set(old_states) - claimed_before
+    assert set(new_states.values()) == {"finished"}
+    assert "pending" not in old_states.values() or set(old_states) - claimed_before == set(new_states)
+    assert {s for c, s in old_states.items() if c in claimed_before} <= {"finished", "interrupted"}
+    # The prior study is closed to dispatch: resuming it is refused.
+    refused = rescue_cli("resume", str(old), check=False)
+    assert refused.returncode != 0 and "continued by" in refused.stderr
+    assert rescue_cli("verify", str(new)).returncode == 0
