@@ -25,6 +25,7 @@ from rescue.policy.phases import PHASES, parse_pick_place
 from rescue.vlm.vision import INPUT_SIZE, OBJECTS, VIEWS, downsample
 from training.make_demos import HELD_OUT, NOISE
 
+STATE_KEYS = ("robot0_eef_pos", "robot0_gripper_qpos", "task/object_pos", "task/target_pos")
 RENDER_SIZE = 256  # what the study sends; downsampled exactly as the advisor does
 
 
@@ -44,7 +45,8 @@ def collect(
         from rescue.policy.learned import LearnedPolicy
 
         policy = LearnedPolicy(checkpoint)
-    out: dict[str, list] = {k: [] for k in ("frames", "phase", "object", "task", "init", "source", "step")}
+    keys = ("frames", "phase", "object", "task", "init", "source", "step", *STATE_KEYS)
+    out: dict[str, list] = {k: [] for k in keys}
     for task in tasks:
         for idx in inits:
             for source in sources:
@@ -61,6 +63,8 @@ def collect(
                         for k, v in zip(("phase", "object", "task", "init", "source", "step"),
                                         (PHASES.index(situation_phase(obs)), obj, task, idx, source, step)):
                             out[k].append(v)
+                        for k in STATE_KEYS:  # kept so the labels can be recomputed without rendering
+                            out[k].append(np.asarray(obs[k], dtype=np.float32))
                     if source == "expert":
                         action = expert.act(obs)
                         action[:3] = np.clip(action[:3] + rng.normal(0.0, NOISE, 3), -1, 1)
@@ -82,6 +86,7 @@ def collect(
         "init": np.asarray(out["init"], dtype=np.int16),
         "source": np.asarray(out["source"]),
         "step": np.asarray(out["step"], dtype=np.int16),
+        **{k.replace("/", "_"): np.asarray(out[k]) for k in STATE_KEYS},
         "views": np.asarray(VIEWS),
         "suite": np.asarray(suite),
     }

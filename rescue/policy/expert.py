@@ -112,7 +112,7 @@ def situation_phase(obs: dict) -> str:
     target = np.asarray(obs["task/target_pos"])
     eef = np.asarray(obs["robot0_eef_pos"])
     finger = float(obs["robot0_gripper_qpos"][0])
-    over_object = np.linalg.norm(obj[:2] - eef[:2]) < 0.025
+    over_object = np.linalg.norm(obj[:2] - eef[:2]) < 0.035
     # Open fingers sit near 0.039; closed on nothing below 0.004; anything between is holding.
     held = 0.004 < finger < 0.0375 and over_object and abs(obj[2] - eef[2]) < 0.06
     if held:
@@ -120,5 +120,6 @@ def situation_phase(obs: dict) -> str:
             return "place"
         return "lift" if eef[2] < target[2] + CARRY - 0.05 else "carry"
     if over_object:
-        return "grasp" if eef[2] - obj[2] < 0.025 else "descend"
+        # A tall object stops the fingers at its shoulder, up to 5 cm over its origin: close there.
+        return "grasp" if eef[2] - obj[2] < 0.05 else "descend"
     return "approach"
