@@ -395,17 +395,7 @@ class Journal:
 
     def finish(self, case_id: str, verdict: Verdict) -> None:
         """Move a claimed case to `finished` and store its verdict, in one transaction."""
-        if verdict.case_id != case_id:
-            raise JournalError(f"verdict is for {verdict.case_id!r}, not {case_id!r}")
-        with self._write() as conn:
-            state = self._require_case(conn, case_id)
-            if state != "claimed":
-                raise JournalError(f"case {case_id!r} is {state}, not claimed; cannot finish it")
-            conn.execute(
-                "UPDATE cases SET state = 'finished', finished_at = ? WHERE case_id = ?",
-                (time.time(), case_id),
-            )
-            self._insert_verdict(conn, verdict)
+        self.finish_case(case_id, (), verdict)
 
     def set_verdict(self, case_id: str, verdict: Verdict) -> None:
         """Store the verdict of an interrupted case (finished cases get theirs from `finish`)."""

@@ -52,3 +52,42 @@ def rescue_cli(*args: str, timeout: float = 600, check: bool = True) -> subproce
     if check and proc.returncode != 0:
         raise AssertionError(f"rescue {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def case_states(study: Path) -> dict[str, str]:
+    """Each case's queue state, read from the journal file directly (read-only)."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{study / 'journal.sqlite'}?mode=ro", uri=True, timeout=30)
+    try:
+        return dict(con.execute("SELECT case_id, state FROM cases"))
+    finally:
+        con.close()
+
+
+def kill_mid_study(args: list[str], study: Path, timeout: float = 300) -> None:
+    """Start `rescue ARGS` in its own process group and SIGKILL the group once `study`
+    has a finished case and a case in flight."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rescue.cli", *args],
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline:
+            if (study / "journal.sqlite").exists():
+                states = list(case_states(study).values())
+                if "finished" in states and "claimed" in states:
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"{study} never reached a finished case and a case in flight")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

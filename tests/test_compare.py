@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 import sqlite3
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, cli_env, rescue_cli
+from conftest import kill_mid_study, rescue_cli
 from rescue.compare import (
     PLAN_FILE,
     RESULT_FILE,
@@ -343,32 +338,11 @@ def test_rescue_compare_end_to_end(tmp_path):
 
 def test_sigkill_mid_compare_then_resume_excludes_interrupted_pairs_as_unknown(tmp_path):
     study = tmp_path / "cmp"
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "rescue.cli", "compare",
-            "--policy-a", "rescue.policy.scripted:make_policy", "--policy-b", "rescue.policy.variants:make_steady_policy",
-            "--tasks", "3", "--episodes", "3", "--horizon", "48", "--cases-in-flight", "1", "--study", str(study),
-        ],
-        cwd=ROOT,
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+    kill_mid_study(
+        ["compare", "--policy-a", "rescue.policy.scripted:make_policy", "--policy-b", "rescue.policy.variants:make_steady_policy",
+         "--tasks", "3", "--episodes", "3", "--horizon", "48", "--cases-in-flight", "1", "--study", str(study)],
+        study / "a",
     )
-    deadline = time.time() + 300
-    try:
-        while time.time() < deadline:
-            if (study / "a" / "journal.sqlite").exists():
-                with Journal.open(study / "a", readonly=True) as journal:
-                    states = [row.state for row in journal.rows()]
-                if "finished" in states and "claimed" in states:
-                    break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("side a never reached a finished and an in-flight episode")
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
     with Journal.open(study / "a", readonly=True) as journal:
         in_flight = [row.case_id for row in journal.rows() if row.state == "claimed"]
         before = {row.case_id: row.digest for row in journal.arm_rows()}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -11,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ROOT, cli_env, rescue_cli, write_cases
+from conftest import ROOT, case_states, cli_env, kill_mid_study, rescue_cli, write_cases
 from rescue.digest import digest_text
 from rescue.querypoint import query_point
 from wrappers.injection import inject
@@ -22,12 +21,7 @@ def _export(study: Path) -> dict:
     return json.loads((study / "export.json").read_text())
 
 
-def _states(study: Path) -> dict[str, str]:
-    con = sqlite3.connect(f"file:{study / 'journal.sqlite'}?mode=ro", uri=True, timeout=30)
-    try:
-        return dict(con.execute("SELECT case_id, state FROM cases"))
-    finally:
-        con.close()
+_states = case_states
 
 
 def _arms(study: Path) -> dict[tuple[str, str], str]:
@@ -72,27 +66,7 @@ def test_study_runs_both_arms_with_matching_prefix_and_verifies(tmp_path):
 def test_sigkill_mid_study_then_resume_never_reruns_a_started_case(tmp_path):
     manifest = write_cases(tmp_path / "m.jsonl", 5)
     study = tmp_path / "study"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study), "--cases-in-flight", "1"],
-        cwd=ROOT,
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.time() + 300
-    try:
-        while time.time() < deadline:
-            if (study / "journal.sqlite").exists():
-                states = _states(study)
-                if list(states.values()).count("finished") >= 1 and "claimed" in states.values():
-                    break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the study never reached a finished and an in-flight case")
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    kill_mid_study(["run", str(manifest), "--study", str(study), "--cases-in-flight", "1"], study)
     before_states = _states(study)
     before_arms = _arms(study)
     finished = {c for c, s in before_states.items() if s == "finished"}
@@ -224,21 +198,7 @@ def test_report_shows_keyframes_subgoal_and_verdict(tmp_path):
 def test_continue_from_runs_only_the_never_claimed_complement(tmp_path):
     manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=48)
     old, new = tmp_path / "old", tmp_path / "new"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(old), "--cases-in-flight", "1"],
-        cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    deadline = time.time() + 300
-    try:
-        while time.time() < deadline:
-            if (old / "journal.sqlite").exists():
-                states = _states(old)
-                if "finished" in states.values() and "claimed" in states.values():
-                    break
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    kill_mid_study(["run", str(manifest), "--study", str(old), "--cases-in-flight", "1"], old)
     claimed_before = {c for c, s in _states(old).items() if s != "pending"}
 
     out = rescue_cli("run", "--continue-from", str(old), str(new))

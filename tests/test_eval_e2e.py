@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from conftest import ROOT, cli_env, rescue_cli
+from conftest import kill_mid_study, rescue_cli
 from rescue.export import EPISODE_COLUMNS
 from rescue.journal import Journal, arm_digest
 from rescue.manifest import load_manifest
@@ -91,30 +86,11 @@ def test_eval_records_episodes_then_its_failure_manifest_runs_unedited(tmp_path)
 
 def test_sigkill_mid_eval_then_resume_reports_interrupted_episodes_as_unknown(tmp_path):
     study = tmp_path / "eval"
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "rescue.cli", "eval", "--suite", "libero_object", "--tasks", "3",
-            "--episodes", "5", "--horizon", "64", "--study", str(study), "--cases-in-flight", "1",
-        ],
-        cwd=ROOT,
-        env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+    kill_mid_study(
+        ["eval", "--suite", "libero_object", "--tasks", "3", "--episodes", "5", "--horizon", "64",
+         "--study", str(study), "--cases-in-flight", "1"],
+        study,
     )
-    deadline = time.time() + 300
-    try:
-        while time.time() < deadline:
-            if (study / "journal.sqlite").exists():
-                states = _journal(study)[1]
-                if list(states.values()).count("finished") >= 1 and "claimed" in states.values():
-                    break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the evaluation never reached a finished and an in-flight episode")
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
     _, before_states, before_arms = _journal(study)
     finished = {c for c, s in before_states.items() if s == "finished"}
     in_flight = {c for c, s in before_states.items() if s == "claimed"}

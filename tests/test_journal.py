@@ -371,7 +371,7 @@ def test_read_only_view_sees_writes_and_cannot_write(study):
 
 
 def test_finish_case_records_arms_receipt_and_verdict_at_once(tmp_path):
-    from rescue.journal import DuplicateRecord, Journal
+    from rescue.journal import Journal
     from rescue.manifest import Case
     from rescue.records import ArmResult, Assistance, Verdict
 

@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 from conftest import ROOT, cli_env, rescue_cli, write_cases
 from rescue.config import load_config
