@@ -229,7 +229,8 @@ def test_batch_of_eight_matches_every_subgoal_to_its_case(tmp_path):
     answers, state = run(ask_all(EndpointOptions(), tmp_path / "r.jsonl", requests, batch_size=8, batch_window_s=5.0))
     assert state.counter == 1 and state.requests[0].n_images == 1  # one call, one contact sheet
     for answer, (_, obj) in zip(answers, CASES):
-        assert answer.status == "ok" and answer.subgoal.startswith(f"grasp the {obj} again")
+        # Each subgoal names its own case's object (the subgoal model or, outside its tasks, the rule).
+        assert answer.status == "ok" and f"the {obj}" in answer.subgoal
     receipts = read_receipts(tmp_path / "r.jsonl")
     outcomes = [r for r in receipts if r.kind == "outcome"]
     assert len(outcomes) == 1

@@ -92,6 +92,25 @@ def collect(
     }
 
 
+def _one_task(args: tuple) -> dict:
+    return collect(*args)
+
+
+def collect_isolated(suite: str, tasks: list[int], *rest) -> dict:
+    """`collect` with every task in a fresh process, one at a time.
+
+    Once an env is closed in a process (the adapter evicts old envs), later
+    offscreen renders of the other envs come back stale; a process per task
+    never closes an env before its last render.
+    """
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1, maxtasksperchild=1) as pool:
+        parts = pool.map(_one_task, [(suite, [task], *rest) for task in tasks], chunksize=1)
+    return {k: (np.concatenate([p[k] for p in parts]) if parts[0][k].ndim else parts[0][k]) for k in parts[0]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="libero_object")
@@ -112,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(i < HELD_OUT for i in inits):
         print(f"note: initial states below {HELD_OUT} are the policy's held-out states", flush=True)
     start = time.time()
-    data = collect(args.suite, ints(args.tasks), inits, args.every, args.sources.split(","), args.policy, args.seed)
+    data = collect_isolated(args.suite, ints(args.tasks), inits, args.every, args.sources.split(","), args.policy, args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out, **data)
     print(json.dumps({"out": str(args.out), "frames": int(len(data["frames"])), "seconds": round(time.time() - start, 1),

@@ -22,16 +22,13 @@ from rescue.vlm.vision import OBJECTS, build_network, to_tensor
 
 
 def _shift(x: torch.Tensor, gen: torch.Generator, pad: int = 3) -> torch.Tensor:
-    """Random translation by up to `pad` pixels per sample (the same for its views) and brightness jitter."""
+    """Random translation by up to `pad` pixels (one per batch) and brightness jitter per sample."""
     b = x.shape[0]
     padded = torch.nn.functional.pad(x.flatten(1, 2), (pad, pad, pad, pad), mode="replicate").view(
         b, x.shape[1], x.shape[2], x.shape[3] + 2 * pad, x.shape[4] + 2 * pad
     )
-    out = torch.empty_like(x)
-    dx = torch.randint(0, 2 * pad + 1, (b,), generator=gen)
-    dy = torch.randint(0, 2 * pad + 1, (b,), generator=gen)
-    for i in range(b):
-        out[i] = padded[i, :, :, dy[i] : dy[i] + x.shape[3], dx[i] : dx[i] + x.shape[4]]
+    dx, dy = (int(v) for v in torch.randint(0, 2 * pad + 1, (2,), generator=gen))
+    out = padded[:, :, :, dy : dy + x.shape[3], dx : dx + x.shape[4]]
     return out + (torch.rand(b, 1, 1, 1, 1, generator=gen) - 0.5) * 0.1
 
 
@@ -69,8 +66,8 @@ def train(data: list[Path], out: Path, steps: int, batch: int, seed: int, val_in
     counts = np.bincount(d["phase"][tr], minlength=len(PHASES)).astype(np.float64)
     weight = torch.tensor(np.where(counts > 0, (counts.sum() / np.maximum(counts, 1)) ** 0.5, 0.0), dtype=torch.float32)
     net = build_network()
-    opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=1e-4)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps, pct_start=0.1)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=1e-4)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=steps, pct_start=0.1)
     gen = torch.Generator().manual_seed(seed)
     start, log = time.time(), []
     for step in range(steps):
@@ -114,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         default=[Path("data/frames/libero_object_expert.npz"), Path("data/frames/libero_object_policy.npz")],
     )
     parser.add_argument("--out", type=Path, default=Path("models/subgoal_vision.pt"))
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=2500)
+    parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--val-inits", default="16,17", help="initial states whose frames are held out")
     args = parser.parse_args(argv)

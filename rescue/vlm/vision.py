@@ -40,14 +40,14 @@ def build_network(n_phases: int = 7, n_objects: int = len(OBJECTS)):
         def __init__(self) -> None:
             super().__init__()
             self.trunk = nn.Sequential(
-                nn.Conv2d(3, 24, 5, stride=2, padding=2), nn.GELU(),
-                nn.Conv2d(24, 48, 3, stride=2, padding=1), nn.GELU(),
-                nn.Conv2d(48, 64, 3, stride=2, padding=1), nn.GELU(),
-                nn.Conv2d(64, 64, 3, stride=2, padding=1), nn.GELU(),
+                nn.Conv2d(3, 24, 5, stride=2, padding=2), nn.GroupNorm(4, 24), nn.GELU(),
+                nn.Conv2d(24, 48, 3, stride=2, padding=1), nn.GroupNorm(8, 48), nn.GELU(),
+                nn.Conv2d(48, 64, 3, stride=2, padding=1), nn.GroupNorm(8, 64), nn.GELU(),
+                nn.Conv2d(64, 64, 3, stride=2, padding=1), nn.GroupNorm(8, 64), nn.GELU(),
                 nn.Flatten(),  # 64 x 4 x 4: keep where things are, not only what
                 nn.Linear(64 * 16, 128), nn.GELU(),
             )
-            self.head = nn.Sequential(nn.Linear(128 * len(VIEWS), 256), nn.GELU(), nn.Dropout(0.2))
+            self.head = nn.Sequential(nn.Linear(128 * len(VIEWS), 256), nn.GELU())
             self.phase = nn.Linear(256, n_phases)
             self.object = nn.Linear(256, n_objects)
 
