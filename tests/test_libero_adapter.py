@@ -76,3 +76,23 @@ def test_snapshot_without_gripper_state_diverges(adapter):
     adapter.restore(broken)
     adapter.run_chunk(_actions(3, 24), 24)
     assert adapter.state_digest() != straight
+
+
+def test_views_stay_fresh_after_other_envs_were_built_and_closed():
+    adapter = LiberoAdapter()
+    try:
+        case = {**CASE, "task_id": 0}
+        adapter.reset(case)
+        first = adapter.render(["agentview", "frontview"], 64)
+        # Two more tasks build their own envs and GL contexts in the same process.
+        for task in (1, 2):
+            adapter.reset({**CASE, "task_id": task})
+            other = adapter.render(["agentview"], 64)
+        adapter.reset(case)
+        again = adapter.render(["agentview", "frontview"], 64)
+        assert np.array_equal(first["agentview"], again["agentview"])
+        assert np.array_equal(first["frontview"], again["frontview"])
+        assert not np.array_equal(first["agentview"], other["agentview"])
+        assert not np.array_equal(again["agentview"], again["frontview"])
+    finally:
+        adapter.close()

@@ -27,7 +27,10 @@ SETTLE_STEPS = 10
 NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
 # The official step limits per suite (openpi's LIBERO example).
 SUITE_HORIZON = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
-MAX_CACHED_ENVS = 2
+# Envs are never closed while their process lives: closing one releases the thread's EGL
+# state and later renders of the other envs in the process come back as garbage. A process
+# sees at most the tasks of its study; past this many it refuses rather than render wrongly.
+MAX_CACHED_ENVS = 16
 
 
 def _quiet_imports():
@@ -88,6 +91,8 @@ class LiberoAdapter:
         if key in self._envs:
             self._envs.move_to_end(key)
             return self._envs[key]
+        if len(self._envs) >= MAX_CACHED_ENVS:
+            raise RuntimeError(f"a simulator process holds {MAX_CACHED_ENVS} task envs already; use more processes")
         suite = self._suite(suite_name)
         task = suite.get_task(task_id)
         bddl = os.path.join(self._get_path("bddl_files"), task.problem_folder, task.bddl_file)
@@ -102,9 +107,6 @@ class LiberoAdapter:
         )
         xml_digest = digest_text(env.sim.model.get_xml())
         self._envs[key] = (env, xml_digest)
-        while len(self._envs) > MAX_CACHED_ENVS:
-            _, (old, _) = self._envs.popitem(last=False)
-            old.close()
         return self._envs[key]
 
     def reset(self, case: dict) -> ResetResult:
@@ -225,6 +227,8 @@ class LiberoAdapter:
     def render(self, cameras: list[str], size: int = 256) -> dict[str, np.ndarray]:
         """Render the named cameras, upright, uint8 HxWx3."""
         sim = self._env.sim
+        # Each cached env has its own GL context and robosuite renders into whichever is current.
+        sim._render_context_offscreen.gl_ctx.make_current()
         return {cam: np.ascontiguousarray(sim.render(camera_name=cam, width=size, height=size)[::-1]) for cam in cameras}
 
     def close(self) -> None:
