@@ -20,6 +20,7 @@ import structlog
 from rescue.digest import digest_array, digest_obs, digest_text
 from rescue.env.pool import as_float_chunk
 from rescue.env.protocol import VLM_VIEWS
+from rescue.manifest import Case
 from rescue.querypoint import query_point
 from rescue.records import ArmName, ArmResult, Assistance, TraceRow
 from wrappers.injection import inject
@@ -83,12 +84,6 @@ async def _query(policy: PolicyConnection, obs: dict, step: int, firings: list |
     return await policy.infer(obs)
 
 
-def policy_seed(case: dict) -> int:
-    """The policy RNG seed of a case: explicit, else the env seed."""
-    seed = case.get("policy_seed")
-    return int(case["env_seed"] if seed is None else seed)
-
-
 async def wait_with_keepalive(policy: PolicyConnection, answer: Awaitable[Any], every_s: float, case_id: str) -> Any:
     """Await the VLM answer while probing the policy connection; assert its RNG is untouched."""
     before = await policy.keepalive()
@@ -120,15 +115,16 @@ def _check_same(before: Any, after: Any, case_id: str) -> None:
 class ArmRun:
     """One arm in progress: reset, run to a step, assist at q, finish. Both modes are built from it."""
 
-    def __init__(self, case: dict, spec: ArmSpec, sim: Simulator, policy: PolicyConnection, advisor: Advisor | None = None):
+    def __init__(self, case: Case, spec: ArmSpec, sim: Simulator, policy: PolicyConnection, advisor: Advisor | None = None):
         self.case, self.spec, self.sim, self.policy, self.advisor = case, spec, sim, policy, advisor
-        self.horizon, self.interval = int(case["horizon"]), spec.interval
+        self.horizon, self.interval = case.horizon, spec.interval
         self.q = query_point(self.horizon, self.interval)
-        self.log = log.bind(case_id=case["case_id"], arm=spec.arm)
+        self.log = log.bind(case_id=case.case_id, arm=spec.arm)
         self.started = time.time()
         self.trace: list[TraceRow] = []
         self.assistance = Assistance(status="control" if spec.arm == "control" else "not_reached")
         self.fingerprint: str | None = None
+        self.fingerprint_parts: dict[str, str] = {}
         self.step, self.success, self.done = 0, False, False
         self.q_state: str | None = None
         # Rules between policy and simulator (wrappers/async_rules.py) log their firings here.
@@ -142,19 +138,20 @@ class ArmRun:
     async def start(self) -> None:
         """Reset the case, check its instruction, reset the policy and its RNG."""
         self.log.info("arm.started", horizon=self.horizon, query_step=self.q)
-        reset = await self.sim.call("reset", self.case)
+        reset = await self.sim.call("reset", self.case.model_dump(mode="json"))
         self.fingerprint = reset.fingerprint
+        self.fingerprint_parts = dict(reset.fingerprint_parts)
         self.original = self.instruction = reset.instruction
-        if self.case.get("instruction") not in (None, self.original):
-            raise ValueError(f"manifest instruction {self.case['instruction']!r} differs from the task's {self.original!r}")
+        if self.case.instruction not in (None, self.original):
+            raise ValueError(f"manifest instruction {self.case.instruction!r} differs from the task's {self.original!r}")
         await self.start_policy()
         self.obs = reset.obs
 
     async def start_policy(self) -> None:
-        """Reset the policy and, with the RNG extension, its random stream to the case's seed."""
+        """Reset the policy and, with the RNG extension, its random stream to the case's policy seed."""
         await self.policy.reset()
         if self.rng_control:
-            await self.policy.reset_rng(policy_seed(self.case))
+            await self.policy.reset_rng(self.case.policy_seed)
         else:
             # Recorded on the arm (policy_rng_control) so the study shows it.
             self.log.warning("arm.no_rng_control", reason="no RNG extension: prefix equality not guaranteed by the server")
@@ -207,7 +204,7 @@ class ArmRun:
         if sink is None:
             return
         frames = await self.sim.call("render", [self.spec.keyframe_view], self.spec.keyframe_size)
-        self.keyframes[name] = sink(self.case["case_id"], self.spec.arm, name, frames[self.spec.keyframe_view])
+        self.keyframes[name] = sink(self.case.case_id, self.spec.arm, name, frames[self.spec.keyframe_view])
 
     async def _state_digest(self) -> str | None:
         try:
@@ -222,13 +219,14 @@ class ArmRun:
         else:
             self.log.info("arm.finished", success=self.success, steps=self.step, assistance=self.assistance.status)
         return ArmResult(
-            case_id=self.case["case_id"],
+            case_id=self.case.case_id,
             arm=self.spec.arm,
             status="complete" if error is None else "error",
             error=None if error is None else f"{type(error).__name__}: {error}",
             success=self.success if error is None else None,
             steps=self.step,
             fingerprint=self.fingerprint,
+            fingerprint_parts=dict(self.fingerprint_parts),
             trace=self.trace,
             assistance=self.assistance,
             rule_firings=list(self.firings or []),
@@ -242,7 +240,7 @@ class ArmRun:
 
 
 async def run_arm(
-    case: dict,
+    case: Case,
     spec: ArmSpec,
     sim: Simulator,
     policy: PolicyConnection,
@@ -259,7 +257,7 @@ async def run_arm(
 
 
 async def run_forked(
-    case: dict,
+    case: Case,
     interval: int,
     spec_kwargs: dict,
     control: tuple[Simulator, PolicyConnection],
@@ -284,7 +282,8 @@ async def run_forked(
     except Exception as exc:
         control_done()
         # The prefix is shared: its failure is both arms' failure.
-        asst.fingerprint, asst.trace, asst.step = ctrl.fingerprint, list(ctrl.trace), ctrl.step
+        asst.fingerprint, asst.fingerprint_parts = ctrl.fingerprint, ctrl.fingerprint_parts
+        asst.trace, asst.step = list(ctrl.trace), ctrl.step
         return ctrl.result(exc, "fork"), asst.result(exc, "fork")
 
     async def finish_control() -> ArmResult:
@@ -297,7 +296,8 @@ async def run_forked(
         return ctrl.result(mode="fork")
 
     # The assisted arm starts where the shared prefix ends (copied before the control arm goes on).
-    asst.fingerprint, asst.trace, asst.step, asst.obs = ctrl.fingerprint, list(ctrl.trace), ctrl.step, ctrl.obs
+    asst.fingerprint, asst.fingerprint_parts = ctrl.fingerprint, ctrl.fingerprint_parts
+    asst.trace, asst.step, asst.obs = list(ctrl.trace), ctrl.step, ctrl.obs
     asst.original = asst.instruction = ctrl.original
     asst.success = asst.done = ctrl.done and ctrl.success
 
@@ -330,7 +330,7 @@ async def run_forked(
 
 
 async def _assist(
-    case: dict,
+    case: Case,
     spec: ArmSpec,
     sim: Simulator,
     policy: PolicyConnection,
@@ -350,7 +350,7 @@ async def _assist(
         await sim.suspend()
     try:
         answer = await wait_with_keepalive(
-            policy, advisor(case["case_id"], original, remaining, views), spec.keepalive_s, case["case_id"]
+            policy, advisor(case.case_id, original, remaining, views), spec.keepalive_s, case.case_id
         )
     finally:
         if release:

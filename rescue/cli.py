@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console
+
+from rescue import layout
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 console = Console(stderr=False)
@@ -72,11 +74,9 @@ def _print_eval_summary(study: Path) -> None:
 
 
 def _summary_for(study: Path) -> None:
-    from rescue.journal import Journal
+    from rescue.study import load_study_config
 
-    with Journal.open(study, readonly=True) as journal:
-        kind = journal.meta().get("kind")
-    (_print_eval_summary if kind == "evaluation" else _print_rescue_summary)(study)
+    (_print_eval_summary if load_study_config(study).is_evaluation else _print_rescue_summary)(study)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -160,7 +160,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rescue.export import export_study, write_export
 
     study = Path(args.study)
-    out = Path(args.out) if args.out else study / "export.json"
+    from rescue.layout import StudyLayout
+
+    out = Path(args.out) if args.out else StudyLayout.of(study).export_json
     write_export(export_study(study), out, out.with_suffix(".csv"))
     console.print(f"wrote {out} and {out.with_suffix('.csv')}")
     return 0
@@ -321,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="an HTML page: figures, and per case both arms' keyframes, the subgoal, the verdict")
     p.add_argument("study")
-    p.add_argument("--out", help="default: STUDY/report.html")
+    p.add_argument("--out", help=f"default: STUDY/{layout.REPORT}")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("manifest", help="check or produce failure manifests")
@@ -373,8 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         return serve(argv[1:])
     args = build_parser().parse_args(argv)
     from rescue import logs
-    from rescue.engine import StudyError
+    from rescue.identity import IdentityError
     from rescue.manifest import ManifestError
+    from rescue.study import StudyError
 
     logs.configure(None, args.verbose)
     try:
@@ -383,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return 2
-    except StudyError as exc:
+    except (StudyError, IdentityError) as exc:
         print(f"rescue: {exc}", file=sys.stderr)
         return 2
 

@@ -24,9 +24,12 @@ import structlog
 from pydantic import BaseModel, Field
 
 from rescue.config import StudyConfig, load_config
-from rescue.engine import StudyError, create_study, new_study_dir, run_study
+from rescue.engine import run_study
+from rescue.services import resolved_config
+from rescue.study import StudyError, create_study, load_study_config, new_study_dir
 from rescue.evaluation import EvalSummary, episode_cases, summarize_labels
 from rescue.journal import Journal, journal_path
+from rescue.layout import StudyLayout
 from rescue.manifest import parse_manifest
 from rescue.records import EpisodeLabel, Verdict
 from rescue.stats import block_bootstrap_ci, mcnemar_exact, paired_diff_ci
@@ -297,7 +300,8 @@ def create_compare(
         raise StudyError(f"{study_dir} already holds a comparison; use `rescue compare --resume {study_dir}`")
     sides = []
     for name, config in zip(names, configs):
-        config = config.model_copy(update={"arms": ("control",)})
+        # Each side's identity (C, observation, what its server announces) is fixed in the plan.
+        config = asyncio.run(resolved_config(config.model_copy(update={"arms": ("control",)})))
         sides.append(Side(name=name, config_sha256=config.sha256(), config=config.model_dump(mode="json")))
     plan = ComparePlan(
         suite=suite, tasks=tasks, episodes=episodes, horizon=horizon or SUITE_HORIZON[suite], first_init=first_init,
@@ -323,7 +327,7 @@ def _create_sides(study_dir: Path, plan: ComparePlan) -> None:
         if config.sha256() != spec.config_sha256:
             raise StudyError(f"side {side}'s configuration in {PLAN_FILE} does not match its sha256")
         meta = {"kind": "evaluation", "compare": study_dir.name, "side": side}
-        create_study(study_dir / side, manifest, config, meta).close()
+        create_study(study_dir / side, manifest, config, meta)
 
 
 def compare_policies(
@@ -348,7 +352,7 @@ def compare_policies(
 def _run_side(side_dir: Path, on_case, verbose: bool) -> None:
     from rescue import logs
 
-    logs.configure(side_dir / "events.jsonl", verbose)
+    logs.configure(StudyLayout.of(side_dir).events, verbose)
     asyncio.run(run_study(side_dir, on_case))
 
 
@@ -380,9 +384,9 @@ def resume_compare(study_dir: str | os.PathLike[str], on_case=None, verbose: boo
 
 def study_episodes(side_dir: str | os.PathLike[str]) -> list[Episode]:
     """One evaluation study's episodes: label (None when never run), fingerprint, stored result sha256."""
+    if not load_study_config(side_dir).is_evaluation:
+        raise StudyError(f"{side_dir} is not an evaluation study")
     with Journal.open(side_dir, readonly=True) as journal:
-        if journal.meta().get("kind") != "evaluation":
-            raise StudyError(f"{side_dir} is not an evaluation study")
         verdicts: dict[str, Verdict] = journal.verdicts()
         arms = journal.all_arms()
         digests = {row.case_id: row.digest for row in journal.arm_rows() if row.arm == "control"}

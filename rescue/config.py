@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.digest import canonical_json, digest_text
-from rescue.vlm.client import VLMConfig
+from rescue.vlm.settings import VLMConfig
 from wrappers.async_rules import RulesConfig
 
 
@@ -21,8 +21,15 @@ class PolicyConfig(BaseModel):
     url: str | None = None  # ws://host:port; None serves `factory` on loopback
     factory: str = "rescue.policy.learned:make_policy"
     api_key_env: str | None = None
-    replan_interval: int | None = None  # C; None takes the server's `action_horizon`
-    seed_offset: int = 0
+    # C. None before a study is created: then the server's `action_horizon` decides it,
+    # and the study's config.json holds the resolved value from then on.
+    replan_interval: int | None = Field(default=None, gt=0)
+    # The observation profile (DESIGN §7). None: what the server announces, else the
+    # default for its kind (`privileged` for the bundled policies, `openpi-libero` otherwise).
+    observation: str | None = None
+    # What the server announced about itself when the study was created (identity.IDENTITY_KEYS);
+    # a later start against a server announcing otherwise is refused.
+    announced: dict[str, Any] | None = None
 
 
 class EnvConfig(BaseModel):
@@ -56,6 +63,20 @@ class StudyConfig(BaseModel):
     arms: tuple[str, ...] = ("control", "assisted")
     # Correction rules between the policy and the simulator; all off unless named in rules.enabled.
     rules: RulesConfig = Field(default_factory=RulesConfig)
+    # The query point: the first regular policy query at or after half the horizon (DESIGN §2).
+    query_rule: Literal["ceil(H/2/C)*C"] = "ceil(H/2/C)*C"
+
+    @property
+    def is_evaluation(self) -> bool:
+        """An evaluation study runs the control arm only and labels episodes."""
+        return tuple(self.arms) == ("control",)
+
+    @property
+    def interval(self) -> int:
+        """C of a created study (its config always holds the resolved value)."""
+        if self.policy.replan_interval is None:
+            raise ValueError("the configuration has no resolved replan_interval (not a created study's)")
+        return self.policy.replan_interval
 
     def sha256(self) -> str:
         """Digest of the resolved configuration."""

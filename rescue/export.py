@@ -18,24 +18,28 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from rescue.engine import RECEIPTS_FILE, case_record, outcome_receipts
-from rescue.journal import SUMMARY_KEY, CaseState, Journal, arm_digest
+from rescue.journal import SUMMARY_KEY, CaseState, arm_digest
+from rescue.layout import StudyLayout
 from rescue.manifest import Case
 from rescue.querypoint import query_point
-from rescue.records import ArmResult, CaseRecord, Receipt, Verdict
-from rescue.stats import Summary, summarize
+from rescue.records import ArmResult, Receipt
+from rescue.stats import Summary
+from rescue.study import (
+    SUMMARIZED_STATES,
+    StudyError,
+    StudyRecords,
+    open_journal,
+    read_study,
+    receipt_files,
+    study_summary,
+)
 from rescue.vlm.receipts import read_receipts
 from rescue.vlm.usage import UsageSummary, usage_summary
 
 EXPORT_SCHEMA = "rescue-export/1"
-EXPORT_JSON = "export.json"
-EXPORT_CSV = "export.csv"
-
-# The states whose cases carry a verdict and so enter the summary.
-SUMMARIZED_STATES: tuple[CaseState, ...] = ("finished", "interrupted")
 
 
-class ExportError(RuntimeError):
+class ExportError(StudyError):
     """A study that cannot be exported as it stands."""
 
 
@@ -48,6 +52,7 @@ class StudyInfo(BaseModel):
     config_sha256: str | None = None
     manifest_sha256: str | None = None
     replan_interval: int | None = None
+    observation: str | None = None  # the observation profile the policy received (DESIGN §7)
     journal_schema_version: int | None = None
     draining: bool = False
     summary_stored: bool = False
@@ -138,75 +143,6 @@ class StudyExport(BaseModel):
     cases: list[CaseEntry]
 
 
-class StudyRecords(BaseModel):
-    """What a study's files hold, gathered once for export and verification."""
-
-    cases: list[Case]
-    states: dict[str, CaseState]
-    arms: dict[str, dict[str, ArmResult]]
-    verdicts: dict[str, Verdict]
-    receipts: dict[str, Receipt]  # outcome receipts by call id
-    interval: int | None
-    meta: dict[str, Any]
-
-    def record(self, case: Case) -> CaseRecord:
-        """The classification input of one case (needs C)."""
-        if self.interval is None:
-            raise ExportError("the study has no replan_interval; it never started running")
-        interrupted = self.states[case.case_id] == "interrupted"
-        return case_record(case, self.arms.get(case.case_id, {}), self.receipts, self.interval, interrupted)
-
-
-def receipt_files(study_dir: str | os.PathLike[str], journal: Journal) -> dict[str, Path]:
-    """Every receipts file of a study by its name in the index: the default one and any the index names."""
-    names = [RECEIPTS_FILE] + sorted({row.path for row in journal.receipt_index()} - {RECEIPTS_FILE})
-    return {name: Path(study_dir) / name for name in names}
-
-
-def is_evaluation(meta: dict[str, Any]) -> bool:
-    """Whether a study is a baseline evaluation (episode labels) rather than a rescue study."""
-    return meta.get("kind") == "evaluation"
-
-
-def replan_interval(meta: dict[str, Any]) -> int | None:
-    """The study's replanning interval C from its meta, or None before it ever ran."""
-    value = meta.get("replan_interval")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def read_study(study_dir: str | os.PathLike[str], journal: Journal) -> StudyRecords:
-    """Gather cases, states, arms, verdicts and outcome receipts from an open journal."""
-    receipts: dict[str, Receipt] = {}
-    for path in receipt_files(study_dir, journal).values():
-        receipts.update(outcome_receipts(path))
-    meta = journal.meta()
-    return StudyRecords(
-        cases=journal.cases(),
-        states={row.case_id: row.state for row in journal.rows()},
-        arms=journal.all_arms(),
-        verdicts=journal.verdicts(),
-        receipts=receipts,
-        interval=replan_interval(meta),
-        meta=meta,
-    )
-
-
-def study_summary(records: StudyRecords, verdicts: dict[str, Verdict] | None = None) -> Summary:
-    """The summary over finished and interrupted cases with a verdict (stored ones by default).
-
-    Raises ExportError when the verdicts break the summary's invariants (`rescue verify` says where).
-    """
-    verdicts = records.verdicts if verdicts is None else verdicts
-    chosen = [
-        c for c in records.cases
-        if records.states[c.case_id] in SUMMARIZED_STATES and c.case_id in verdicts
-    ]
-    try:
-        return summarize([records.record(c) for c in chosen], [verdicts[c.case_id] for c in chosen])
-    except ValueError as exc:
-        raise ExportError(f"the study's verdicts cannot be summarized: {exc}") from None
-
-
 def coverage(records: StudyRecords, pilot: bool) -> Coverage:
     """Counts of one cohort's cases by state, and how many the summary covers."""
     out = Coverage()
@@ -263,7 +199,7 @@ def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
         reason=v.reason if v else None,
         in_m=v.in_m if v else None,
         in_e=v.in_e if v else None,
-        query_step=query_point(case.horizon, records.interval) if records.interval else None,
+        query_step=query_point(case.horizon, records.interval),
         call_id=assisted.assistance.call_id if assisted else None,
         control=_arm_entry(arms.get("control")),
         assisted=_arm_entry(assisted),
@@ -295,17 +231,19 @@ def _episode_row(records: StudyRecords, case: Case, result_sha256: str | None) -
 
 def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case) -> StudyExport:
     """Read a study (read-only) into one StudyExport document."""
-    with Journal.open(study_dir, readonly=True, case_type=case_type) as journal:
+    layout = StudyLayout.of(study_dir)
+    with open_journal(study_dir, case_type=case_type) as journal:
         records = read_study(study_dir, journal)
         all_receipts: list[Receipt] = []
-        for path in receipt_files(study_dir, journal).values():
+        for path in receipt_files(layout, journal).values():
             if path.exists():
                 all_receipts.extend(read_receipts(path))
         draining = journal.draining()
         stored_digests = {(row.case_id, row.arm): row.digest for row in journal.arm_rows()}
     meta = records.meta
     summary, episodes, rows = None, None, None
-    if is_evaluation(meta):
+    evaluation = records.config.is_evaluation
+    if evaluation:
         # Imported here: only evaluation studies need the episode summary.
         from rescue.evaluation import summarize_eval
 
@@ -316,11 +254,12 @@ def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
     return StudyExport(
         study=StudyInfo(
             study_id=meta.get("study_id"),
-            kind="evaluation" if is_evaluation(meta) else "rescue",
+            kind="evaluation" if evaluation else "rescue",
             created_at=meta.get("created_at"),
             config_sha256=meta.get("config_sha256"),
             manifest_sha256=meta.get("manifest_sha256"),
             replan_interval=records.interval,
+            observation=records.config.policy.observation,
             journal_schema_version=meta.get("schema_version"),
             draining=draining,
             summary_stored=SUMMARY_KEY in meta,
@@ -332,17 +271,6 @@ def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         usage=usage_summary(all_receipts),
         cases=[_case_entry(records, case) for case in records.cases],
     )
-
-
-def store_summary(study_dir: str | os.PathLike[str], case_type: type[Case] = Case) -> Summary:
-    """Compute the study's summary from its stored verdicts and keep it in the journal's meta."""
-    with Journal.open(study_dir, case_type=case_type) as journal:
-        records = read_study(study_dir, journal)
-        if is_evaluation(records.meta):
-            raise ExportError("an evaluation study has no rescue summary to store")
-        summary = study_summary(records)
-        journal.set_summary(summary)
-    return summary
 
 
 # --- files -------------------------------------------------------------------
@@ -392,7 +320,8 @@ def episode_csv_rows(export: StudyExport) -> list[dict[str, str]]:
 
 def export_paths(study_dir: str | os.PathLike[str]) -> tuple[Path, Path]:
     """The default JSON and CSV paths of a study's export."""
-    return Path(study_dir) / EXPORT_JSON, Path(study_dir) / EXPORT_CSV
+    layout = StudyLayout.of(study_dir)
+    return layout.export_json, layout.export_csv
 
 
 def _write_atomic(path: Path, text: str) -> None:

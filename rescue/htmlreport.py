@@ -6,8 +6,8 @@ import html
 import os
 from pathlib import Path
 
-from rescue.engine import FRAMES_DIR
 from rescue.export import StudyExport, export_study
+from rescue.layout import LayoutError, StudyLayout
 
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
@@ -58,7 +58,10 @@ def _summary(export: StudyExport) -> str:
 
 
 def _frames(study: Path, out_dir: Path, case_id: str) -> str:
-    folder = study / FRAMES_DIR / case_id
+    try:
+        folder = StudyLayout.of(study).keyframe(case_id, "control", "end").parent
+    except LayoutError:
+        return ""
     if not folder.is_dir():
         return ""
     figures = []
@@ -94,7 +97,7 @@ def _case(study: Path, out_dir: Path, case) -> str:
 def write_report(study_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
     """Write the study's HTML report (default `<study>/report.html`) and return its path."""
     study = Path(study_dir)
-    out_path = Path(out) if out else study / "report.html"
+    out_path = Path(out) if out else StudyLayout.of(study).report
     export = export_study(study)
     info = export.study
     body = (

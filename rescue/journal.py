@@ -30,10 +30,10 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from rescue.digest import digest_json
+from rescue.layout import StudyLayout
 from rescue.manifest import Case
 from rescue.records import ArmResult, Verdict
 
-JOURNAL_FILE = "journal.sqlite"
 # 2: arms.digest and receipts.line_sha256.
 SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 60.0
@@ -146,7 +146,7 @@ def arm_digest(result: ArmResult) -> str:
 
 def journal_path(study_dir: str | os.PathLike[str]) -> Path:
     """Where a study's journal lives."""
-    return Path(study_dir) / JOURNAL_FILE
+    return StudyLayout.of(study_dir).journal
 
 
 def _connect(path: Path, *, readonly: bool, must_exist: bool) -> sqlite3.Connection:

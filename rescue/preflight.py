@@ -22,9 +22,10 @@ import numpy as np
 import structlog
 from pydantic import BaseModel
 
-from rescue.arm import ArmSpec, KeepaliveError, policy_seed, run_arm, wait_with_keepalive
+from rescue.arm import ArmSpec, KeepaliveError, run_arm, wait_with_keepalive
 from rescue.config import StudyConfig
-from rescue.engine import Services, start_services
+from rescue.layout import StudyLayout
+from rescue.services import Services, resolved_config, start_services
 from rescue.manifest import Case, load_manifest
 from rescue.policy.ws_client import PolicyConnectionClosed, PolicyServerError, WebsocketPolicyClient
 from rescue.records import ArmResult
@@ -97,7 +98,7 @@ async def _one_arm(case: Case, config: StudyConfig, services: Services) -> ArmRe
     try:
         policy = AsyncRuleWrapper(await _connect(services), config.rules)
         try:
-            return await run_arm(case.model_dump(mode="json"), spec, sim, policy)
+            return await run_arm(case, spec, sim, policy)
         finally:
             await policy.close()
     finally:
@@ -160,7 +161,7 @@ async def _idle_hold(case: Case, config: StudyConfig, services: Services, idle_s
     name = "idle hold"
     every = config.keepalive_s
     obs = await _first_obs(case, services)
-    seed = policy_seed(case.model_dump(mode="json"))
+    seed = case.policy_seed
     client = await _connect(services)
     try:
         await client.reset()
@@ -263,7 +264,8 @@ async def run_preflight(
     url, rng_control = None, None
     with tempfile.TemporaryDirectory(prefix="preflight-") as tmp:
         try:
-            async with start_services(run_config, Path(workdir or tmp)) as services:
+            run_config = await resolved_config(run_config)
+            async with start_services(run_config, StudyLayout.of(workdir or tmp)) as services:
                 url = services.policy_url
                 rng_check, rng_control = await check_rng_extension(services)
                 checks.append(rng_check)

@@ -70,7 +70,9 @@ class ArmResult(BaseModel):
     success: bool | None = None
     steps: int = 0
     fingerprint: str | None = None
-    image_fingerprint: dict[str, str] = Field(default_factory=dict)
+    # The digest of each part of the initial state (physics, proprioception, instruction, layout,
+    # model XML...), so that a deviation names what differed.
+    fingerprint_parts: dict[str, str] = Field(default_factory=dict)
     trace: list[TraceRow] = Field(default_factory=list)
     assistance: Assistance
     rule_firings: list[dict] = Field(default_factory=list)  # step, rule, chunk digests before/after

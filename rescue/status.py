@@ -12,11 +12,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from rescue.export import is_evaluation, receipt_files, replan_interval
-from rescue.journal import STATES, Journal
+from rescue.journal import STATES
+from rescue.layout import StudyLayout
 from rescue.manifest import Case
 from rescue.records import Receipt
 from rescue.stats import LABELS
+from rescue.study import load_study_config, open_journal, receipt_files
 from rescue.vlm.receipts import scan_receipts
 from rescue.vlm.usage import UsageSummary, usage_summary
 
@@ -39,13 +40,14 @@ class StudyStatus(BaseModel):
 
 def study_status(study_dir: str | os.PathLike[str], case_type: type[Case] = Case) -> StudyStatus:
     """Read a study's state without taking any lock a worker would wait on."""
-    with Journal.open(study_dir, readonly=True, case_type=case_type) as journal:
+    config = load_study_config(study_dir)
+    with open_journal(study_dir, case_type=case_type) as journal:
         meta = journal.meta()
         cases = journal.cases()
         verdicts = journal.verdicts()
         draining = journal.draining()
         counts = journal.counts()
-        paths = list(receipt_files(study_dir, journal).values())
+        paths = list(receipt_files(StudyLayout.of(study_dir), journal).values())
     pilot = {c.case_id for c in cases if c.pilot}
     main_labels = Counter(v.label for cid, v in verdicts.items() if cid not in pilot)
     pilot_labels = Counter(v.label for cid, v in verdicts.items() if cid in pilot)
@@ -62,14 +64,14 @@ def study_status(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         if scan.truncated_tail is not None:
             notes.append(f"{Path(path).name}: last line cut short")
     # Zero-filled in a fixed order, plus any label the study's rules add.
-    known = ("success", "failure", "unknown") if is_evaluation(meta) else LABELS
+    known = ("success", "failure", "unknown") if config.is_evaluation else LABELS
     order = list(known) + sorted((set(main_labels) | set(pilot_labels)) - set(known))
     return StudyStatus(
         study_id=meta.get("study_id"),
-        kind="evaluation" if is_evaluation(meta) else "rescue",
+        kind="evaluation" if config.is_evaluation else "rescue",
         cases=len(cases),
         pilot_cases=len(pilot),
-        replan_interval=replan_interval(meta),
+        replan_interval=config.policy.replan_interval,
         draining=draining,
         states={s: counts.get(s, 0) for s in STATES},
         labels={label: main_labels.get(label, 0) for label in order},

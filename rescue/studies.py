@@ -10,21 +10,14 @@ from typing import Callable
 
 from rescue import logs
 from rescue.config import StudyConfig
-from rescue.engine import (
-    MANIFEST_FILE,
-    StudyError,
-    complement_manifest,
-    create_study,
-    is_evaluation,
-    load_study_config,
-    new_study_dir,
-    recover,
-    run_study,
-)
+from rescue.engine import complement_manifest, recover, run_study
 from rescue.evaluation import EvalSummary, episode_cases, failure_cases, mark_pilot, summarize_eval
 from rescue.journal import Journal
+from rescue.layout import StudyLayout
 from rescue.manifest import Case, Manifest, load_manifest, parse_manifest, write_manifest
 from rescue.records import Verdict
+from rescue.services import check_live_identity, resolved_config
+from rescue.study import StudyError, create_study, load_study_config, new_study_dir, open_journal
 
 OnCase = Callable[[Verdict], None] | None
 
@@ -35,30 +28,41 @@ def _manifest_of(cases: list[Case], source: str) -> Manifest:
 
 
 def _run(study_dir: Path, on_case: OnCase, verbose: bool) -> None:
-    logs.configure(study_dir / "events.jsonl", verbose)
+    logs.configure(StudyLayout.of(study_dir).events, verbose)
     asyncio.run(run_study(study_dir, on_case))
+
+
+def new_study(study_dir: Path | None, manifest: Manifest, config: StudyConfig, extra_meta: dict | None = None) -> Path:
+    """Fix the study's identity against its policy server, then create its folder (nothing on failure)."""
+    study_dir = Path(study_dir) if study_dir else new_study_dir()
+    create_study(study_dir, manifest, asyncio.run(resolved_config(config)), extra_meta)
+    return study_dir
 
 
 def run_manifest(
     manifest_path: Path, study_dir: Path | None, config: StudyConfig, on_case: OnCase = None, verbose: bool = False
 ) -> Path:
     """Create a study from a manifest and run every case."""
-    manifest = load_manifest(manifest_path)
-    study_dir = Path(study_dir) if study_dir else new_study_dir()
-    create_study(study_dir, manifest, config, {"kind": "evaluation" if is_evaluation(config) else "rescue"}).close()
+    study_dir = new_study(study_dir, load_manifest(manifest_path), config)
     _run(study_dir, on_case, verbose)
     return study_dir
 
 
 def resume(study_dir: Path, on_case: OnCase = None, verbose: bool = False) -> list[str]:
-    """Record started-unfinished cases as unknown (interrupted), then run the never-started ones."""
+    """Record started-unfinished cases as unknown (interrupted), then run the never-started ones.
+
+    The policy server is checked against the study's identity first: a server
+    announcing another action horizon or profile is refused with nothing written.
+    """
     study_dir = Path(study_dir)
-    with Journal.open(study_dir) as journal:
+    with open_journal(study_dir) as journal:
         meta = journal.meta()
-        if meta.get("continued_by"):
-            raise StudyError(f"{study_dir} was continued by {meta['continued_by']}; resume that study instead")
+    if meta.get("continued_by"):
+        raise StudyError(f"{study_dir} was continued by {meta['continued_by']}; resume that study instead")
+    asyncio.run(check_live_identity(load_study_config(study_dir)))
+    with Journal.open(study_dir) as journal:
         journal.clear_drain()
-    logs.configure(study_dir / "events.jsonl", verbose)
+    logs.configure(StudyLayout.of(study_dir).events, verbose)
     interrupted = recover(study_dir)
     _run(study_dir, on_case, verbose)
     return interrupted
@@ -67,18 +71,22 @@ def resume(study_dir: Path, on_case: OnCase = None, verbose: bool = False) -> li
 def continue_from(prior: Path, new_dir: Path, on_case: OnCase = None, verbose: bool = False) -> Path:
     """Run the never-claimed complement of a prior study as a new study (partition by claim)."""
     prior, new_dir = Path(prior), Path(new_dir)
+    with open_journal(prior) as journal:
+        meta = journal.meta()
+    if meta.get("continued_by"):
+        raise StudyError(f"{prior} was already continued by {meta['continued_by']}")
+    config = load_study_config(prior)
+    # The continuation is the same study in two parts: same identity, same server.
+    asyncio.run(check_live_identity(config))
     recover(prior)
     cases = complement_manifest(prior)
     if not cases:
         raise StudyError(f"{prior} has no never-started case to continue with")
-    config = load_study_config(prior)
     with Journal.open(prior) as journal:
-        if journal.meta().get("continued_by"):
-            raise StudyError(f"{prior} was already continued by {journal.meta()['continued_by']}")
         # Close the prior study to dispatch first, so no case can run in both.
         journal.set_meta("continued_by", str(new_dir))
         journal.request_drain()
-    create_study(new_dir, _manifest_of(cases, str(Path(prior) / MANIFEST_FILE)), config, {"kind": "rescue", "continues": str(prior)}).close()
+    create_study(new_dir, _manifest_of(cases, str(StudyLayout.of(prior).manifest)), config, {"continues": str(prior)})
     _run(new_dir, on_case, verbose)
     return new_dir
 
@@ -100,24 +108,23 @@ def evaluate(
     horizon = horizon or SUITE_HORIZON[suite]
     cases = episode_cases(suite, tasks, episodes, horizon, first_init)
     config = config.model_copy(update={"arms": ("control",)})
-    study_dir = Path(study_dir) if study_dir else new_study_dir()
-    create_study(study_dir, _manifest_of(cases, f"{suite} x{episodes}"), config, {"kind": "evaluation"}).close()
+    study_dir = new_study(study_dir, _manifest_of(cases, f"{suite} x{episodes}"), config)
     _run(study_dir, on_case, verbose)
     return study_dir
 
 
 def eval_summary(study_dir: Path) -> EvalSummary:
     """Success per task and group of an evaluation study, with unknown and unexecuted episodes."""
-    with Journal.open(study_dir, readonly=True) as journal:
+    with open_journal(study_dir) as journal:
         return summarize_eval(journal.cases(), journal.verdicts())
 
 
 def manifest_from_eval(eval_dir: Path, out: Path, pilot_tasks: int = 0, limit: int | None = None) -> list[Case]:
     """Write the failure manifest of an evaluation study, with fingerprints and provenance."""
-    with Journal.open(eval_dir, readonly=True) as journal:
+    if not load_study_config(eval_dir).is_evaluation:
+        raise StudyError(f"{eval_dir} is not an evaluation study")
+    with open_journal(eval_dir) as journal:
         meta = journal.meta()
-        if meta.get("kind") != "evaluation":
-            raise StudyError(f"{eval_dir} is not an evaluation study")
         provenance = {
             "eval_study": meta.get("study_id"),
             "eval_config_sha256": meta.get("config_sha256"),

@@ -11,23 +11,22 @@ from __future__ import annotations
 
 import math
 import os
-import sqlite3
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from rescue.classify import classify
+from rescue.config import StudyConfig
 from rescue.digest import digest_bytes, digest_text
-from rescue.engine import CONFIG_FILE, MANIFEST_FILE, load_study_config
-from rescue.export import ExportError, StudyRecords, is_evaluation, receipt_files, replan_interval, study_summary
-from rescue.journal import SUMMARY_KEY, Journal, JournalError, arm_digest
+from rescue.journal import SUMMARY_KEY, Journal, arm_digest
+from rescue.layout import CONFIG, MANIFEST, LayoutError, StudyLayout
 from rescue.manifest import Case, ManifestError, load_manifest
 from rescue.proofs import trace_is_regular
 from rescue.querypoint import query_point
 from rescue.records import ArmResult, Receipt, Verdict
 from rescue.stats import Summary
+from rescue.study import StudyError, StudyRecords, SummaryError, load_study_config, open_journal, receipt_files, study_summary
 from wrappers.injection import inject, parse_injection
 
 
@@ -125,6 +124,7 @@ def _diff(stored: Any, fresh: Any, where: str = "") -> list[str]:
 class _Verifier:
     def __init__(self, study_dir: Path, journal: Journal):
         self.dir = study_dir
+        self.layout = StudyLayout.of(study_dir)
         self.journal = journal
         self.report = VerifyReport()
         self.checked: Counter[str] = Counter()
@@ -137,42 +137,48 @@ class _Verifier:
 
     # --- study files ---------------------------------------------------------
 
-    def check_files(self, cases: list[Case], meta: dict[str, Any]) -> None:
-        manifest_path = self.dir / MANIFEST_FILE
+    def check_files(self, cases: list[Case], meta: dict[str, Any]) -> StudyConfig | None:
+        """Check the manifest copy and the configuration; return the configuration when it loads."""
+        config = None
+        manifest_path = self.layout.manifest
         if not manifest_path.exists():
-            self.problem("manifest", None, f"the study folder has no {MANIFEST_FILE}")
+            self.problem("manifest", None, f"the study folder has no {MANIFEST}")
         else:
             try:
                 manifest = load_manifest(manifest_path, self.journal.case_type)
             except ManifestError as exc:
-                self.problem("manifest", None, f"{MANIFEST_FILE} does not load: {exc.problems[0]}")
+                self.problem("manifest", None, f"{MANIFEST} does not load: {exc.problems[0]}")
             else:
                 listed = [c.case_id for c in manifest.cases]
                 held = [c.case_id for c in cases]
                 if listed != held:
-                    self.problem("manifest", None, f"{MANIFEST_FILE} lists {len(listed)} cases, "
+                    self.problem("manifest", None, f"{MANIFEST} lists {len(listed)} cases, "
                                  f"the journal {len(held)}, or in another order")
                 for a, b in zip(manifest.cases, cases):
                     if a.case_id == b.case_id and a != b:
-                        self.problem("manifest", a.case_id, f"case differs between {MANIFEST_FILE} and the journal")
-        config_path = self.dir / CONFIG_FILE
-        if not config_path.exists():
-            self.problem("config", None, f"the study folder has no {CONFIG_FILE}")
-        else:
-            try:
-                sha = load_study_config(self.dir).sha256()
-            except (ValueError, OSError) as exc:
-                self.problem("config", None, f"{CONFIG_FILE} does not load: {str(exc).splitlines()[0]}")
-            else:
-                if sha != meta.get("config_sha256"):
-                    self.problem("config", None, f"{CONFIG_FILE} hashes to {sha}, "
-                                 f"the journal recorded {meta.get('config_sha256')}")
+                        self.problem("manifest", a.case_id, f"case differs between {MANIFEST} and the journal")
+        try:
+            config = load_study_config(self.dir)
+        except (StudyError, ValueError, OSError) as exc:
+            self.problem("config", None, f"{CONFIG} does not load: {str(exc).splitlines()[0]}")
+            return None
+        sha = config.sha256()
+        if sha != meta.get("config_sha256"):
+            self.problem("config", None, f"{CONFIG} hashes to {sha}, the journal recorded {meta.get('config_sha256')}")
+        if config.policy.replan_interval is None:
+            self.problem("config", None, f"{CONFIG} holds no replan_interval (C); cases cannot be re-classified")
+            return None
+        return config
 
     # --- keyframes: the stored PNGs are the ones the arm recorded ------------
 
     def check_keyframes(self, case_id: str, arm: ArmResult) -> None:
         for name, sha in arm.keyframes.items():
-            path = self.dir / "frames" / case_id / f"{arm.arm}-{name}.png"
+            try:
+                path = self.layout.keyframe(case_id, arm.arm, name)
+            except LayoutError as exc:
+                self.problem("keyframes", case_id, f"{arm.arm} keyframe {name!r}: {exc}")
+                continue
             if not path.exists():
                 self.problem("keyframes", case_id, f"{arm.arm} keyframe {name} is missing ({path.name})")
             elif digest_bytes(path.read_bytes()) != sha:
@@ -213,7 +219,7 @@ class _Verifier:
     def load_receipts(self) -> tuple[dict[str, Receipt], dict[tuple[str, str], list[ReceiptLine]]]:
         receipts: dict[str, Receipt] = {}
         outcomes: dict[tuple[str, str], list[ReceiptLine]] = {}  # (path, call id) -> outcome lines
-        for name, path in receipt_files(self.dir, self.journal).items():
+        for name, path in receipt_files(self.layout, self.journal).items():
             lines = read_receipt_lines(path)
             for i, line in enumerate(lines):
                 self.checked["receipt lines"] += 1
@@ -226,8 +232,8 @@ class _Verifier:
                     continue
                 if line.receipt.kind == "outcome":
                     outcomes.setdefault((name, line.receipt.call_id), []).append(line)
-                    # Last one wins, as when the engine classified.
-                    receipts[line.receipt.call_id] = line.receipt
+                    # The first outcome line of a call is its outcome (the receipts reader's rule).
+                    receipts.setdefault(line.receipt.call_id, line.receipt)
         for (name, call_id), lines in outcomes.items():
             if len(lines) > 1:
                 for case_id in lines[0].receipt.case_ids:
@@ -313,13 +319,7 @@ class _Verifier:
     @staticmethod
     def classify(records: StudyRecords, case: Case) -> Verdict:
         """The verdict a case's records classify to, by the rules its study was run under."""
-        interrupted = records.states[case.case_id] == "interrupted"
-        if is_evaluation(records.meta):
-            # Imported here: only evaluation studies label episodes.
-            from rescue.evaluation import classify_episode
-
-            return classify_episode(case.case_id, records.arms.get(case.case_id, {}).get("control"), interrupted)
-        return classify(records.record(case))
+        return records.classify(case)
 
     # --- (d) traces, (e) injection -------------------------------------------
 
@@ -399,7 +399,7 @@ class _Verifier:
     def check_summary(self, records: StudyRecords, fresh: dict[str, Verdict]) -> None:
         try:
             summary = study_summary(records, fresh)
-        except ExportError as exc:
+        except SummaryError as exc:
             self.problem("summary", None, str(exc))
             return
         stored = records.meta.get(SUMMARY_KEY)
@@ -446,8 +446,8 @@ def verify_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
     """Re-check a study from its raw records; the report lists every disagreement found."""
     study_dir = Path(study_dir)
     try:
-        journal = Journal.open(study_dir, readonly=True, case_type=case_type)
-    except (JournalError, sqlite3.Error) as exc:
+        journal = open_journal(study_dir, case_type=case_type)
+    except StudyError as exc:
         return VerifyReport(problems=[Problem(check="journal", message=str(exc))])
     with journal:
         v = _Verifier(study_dir, journal)
@@ -456,21 +456,17 @@ def verify_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         cases = journal.cases()
         states = {row.case_id: row.state for row in journal.rows()}
         v.checked["cases"] = len(cases)
-        v.check_files(cases, meta)
+        config = v.check_files(cases, meta)
         v.check_counts(cases, states)
         arms = v.load_arms(states)
         receipts, outcomes = v.load_receipts()
         v.check_receipt_index(outcomes, arms)
         stored = v.stored_verdicts()
-        interval = replan_interval(meta)
-        if interval is None:
-            if any(state != "pending" for state in states.values()):
-                v.problem("config", None, "cases were claimed but the journal holds no replan_interval (C)")
-        else:
+        if config is not None:
             records = StudyRecords(
-                cases=cases, states=states, arms=arms, verdicts=stored,
-                receipts=receipts, interval=interval, meta=meta,
+                config=config, cases=cases, states=states, arms=arms, verdicts=stored, receipts=receipts, meta=meta,
             )
+            interval = config.interval
             fresh = v.check_verdicts(records, stored)
             for case in cases:
                 by_arm = arms.get(case.case_id, {})
@@ -478,7 +474,7 @@ def verify_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
                     v.check_trace(case.case_id, arm, interval)
                     v.check_keyframes(case.case_id, arm)
                 v.check_instructions(case, by_arm, interval)
-            if not is_evaluation(meta):
+            if not config.is_evaluation:
                 v.check_invariant(records, stored, "stored")
                 v.check_invariant(records, fresh, "recomputed")
                 v.check_summary(records, fresh)

@@ -91,3 +91,12 @@ def kill_mid_study(args: list[str], study: Path, timeout: float = 300) -> None:
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def resolved_config(interval: int, **fields):
+    """A study configuration with its identity resolved (C fixed, nothing announced), as a created study holds."""
+    from rescue.config import StudyConfig
+
+    config = StudyConfig(**fields)
+    policy = config.policy.model_copy(update={"replan_interval": interval, "announced": {}})
+    return config.model_copy(update={"policy": policy})

@@ -25,7 +25,8 @@ from rescue.compare import (
 )
 from rescue.config import StudyConfig
 from rescue.digest import digest_text
-from rescue.engine import StudyError, create_study, recover
+from rescue.engine import recover
+from rescue.study import StudyError, create_study
 from rescue.evaluation import classify_episode, episode_cases, summarize_eval, summarize_labels
 from rescue.journal import Journal
 from rescue.manifest import Case, parse_manifest
@@ -217,8 +218,9 @@ def test_seed_group_rates_through_the_comparison():
 def write_side(folder, cases: list[Case], results: dict[str, tuple[bool | None, str | None]], config: StudyConfig):
     """Play the engine's part on a real journal: claim, record the control arm, finish; None: crash mid-way."""
     manifest = parse_manifest("".join(c.model_dump_json() + "\n" for c in cases).encode(), "episodes")
-    with create_study(folder, manifest, config, {"kind": "evaluation"}) as journal:
-        journal.set_meta("replan_interval", 8)
+    policy = config.policy.model_copy(update={"replan_interval": 8, "announced": {}})
+    create_study(folder, manifest, config.model_copy(update={"policy": policy}), {"kind": "evaluation"})
+    with Journal.open(folder) as journal:
         for case_id, (success, fingerprint) in results.items():
             journal.claim(case_id, "w0")
             if success is None:

@@ -18,16 +18,16 @@ import numpy as np
 import pytest
 
 from rescue.classify import classify
-from rescue.config import StudyConfig
 from rescue.digest import digest_array, digest_obs, digest_text
-from rescue.engine import RECEIPTS_FILE, case_record, create_study, outcome_receipts, recover
+from rescue.engine import recover
+from rescue.layout import RECEIPTS as RECEIPTS_FILE
+from rescue.study import case_record, create_study, outcome_receipts, store_summary
 from rescue.export import (
     CSV_COLUMNS,
     EXPORT_SCHEMA,
     csv_rows,
     export_paths,
     export_study,
-    store_summary,
     write_export,
 )
 from rescue.journal import SUMMARY_KEY, Journal, JournalError, arm_digest
@@ -38,6 +38,8 @@ from rescue.status import render_status, study_status
 from rescue.verify import outcome_line_sha256, verify_study
 from rescue.vlm.receipts import ReceiptLog
 from wrappers.injection import inject
+
+from conftest import resolved_config
 
 H, C = 220, 16
 Q = query_point(H, C)  # 112
@@ -158,8 +160,8 @@ class Driver:
 def build_study(study: Path) -> Path:
     data = "".join(json.dumps(line) + "\n" for line in manifest_lines()).encode()
     manifest = parse_manifest(data, "manifest.jsonl")
-    journal = create_study(study, manifest, StudyConfig())
-    journal.set_meta("replan_interval", C)
+    create_study(study, manifest, resolved_config(C))
+    journal = Journal.open(study)
     log = ReceiptLog(study / RECEIPTS_FILE)
     drive = Driver(study, journal)
 
@@ -472,8 +474,8 @@ def test_evaluation_study_verifies_and_exports_episode_rates(tmp_path):
     ]
     manifest = parse_manifest("".join(json.dumps(l) + "\n" for l in lines).encode(), "manifest.jsonl")
     study = tmp_path / "eval"
-    with create_study(study, manifest, StudyConfig(arms=("control",)), {"kind": "evaluation"}) as journal:
-        journal.set_meta("replan_interval", C)
+    create_study(study, manifest, resolved_config(C, arms=("control",)))
+    with Journal.open(study) as journal:
         for case_id, success in (("ep-0", True), ("ep-1", False)):
             journal.claim(case_id, "w")
             result = arm_result(case_id, "control", success=success, steps=96 if success else H)

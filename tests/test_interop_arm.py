@@ -10,7 +10,7 @@ import structlog
 from openpi_server import WebsocketPolicyServer
 
 from conftest import write_cases
-from rescue.arm import ArmSpec, policy_seed, run_arm
+from rescue.arm import ArmSpec, run_arm
 from rescue.config import load_config
 from rescue.digest import digest_text
 from rescue.env.pool import SimPool
@@ -31,10 +31,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def _openpi(case: dict) -> tuple[str, asyncio.Task]:
+async def _openpi(case) -> tuple[str, asyncio.Task]:
     """The scripted policy behind openpi's server: one shared instance, no reset, no RNG control."""
     policy = make_policy()
-    policy.reset_rng(policy_seed(case))  # seeded once in process, as a plain openpi deployment would be
+    policy.reset_rng(case.policy_seed)  # seeded once in process, as a plain openpi deployment would be
     port = _free_port()
     server = WebsocketPolicyServer(policy, host="127.0.0.1", port=port, metadata={"action_horizon": INTERVAL})
     return f"ws://127.0.0.1:{port}", asyncio.create_task(server.run())
@@ -46,7 +46,7 @@ async def _stop(task: asyncio.Task) -> None:
         await task
 
 
-async def _arm(url: str, case: dict, sim) -> tuple:
+async def _arm(url: str, case, sim) -> tuple:
     # As the engine connects: the client behind the (here rule-less) rule wrapper.
     policy = AsyncRuleWrapper(await WebsocketPolicyClient.connect(url, connect_timeout_s=10), RulesConfig())
     try:
@@ -59,7 +59,7 @@ async def _arm(url: str, case: dict, sim) -> tuple:
 
 
 def test_arm_completes_against_openpi_server_without_rng_extension(tmp_path):
-    case = load_manifest(write_cases(tmp_path / "m.jsonl", 1, horizon=HORIZON)).cases[0].model_dump(mode="json")
+    case = load_manifest(write_cases(tmp_path / "m.jsonl", 1, horizon=HORIZON)).cases[0]
 
     async def main():
         pool = SimPool(1, "rescue.env.libero:LiberoAdapter", log_path=str(tmp_path / "sim.log"))
@@ -98,7 +98,7 @@ def test_arm_completes_against_openpi_server_without_rng_extension(tmp_path):
 
 def test_preflight_reports_a_server_without_rng_extension(tmp_path):
     manifest = load_manifest(write_cases(tmp_path / "m.jsonl", 1, horizon=HORIZON))
-    case = manifest.cases[0].model_dump(mode="json")
+    case = manifest.cases[0]
 
     async def main():
         url, task = await _openpi(case)

@@ -12,7 +12,8 @@ import sys
 
 from conftest import ROOT, cli_env, rescue_cli, write_cases
 from rescue.config import load_config
-from rescue.engine import start_services
+from rescue.layout import StudyLayout
+from rescue.services import resolved_config, start_services
 from rescue.manifest import load_manifest
 from rescue.policy.bundled import policy_metadata
 from rescue.policy.scripted import make_policy
@@ -110,8 +111,8 @@ def test_idle_hold_fails_when_the_server_drops_connections_between_probes(tmp_pa
         server = PolicyServer(make_policy, policy_metadata(make_policy, "scripted"), idle_timeout_s=1.0)
         url = await server.start()
         try:
-            config = load_config(None, {"policy.url": url, "env.simulators": 1, "arms": ["control"]})
-            async with start_services(config, tmp_path) as services:
+            config = await resolved_config(load_config(None, {"policy.url": url, "env.simulators": 1, "arms": ["control"]}))
+            async with start_services(config, StudyLayout.of(tmp_path)) as services:
                 sparse = await check_idle_hold(case, config.model_copy(update={"keepalive_s": 30.0}), services, 3.0)
                 dense = await check_idle_hold(case, config.model_copy(update={"keepalive_s": 0.3}), services, 3.0)
             return sparse, dense

@@ -96,6 +96,9 @@ def build_network(horizon: int, hidden: int = 256, n_phases: int = 7):
 class LearnedPolicy:
     """The frozen network behind the policy interface: `infer(obs) -> {"actions": (C, 7)}`."""
 
+    # The observation profile it reads (DESIGN §7), announced in the server's metadata.
+    observation = "privileged"
+
     def __init__(self, checkpoint: str | Path = DEFAULT_CHECKPOINT, action_noise: float | None = None, seed: int = 0):
         import torch
 

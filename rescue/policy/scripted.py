@@ -27,6 +27,9 @@ STEP_GAIN = 0.05 * 0.3
 class ScriptedPickPlace:
     """Phase-machine pick-and-place with seeded grasp error; a reference, not a VLA."""
 
+    # The observation profile it reads (DESIGN §7), announced in the server's metadata.
+    observation = "privileged"
+
     def __init__(self, action_horizon: int = 8, grasp_noise: float = 0.013, action_noise: float = 0.08, seed: int = 0):
         self.action_horizon = action_horizon
         self.grasp_noise = grasp_noise

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hmac
-import importlib
+import pkgutil
 import os
 import signal
 import time
@@ -219,12 +219,23 @@ def load_factory(spec: str) -> Callable[[], Policy]:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"expected MODULE:FACTORY, got {spec!r}")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
+    obj: Any = pkgutil.resolve_name(spec)
     if not callable(obj):
         raise TypeError(f"{spec} is not callable")
     return obj
+
+
+def policy_metadata(factory: Callable[[], object], spec: str) -> dict:
+    """Metadata announced first on every connection: the factory, its action horizon and observation profile."""
+    sample = factory()
+    metadata: dict = {"policy": spec}
+    horizon = getattr(sample, "action_horizon", None)
+    if horizon is not None:
+        metadata["action_horizon"] = int(horizon)
+    observation = getattr(sample, "observation", None)
+    if observation is not None:
+        metadata["observation"] = str(observation)
+    return metadata
 
 
 async def run_forever(server: PolicyServer) -> None:
@@ -257,14 +268,10 @@ def serve_main(argv: list[str] | None = None) -> int:
         if not api_key:
             parser.error(f"environment variable {args.api_key_env} is unset or empty")
     factory = load_factory(args.policy)
-    metadata: dict[str, Any] = {"policy": args.policy}
-    # Clients read the replanning interval from the metadata when the policy declares one.
-    horizon = getattr(factory(), "action_horizon", None)
-    if horizon is not None:
-        metadata["action_horizon"] = int(horizon)
     server = PolicyServer(
         factory,
-        metadata=metadata,
+        # Clients read the replanning interval and the observation profile from it when declared.
+        metadata=policy_metadata(factory, args.policy),
         host=args.host,
         port=args.port,
         api_key=api_key,

@@ -1,0 +1,252 @@
+"""The read model of a study: its configuration, records and the one classification dispatch.
+
+Everything here reads files (config, journal, receipts) and calls the pure
+core; nothing starts a simulator, a policy or a VLM client. The engine uses
+the same functions to classify a case when it finishes, so a verdict the
+engine stored and one `rescue verify` recomputes come from one code path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from rescue.classify import classify
+from rescue.config import StudyConfig
+from rescue.evaluation import classify_episode
+from rescue.journal import CaseState, Journal
+from rescue.layout import RECEIPTS, StudyLayout
+from rescue.manifest import Case, Manifest, write_manifest
+from rescue.querypoint import query_point
+from rescue.records import ArmResult, CaseRecord, Receipt, Verdict
+from rescue.stats import Summary, summarize
+from rescue.vlm.receipts import read_receipts
+
+
+# The states whose cases carry a verdict and so enter the summary.
+SUMMARIZED_STATES: tuple[CaseState, ...] = ("finished", "interrupted")
+
+
+class StudyError(RuntimeError):
+    """A study folder cannot be created, opened or resumed as asked."""
+
+
+class SummaryError(StudyError):
+    """Stored verdicts that break the summary's invariants."""
+
+
+def new_study_dir(root: str | os.PathLike[str] = "queue") -> Path:
+    """A fresh, unique study folder name under root."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return Path(root) / f"study-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def create_study(study_dir: Path, manifest: Manifest, config: StudyConfig, extra_meta: dict | None = None) -> None:
+    """Lay out a study folder (manifest copy, resolved config and its sha256, journal), all or nothing.
+
+    The folder is built under a private name beside its final one and renamed
+    into place only when complete, so a crash or a full disk leaves either a
+    whole study or nothing at `study_dir`.
+    """
+    study_dir = Path(study_dir)
+    if config.policy.replan_interval is None or config.policy.announced is None:
+        raise StudyError("a study's configuration must have its identity resolved before it is created")
+    if StudyLayout.of(study_dir).is_study() or (study_dir.exists() and any(study_dir.iterdir())):
+        raise StudyError(f"{study_dir} already exists and is not empty; use `rescue resume {study_dir}` for a study")
+    study_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = study_dir.parent / f".{study_dir.name}.creating-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    try:
+        tmp.mkdir()
+        layout = StudyLayout.of(tmp)
+        layout.receipts.parent.mkdir()
+        write_manifest(manifest.cases, layout.manifest)
+        config_json = json.dumps(config.model_dump(mode="json"), indent=2, sort_keys=True)
+        _write_synced(layout.config, config_json + "\n")
+        meta = {
+            "study_id": study_dir.name,
+            "kind": "evaluation" if config.is_evaluation else "rescue",
+            "created_at": time.time(),
+            "config_sha256": config.sha256(),
+            "manifest_sha256": manifest.sha256,
+            "manifest_source": str(manifest.source) if manifest.source else None,
+            **(extra_meta or {}),
+        }
+        Journal.create(tmp, manifest.cases, meta).close()
+        if study_dir.exists():
+            study_dir.rmdir()  # empty (checked above); rename cannot replace a folder that has files
+        os.rename(tmp, study_dir)
+        _fsync_dir(study_dir.parent)
+    except OSError as exc:
+        raise StudyError(f"cannot create the study at {study_dir}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_study_config(study_dir: str | os.PathLike[str]) -> StudyConfig:
+    """The resolved configuration a study was created with."""
+    path = StudyLayout.of(study_dir).config
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise StudyError(f"{study_dir} is not a study folder (no {path.name})") from None
+    try:
+        return StudyConfig.model_validate_json(text)
+    except ValidationError as exc:
+        raise StudyError(f"{path}: not a study configuration ({exc.errors()[0]['msg']})") from None
+
+
+def case_record(case: Case, arms: dict[str, ArmResult], receipts: dict[str, Receipt], interval: int, interrupted: bool) -> CaseRecord:
+    """Gather what DESIGN §3 classification needs for one case."""
+    assisted = arms.get("assisted")
+    receipt = None
+    if assisted is not None and assisted.assistance.call_id:
+        receipt = receipts.get(assisted.assistance.call_id)
+    return CaseRecord(
+        case_id=case.case_id,
+        group=case.group,
+        task=case.task,
+        horizon=case.horizon,
+        query_step=query_point(case.horizon, interval),
+        historical_fingerprint=case.fingerprint,
+        pilot=case.pilot,
+        interrupted=interrupted,
+        control=arms.get("control"),
+        assisted=assisted,
+        receipt=receipt,
+    )
+
+
+def classify_case(
+    config: StudyConfig, case: Case, arms: dict[str, ArmResult], receipts: dict[str, Receipt], interrupted: bool
+) -> Verdict:
+    """A case's verdict under its study's rules: an episode label in an evaluation, DESIGN §3 otherwise."""
+    if config.is_evaluation:
+        return classify_episode(case.case_id, arms.get("control"), interrupted)
+    return classify(case_record(case, arms, receipts, config.interval, interrupted))
+
+
+def receipt_files(layout: StudyLayout, journal: Journal) -> dict[str, Path]:
+    """Every receipts file of a study by its name in the index: the default one and any the index names."""
+    names = [RECEIPTS] + sorted({row.path for row in journal.receipt_index()} - {RECEIPTS})
+    return {name: layout.receipts_file(name) for name in names}
+
+
+def outcome_receipts(path: Path) -> dict[str, Receipt]:
+    """Outcome receipts of one file by call id; the first outcome line of a call is its outcome."""
+    out: dict[str, Receipt] = {}
+    if path.exists():
+        for receipt in read_receipts(path):
+            if receipt.kind == "outcome":
+                out.setdefault(receipt.call_id, receipt)
+    return out
+
+
+def study_receipts(layout: StudyLayout, journal: Journal) -> dict[str, Receipt]:
+    """The outcome receipt of every call of a study, by call id (the receipts reader's rule)."""
+    out: dict[str, Receipt] = {}
+    for path in receipt_files(layout, journal).values():
+        for call_id, receipt in outcome_receipts(path).items():
+            out.setdefault(call_id, receipt)
+    return out
+
+
+class StudyRecords(BaseModel):
+    """What a study's files hold, gathered once for export, verification and reports."""
+
+    config: StudyConfig
+    cases: list[Case]
+    states: dict[str, CaseState]
+    arms: dict[str, dict[str, ArmResult]]
+    verdicts: dict[str, Verdict]
+    receipts: dict[str, Receipt]  # outcome receipts by call id
+    meta: dict[str, Any]
+
+    @property
+    def interval(self) -> int:
+        """C, as the study's configuration fixed it."""
+        return self.config.interval
+
+    def record(self, case: Case) -> CaseRecord:
+        """The DESIGN §3 classification input of one case."""
+        interrupted = self.states[case.case_id] == "interrupted"
+        return case_record(case, self.arms.get(case.case_id, {}), self.receipts, self.interval, interrupted)
+
+    def classify(self, case: Case) -> Verdict:
+        """The verdict a case's records classify to now."""
+        interrupted = self.states[case.case_id] == "interrupted"
+        return classify_case(self.config, case, self.arms.get(case.case_id, {}), self.receipts, interrupted)
+
+
+def open_journal(study_dir: str | os.PathLike[str], readonly: bool = True, case_type: type[Case] = Case) -> Journal:
+    """Open a study's journal, with a StudyError naming the folder when it is not a study."""
+    from rescue.journal import JournalError
+
+    layout = StudyLayout.of(study_dir)
+    if not layout.is_study():
+        raise StudyError(f"{study_dir} is not a study folder (no {layout.journal.name})")
+    try:
+        return Journal.open(study_dir, readonly=readonly, case_type=case_type)
+    except JournalError as exc:
+        raise StudyError(str(exc)) from None
+    except Exception as exc:  # sqlite3.DatabaseError and friends: an unreadable journal
+        raise StudyError(f"{layout.journal}: unreadable journal ({exc})") from None
+
+
+def read_study(study_dir: str | os.PathLike[str], journal: Journal) -> StudyRecords:
+    """Gather configuration, cases, states, arms, verdicts and outcome receipts from an open journal."""
+    layout = StudyLayout.of(study_dir)
+    return StudyRecords(
+        config=load_study_config(study_dir),
+        cases=journal.cases(),
+        states={row.case_id: row.state for row in journal.rows()},
+        arms=journal.all_arms(),
+        verdicts=journal.verdicts(),
+        receipts=study_receipts(layout, journal),
+        meta=journal.meta(),
+    )
+
+
+def study_summary(records: StudyRecords, verdicts: dict[str, Verdict] | None = None) -> Summary:
+    """The summary over finished and interrupted cases with a verdict (stored ones by default).
+
+    Raises SummaryError when the verdicts break the summary's invariants (`rescue verify` says where).
+    """
+    verdicts = records.verdicts if verdicts is None else verdicts
+    chosen = [c for c in records.cases if records.states[c.case_id] in SUMMARIZED_STATES and c.case_id in verdicts]
+    try:
+        return summarize([records.record(c) for c in chosen], [verdicts[c.case_id] for c in chosen])
+    except ValueError as exc:
+        raise SummaryError(f"the study's verdicts cannot be summarized: {exc}") from None
+
+
+def store_summary(study_dir: str | os.PathLike[str]) -> Summary:
+    """Compute a rescue study's summary from its stored verdicts and keep it in the journal's meta."""
+    with Journal.open(study_dir) as journal:
+        records = read_study(study_dir, journal)
+        if records.config.is_evaluation:
+            raise StudyError("an evaluation study has no rescue summary to store")
+        summary = study_summary(records)
+        journal.set_summary(summary)
+    return summary

@@ -1,0 +1,129 @@
+"""The shape of the package: read-side commands free of the runtime, no import cycles, one layout."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "rescue"
+
+# What a read-side command must not load: SDKs, servers, processes, the simulator, torch.
+RUNTIME = ("openai", "aiohttp", "multiprocessing", "torch", "robosuite", "mujoco", "libero", "websockets", "tenacity")
+READ_SIDE = ("rescue.status", "rescue.export", "rescue.verify", "rescue.htmlreport", "rescue.report")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every rescue module a file imports, at top level or inside a function."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    me = _module_name(path)
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("rescue"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = me.split(".")[: -node.level] if path.name != "__init__.py" else me.split(".")[: len(me.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if module.startswith("rescue"):
+                out.add(module)
+                # `from rescue.x import y` may name a submodule y.
+                out.update(f"{module}.{a.name}" for a in node.names)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the rescue modules it imports (only edges to modules that exist)."""
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: {m for m in _imports(path) if m in files and m != name} for name, path in files.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycles_in_the_package():
+    graph = import_graph()
+    assert len(graph) > 30  # the walker sees the package
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_read_side_commands_load_no_runtime():
+    # One fresh interpreter; each module's own additions are recorded, so the guilty one is named.
+    code = (
+        "import json, sys, importlib\n"
+        "out = {}\n"
+        f"for name in {READ_SIDE!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"    out[name] = sorted(m for m in {RUNTIME!r} if m in sys.modules)\n"
+        "print(json.dumps(out))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == {name: [] for name in READ_SIDE}
+
+
+def test_the_runtime_check_would_see_a_runtime_import():
+    # The same probe on the engine does see the runtime, so an empty list above means something.
+    code = "import json, sys; import rescue.engine; print(json.dumps(sorted(m for m in ('openai', 'multiprocessing') if m in sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == ["multiprocessing", "openai"]
+
+
+# File names of the study folder; only rescue/layout.py may spell them.
+STUDY_FILES = ("journal.sqlite", "manifest.jsonl", "config.json", "receipts.jsonl", "events.jsonl", "simulator.log",
+               "export.json", "export.csv", "report.html")
+
+
+def test_only_the_layout_module_spells_study_file_names():
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "layout.py":
+            continue
+        text = path.read_text(encoding="utf-8")
+        for name in STUDY_FILES:
+            if re.search(rf"[\"']([^\"']*/)?{re.escape(name)}[\"']", text):
+                offenders.append(f"{path.relative_to(ROOT)}: {name}")
+    assert offenders == []

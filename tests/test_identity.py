@@ -1,0 +1,122 @@
+"""A study's identity is fixed at creation; resume and continuation refuse a server that announces otherwise."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, cli_env, rescue_cli, write_cases
+from rescue.config import StudyConfig, load_config
+from rescue.identity import IdentityError, identity_changes, resolve_interval
+from rescue.manifest import load_manifest
+from rescue.services import resolve_config
+from rescue.studies import new_study
+from rescue.study import load_study_config
+
+pytestmark = pytest.mark.e2e
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(factory: str) -> tuple[subprocess.Popen, str]:
+    """A real policy server in its own process, announcing the factory's action horizon."""
+    port = _free_port()
+    env = cli_env()
+    env["PYTHONPATH"] = str(ROOT / "tests") + os.pathsep + env["PYTHONPATH"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rescue.cli", "serve-policy", "--policy", factory, "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, f"ws://127.0.0.1:{port}"
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"{factory} did not start serving")
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    """Every file's sha256, and the journal's rows (SQLite's own -wal/-shm files come and go with readers)."""
+    files = {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not p.name.endswith(("-wal", "-shm"))
+    }
+    con = sqlite3.connect(f"file:{folder / 'journal.sqlite'}?mode=ro", uri=True)
+    try:
+        files["rows"] = hashlib.sha256("\n".join(con.iterdump()).encode()).hexdigest()
+    finally:
+        con.close()
+    return files
+
+
+def test_resolution_is_pure_and_names_what_changed():
+    config = resolve_config(StudyConfig(policy={"url": "ws://x"}), {"action_horizon": 8, "policy": "p"})
+    assert config.policy.replan_interval == 8 and config.policy.observation == "openpi-libero"
+    assert config.policy.announced == {"action_horizon": 8, "policy": "p"}
+    # A configured C wins over the announced chunk length (openpi's LIBERO client runs 5 of 10).
+    assert resolve_config(StudyConfig(policy={"url": "ws://x", "replan_interval": 5}), {"action_horizon": 10}).interval == 5
+    with pytest.raises(IdentityError, match="replan_interval"):
+        resolve_interval(None, {})  # openpi's empty metadata and no C configured
+    assert identity_changes({"action_horizon": 8}, {"action_horizon": 8}) == []
+    (line,) = identity_changes({"action_horizon": 8}, {"action_horizon": 10})
+    assert "action_horizon" in line and "8" in line and "10" in line
+    # C is in the configuration, so the sha256 covers it.
+    assert config.sha256() != config.model_copy(update={"policy": config.policy.model_copy(update={"replan_interval": 4})}).sha256()
+
+
+def test_resume_and_continuation_refuse_a_server_announcing_another_horizon(tmp_path):
+    manifest = load_manifest(write_cases(tmp_path / "m.jsonl", 2))
+    first, url_a = _serve("rescue.policy.scripted:make_policy")  # announces action_horizon 8
+    try:
+        study = new_study(tmp_path / "study", manifest, load_config(None, {"policy.url": url_a}))
+    finally:
+        first.kill()
+        first.wait()
+    pinned = load_study_config(study)
+    assert pinned.policy.replan_interval == 8 and pinned.policy.announced["action_horizon"] == 8
+
+    # The same port now serves a policy that plans 10 actions per chunk.
+    port = url_a.rsplit(":", 1)[1]
+    env = cli_env()
+    env["PYTHONPATH"] = str(ROOT / "tests") + os.pathsep + env["PYTHONPATH"]
+    second = subprocess.Popen(
+        [sys.executable, "-m", "rescue.cli", "serve-policy", "--policy", "identity_policies:make_ten_step_policy", "--port", port],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", int(port))) == 0:
+                    break
+            time.sleep(0.1)
+        before = _snapshot(study)
+        proc = rescue_cli("resume", str(study), check=False)
+        assert proc.returncode != 0
+        message = proc.stderr + proc.stdout
+        assert "action_horizon" in message and "8" in message and "10" in message, message
+        assert "Traceback" not in message
+        assert _snapshot(study) == before  # nothing written: no claim, no recovery, no log
+
+        proc = rescue_cli("run", str(tmp_path / "next"), "--continue-from", str(study), check=False)
+        assert proc.returncode != 0 and "action_horizon" in proc.stderr + proc.stdout
+        assert not (tmp_path / "next").exists()
+        assert _snapshot(study) == before
+    finally:
+        second.kill()
+        second.wait()
