@@ -89,7 +89,7 @@ def test_subgoal_over_both_apis_and_answer_styles(tmp_path, api, structured):
     assert state.requests[0].path.endswith("/chat/completions" if api == "chat" else "/responses")
     assert state.requests[0].n_images == 3
     outcome = receipts[-1]
-    assert [r.kind for r in receipts] == ["attempt", "outcome"] and outcome == answer.receipt
+    assert [r.kind for r in receipts] == ["attempt_started", "attempt", "outcome"] and outcome == answer.receipt
     assert outcome.endpoint_kind == api and outcome.status == "ok" and outcome.attempt == 1
     assert outcome.model_requested == outcome.model_reported == "rescue-advisor-v0"
     assert outcome.provider_request_id and outcome.provider_request_id.startswith("req_")
@@ -129,13 +129,28 @@ def test_models_route_answers_the_sdk():
 
 def test_rate_limit_is_retried_after_the_retry_after_header(tmp_path):
     started = time.monotonic()
-    answer, state, receipts = ask_one(tmp_path, EndpointOptions(fault="rate_limit", fault_count=1, retry_after_s=1))
+    answer, state, receipts = ask_one(
+        tmp_path, EndpointOptions(fault="rate_limit", fault_count=1, retry_after_s=1), backoff_max_s=2.0
+    )
     assert answer.status == "ok" and answer.receipt.attempt == 2 and state.counter == 2
     # The backoff alone would wait ~0.02 s; only the header explains a full second.
     assert time.monotonic() - started >= 1.0
-    first = receipts[0]
+    first = receipts[1]
+    assert receipts[0].kind == "attempt_started" and receipts[0].attempt == 1
     assert first.kind == "attempt" and first.status == "error" and first.error_kind == "rate_limit"
     assert first.provider_request_id and first.provider_request_id != answer.receipt.provider_request_id
+
+
+def test_retry_after_is_capped_by_the_maximum_backoff(tmp_path):
+    # A server asking for an hour must not hold the case: the configured cap wins.
+    started = time.monotonic()
+    answer, state, _ = ask_one(
+        tmp_path, EndpointOptions(fault="rate_limit", fault_count=2, retry_after_s=3600),
+        backoff_max_s=0.3, backoff_jitter_s=0.0,
+    )
+    elapsed = time.monotonic() - started
+    assert answer.status == "ok" and answer.receipt.attempt == 3 and state.counter == 3
+    assert 0.6 <= elapsed < 5.0
 
 
 def test_server_error_is_retried(tmp_path):
@@ -147,7 +162,7 @@ def test_server_error_is_retried(tmp_path):
 def test_dropped_connection_is_retried(tmp_path):
     answer, state, receipts = ask_one(tmp_path, EndpointOptions(fault="drop", fault_count=1))
     assert answer.status == "ok" and answer.receipt.attempt == 2 and state.requests[0].outcome == "dropped"
-    assert receipts[0].error_kind == "connection"
+    assert receipts[1].error_kind == "connection"
 
 
 def test_retries_end_at_max_attempts(tmp_path):
@@ -156,7 +171,7 @@ def test_retries_end_at_max_attempts(tmp_path):
     )
     assert answer.status == "broker_error" and answer.error_kind == "server" and answer.subgoal is None
     assert state.counter == 3 and answer.receipt.attempt == 3 and answer.receipt.status == "error"
-    assert [r.kind for r in receipts] == ["attempt"] * 3 + ["outcome"]
+    assert [r.kind for r in receipts] == ["attempt_started", "attempt"] * 3 + ["outcome"]
 
 
 # ---- faults that must not be retried ------------------------------------------------
@@ -190,7 +205,9 @@ def test_latency_beyond_the_deadline_is_a_timeout(tmp_path):
     answer, _, receipts = ask_one(tmp_path, EndpointOptions(latency_s=5.0), deadline_s=0.4)
     assert time.monotonic() - started < 2.0
     assert answer.status == "timeout" and answer.error_kind == "timeout" and answer.subgoal is None
-    assert [(r.kind, r.status) for r in receipts] == [("attempt", "timeout"), ("outcome", "timeout")]
+    assert [(r.kind, r.status) for r in receipts] == [
+        ("attempt_started", "started"), ("attempt", "timeout"), ("outcome", "timeout")
+    ]
 
 
 # ---- answers: parsing and matching (pure) --------------------------------------------
@@ -369,7 +386,7 @@ def test_truncated_last_line_is_ignored_and_reported(tmp_path):
     with open(path, "a") as f:
         f.write(answer.receipt.model_dump_json()[:57])
     scan = scan_receipts(path)
-    assert len(scan.receipts) == 2 and scan.truncated_tail is not None
+    assert len(scan.receipts) == 3 and scan.truncated_tail is not None
     with capture_logs() as events:
         assert read_receipts(path) == scan.receipts
     assert [e["event"] for e in events] == ["receipts.truncated_tail"]
