@@ -44,6 +44,7 @@ from rescue.vlm.receipts import (
     read_receipt_file,
     read_receipts,
     scan_receipts,
+    unfinished_calls,
 )
 from rescue.vlm.usage import usage_summary
 
@@ -614,6 +615,7 @@ def test_a_kill_during_an_attempt_leaves_its_started_line(tmp_path):
         ("attempt_started", "started", 1)
     ]
     assert lines[0].receipt.case_ids == ["case-kill"] and lines[0].receipt.finished_at is None
+    assert unfinished_calls(lines) == {lines[0].receipt.call_id: lines} and outcomes_by_call(lines) == {}
 
 
 # ---- generation settings ------------------------------------------------------------

@@ -45,6 +45,7 @@ __all__ = [
     "read_receipt_file",
     "read_receipts",
     "scan_receipts",
+    "unfinished_calls",
 ]
 
 
@@ -190,6 +191,18 @@ def extra_outcomes(lines: Iterable[ReceiptLine]) -> dict[str, list[ReceiptLine]]
         if r is not None and r.kind == "outcome" and id(line) not in chosen:
             extra.setdefault(r.call_id, []).append(line)
     return extra
+
+
+def unfinished_calls(lines: Iterable[ReceiptLine]) -> dict[str, list[ReceiptLine]]:
+    """Attempt lines of calls that have no outcome line (in flight at a crash or kill), by call id."""
+    lines = list(lines)
+    done = set(outcomes_by_call(lines))
+    out: dict[str, list[ReceiptLine]] = {}
+    for line in lines:
+        r = line.receipt
+        if r is not None and r.kind != "outcome" and r.call_id not in done:
+            out.setdefault(r.call_id, []).append(line)
+    return out
 
 
 def check_ref(ref: ReceiptRef, lines: list[ReceiptLine]) -> str | None:
