@@ -818,7 +818,12 @@ class VLMClient:
             status, fields = "timeout", {"error_kind": "timeout", "error": f"no answer within {self.config.deadline_s} s"}
         except AttemptError as err:
             status = "invalid_response" if err.kind == "invalid_response" else "broker_error"
-            fields = {"error_kind": err.kind, "error": str(err), "provider_request_id": err.provider_id}
+            fields = {
+                "error_kind": err.kind,
+                "error": str(err),
+                "provider_request_id": err.provider_id,
+                "response_sha256": err.response_sha256,  # a body that arrived but is not JSON is kept too
+            }
         except asyncio.CancelledError:
             # The caller gave up (shutdown); the call still gets its outcome line.
             self._write(
