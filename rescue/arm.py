@@ -355,7 +355,7 @@ async def _assist(
     finally:
         if release:
             await sim.resume()
-    common = dict(query_step=step, call_id=answer.call_id, request_id=answer.request_id)
+    common = dict(query_step=step, call_id=answer.call_id, request_id=answer.request_id, receipt=answer.receipt_ref)
     if answer.status != "ok":
         status = _FAILED_ASSISTANCE.get(answer.status, "broker_error")
         return Assistance(status=status, error_kind=answer.error_kind, error=answer.error, **common)

@@ -23,13 +23,14 @@ from rescue.config import StudyConfig
 from rescue.digest import digest_bytes
 from rescue.env.pool import SimLease
 from rescue.journal import Journal
-from rescue.layout import RECEIPTS, StudyLayout
+from rescue.layout import StudyLayout
 from rescue.manifest import Case
 from rescue.policy.ws_client import WebsocketPolicyClient
-from rescue.records import ArmResult, Assistance, Receipt, Verdict
+from rescue.records import ArmResult, Assistance, Verdict
 from rescue.services import Services, start_services
 from rescue.study import classify_case, load_study_config, outcome_receipts, store_summary
 from rescue.vlm.client import SubgoalRequest
+from rescue.vlm.receipts import OutcomeIndex
 from wrappers.async_rules import AsyncRuleWrapper
 
 log = structlog.get_logger()
@@ -51,8 +52,8 @@ class Engine:
         self.journal = Journal.open(self.layout.root)
         self.on_case = on_case
         self._stop = asyncio.Event()
-        self._receipts: dict[str, Receipt] = {}
-        self._answers: dict[str, Receipt] = {}  # case id -> the outcome receipt its call returned
+        # The outcome lines the VLM client wrote, read back by the one receipts reader.
+        self._outcomes = OutcomeIndex(self.layout.receipts)
 
     def drain(self) -> None:
         """Stop claiming new cases; arms in flight finish."""
@@ -98,17 +99,15 @@ class Engine:
             # trusted for the next case either. This case stays (unknown); dispatch stops.
             log.error("study.draining", reason="keepalive failure", case_id=case.case_id)
             self.drain()
-        index = None
+        index, receipts = None, {}
         assisted = by_arm.get("assisted")
-        call_id = assisted.assistance.call_id if assisted is not None else None
-        if call_id:
-            receipt = self._answers.pop(case.case_id, None)
-            if receipt is None or receipt.call_id != call_id:
-                self._receipts.update(outcome_receipts(self.layout.receipts))
-                receipt = self._receipts.get(call_id)
-            self._receipts[call_id] = receipt
-            index = (call_id, RECEIPTS, receipt_line_sha256(receipt) if receipt is not None else None)
-        verdict = classify_case(self.config, case, by_arm, self._receipts, interrupted=False)
+        ref = assisted.assistance.receipt if assisted is not None else None
+        if ref is not None:
+            line = self._outcomes.outcome(assisted.assistance.call_id or "")
+            if line is not None and (line.lineno, line.sha256) == (ref.lineno, ref.sha256):
+                receipts[line.receipt.call_id] = line.receipt
+            index = (assisted.assistance.call_id, ref.path, ref.sha256)
+        verdict = classify_case(self.config, case, by_arm, receipts, interrupted=False)
         # Arms, receipt index and verdict land in one transaction: a crash leaves the case
         # claimed with nothing recorded (resume makes it unknown), never half-finished.
         self.journal.finish_case(case.case_id, arms, verdict, index)
@@ -186,10 +185,7 @@ class Engine:
         vlm = services.vlm
 
         async def ask(case_id: str, instruction: str, remaining: int, views: dict) -> Any:
-            answer = await vlm.ask(SubgoalRequest(case_id=case_id, instruction=instruction, remaining_steps=remaining, views=views))
-            if answer.receipt is not None:
-                self._answers[case_id] = answer.receipt
-            return answer
+            return await vlm.ask(SubgoalRequest(case_id=case_id, instruction=instruction, remaining_steps=remaining, views=views))
 
         return ask if vlm is not None else None
 
@@ -202,11 +198,6 @@ def _infrastructure_error(case: Case, arm: str, exc: Exception) -> ArmResult:
         error=f"{type(exc).__name__}: {exc}",
         assistance=Assistance(status="control" if arm == "control" else "not_reached"),
     )
-
-
-def receipt_line_sha256(receipt: Receipt) -> str:
-    """The sha256 of the receipt's line as the receipt log wrote it (without the newline)."""
-    return digest_bytes(receipt.model_dump_json().encode("utf-8"))
 
 
 def recover(study_dir: Path) -> list[str]:

@@ -46,6 +46,26 @@ class TraceRow(BaseModel):
     actions: str
 
 
+class ReceiptRef(BaseModel):
+    """Where one receipt line lives and what its bytes hash to: the link from a record to its evidence."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    """The receipts file, relative to the study folder (as the receipt log was told)."""
+    lineno: int
+    """1-based line number in that file."""
+    sha256: str
+    """sha256 of the exact bytes written, without the trailing newline."""
+
+
+# `attempt_started`: written (and fsynced) before an HTTP attempt is sent, so a kill
+# during the attempt leaves evidence. `attempt`: how that attempt ended. `outcome`: the
+# call's result; the FIRST outcome line of a call is its outcome (see rescue.vlm.receipts).
+ReceiptKind = Literal["attempt_started", "attempt", "outcome"]
+ReceiptStatus = Literal["started", "ok", "error", "invalid_response", "timeout", "refusal"]
+
+
 class Assistance(BaseModel):
     """What the assisted arm did at the query point (the control arm: status `control`)."""
 
@@ -55,6 +75,7 @@ class Assistance(BaseModel):
     instruction: str | None = None  # the applied instruction, verbatim
     instruction_digest: str | None = None
     call_id: str | None = None  # the receipt's call id
+    receipt: ReceiptRef | None = None  # the outcome line of that call (file, line, sha256 of its bytes)
     request_id: str | None = None  # our request id within that call
     error_kind: str | None = None
     error: str | None = None
@@ -99,9 +120,10 @@ class Usage(BaseModel):
 class Receipt(BaseModel):
     """The durable record of one VLM call attempt or outcome (DESIGN §2)."""
 
-    kind: Literal["attempt", "outcome"]
+    kind: ReceiptKind
     call_id: str
     attempt: int
+    """Attempts made so far (on an outcome: how many the call took)."""
     request_ids: list[str]
     tokens: dict[str, str] = Field(default_factory=dict)  # request id -> per-request token
     case_ids: list[str]
@@ -112,20 +134,30 @@ class Receipt(BaseModel):
     prompt_template: str
     prompt_template_sha256: str
     prompt_sha256: str
+    """sha256 of the rendered prompt's UTF-8 bytes (the prompt is kept as `<sha256>.txt`)."""
     image_sha256: dict[str, list[str]] = Field(default_factory=dict)  # request id -> view digests
     started_at: float
-    finished_at: float
-    latency_s: float
-    status: Literal["ok", "error", "invalid_response", "timeout"]
+    finished_at: float | None = None
+    """None only on an `attempt_started` line."""
+    latency_s: float | None = None
+    """None only on an `attempt_started` line."""
+    status: ReceiptStatus
     error_kind: str | None = None
     error: str | None = None
     usage: Usage = Field(default_factory=Usage)
     response_sha256: str | None = None
+    """sha256 of the raw response body (kept as `<sha256>.txt`)."""
     subgoals: dict[str, str | None] = Field(default_factory=dict)  # request id -> subgoal
     # A batched call can succeed for some of its requests and not for others.
     request_status: dict[str, str] = Field(default_factory=dict)  # request id -> answer status
     request_errors: dict[str, str] = Field(default_factory=dict)  # request id -> why rejected
     sent_image_sha256: list[str] = Field(default_factory=list)  # images as sent (views or contact sheet)
+    generation: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    """The generation settings of the call (max_output_tokens, temperature, seed, reasoning_effort,
+    store); None: not sent, the provider's default applies."""
+    attempt_refs: list[ReceiptRef] = Field(default_factory=list)
+    """On an outcome: the call's `attempt_started` and `attempt` lines, in order, so that editing
+    or deleting one is detectable from the outcome line's own sha256."""
 
 
 class CaseRecord(BaseModel):

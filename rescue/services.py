@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Callable
 from rescue.config import PolicyConfig, StudyConfig
 from rescue.env.pool import SimPool
 from rescue.identity import IdentityError, announced_identity, identity_changes, resolve_interval, resolve_observation
-from rescue.layout import StudyLayout
+from rescue.layout import RECEIPTS, StudyLayout
 from rescue.policy.ws_client import WebsocketPolicyClient
 from rescue.vlm.client import VLMClient
 from rescue.vlm.receipts import ReceiptLog
@@ -113,7 +113,7 @@ async def start_services(config: StudyConfig, layout: StudyLayout) -> AsyncItera
                 runner, base_url = await start_endpoint()
                 closers.append(runner.cleanup)
                 vlm_config = vlm_config.model_copy(update={"base_url": base_url})
-            vlm = VLMClient(vlm_config, ReceiptLog(layout.receipts))
+            vlm = VLMClient(vlm_config, ReceiptLog(layout.receipts, name=RECEIPTS), artifacts_dir=layout.vlm_artifacts)
             closers.append(vlm.aclose)
         pool = SimPool(config.env.simulators, config.env.adapter, log_path=str(layout.simulator_log))
         closers.append(pool.close)

@@ -27,7 +27,7 @@ from rescue.manifest import Case, Manifest, write_manifest
 from rescue.querypoint import query_point
 from rescue.records import ArmResult, CaseRecord, Receipt, Verdict
 from rescue.stats import Summary, summarize
-from rescue.vlm.receipts import read_receipts
+from rescue.vlm.receipts import outcomes_by_call, read_receipt_file
 
 
 # The states whose cases carry a verdict and so enter the summary.
@@ -154,13 +154,8 @@ def receipt_files(layout: StudyLayout, journal: Journal) -> dict[str, Path]:
 
 
 def outcome_receipts(path: Path) -> dict[str, Receipt]:
-    """Outcome receipts of one file by call id; the first outcome line of a call is its outcome."""
-    out: dict[str, Receipt] = {}
-    if path.exists():
-        for receipt in read_receipts(path):
-            if receipt.kind == "outcome":
-                out.setdefault(receipt.call_id, receipt)
-    return out
+    """Outcome receipts of one file by call id, by the receipts reader's rule (a call's first outcome line)."""
+    return {call_id: line.receipt for call_id, line in outcomes_by_call(read_receipt_file(path)).items()}
 
 
 def study_receipts(layout: StudyLayout, journal: Journal) -> dict[str, Receipt]:

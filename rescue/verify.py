@@ -25,6 +25,16 @@ from rescue.manifest import Case, ManifestError, load_manifest
 from rescue.proofs import trace_is_regular
 from rescue.querypoint import query_point
 from rescue.records import ArmResult, Receipt, Verdict
+from rescue.vlm.receipts import (
+    ReceiptLine,
+    check_artifacts,
+    check_attempt_refs,
+    check_ref,
+    extra_outcomes,
+    outcomes_by_call,
+    read_receipt_file,
+    unfinished_calls,
+)
 from rescue.stats import Summary
 from rescue.study import StudyError, StudyRecords, SummaryError, load_study_config, open_journal, receipt_files, study_summary
 from wrappers.injection import inject, parse_injection
@@ -66,39 +76,10 @@ class VerifyReport(BaseModel):
         return "\n".join(lines)
 
 
-class ReceiptLine(BaseModel):
-    """One line of a receipts file with the sha256 of its bytes (without the newline)."""
-
-    lineno: int
-    sha256: str
-    receipt: Receipt | None = None
-    error: str | None = None
-
-
-def read_receipt_lines(path: str | os.PathLike[str]) -> list[ReceiptLine]:
-    """Every non-blank line of a receipts file, parsed where possible, with its sha256."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    out = []
-    for lineno, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
-        if not raw.strip():
-            continue
-        line = ReceiptLine(lineno=lineno, sha256=digest_bytes(raw))
-        try:
-            line.receipt = Receipt.model_validate_json(raw)
-        except ValueError as exc:
-            line.error = str(exc).splitlines()[0]
-        out.append(line)
-    return out
-
-
 def outcome_line_sha256(path: str | os.PathLike[str], call_id: str) -> str | None:
     """The sha256 of a call's outcome line in a receipts file (what the index stores), or None."""
-    for line in read_receipt_lines(path):
-        if line.receipt is not None and line.receipt.kind == "outcome" and line.receipt.call_id == call_id:
-            return line.sha256
-    return None
+    line = outcomes_by_call(read_receipt_file(path)).get(call_id)
+    return line.sha256 if line is not None else None
 
 
 def _diff(stored: Any, fresh: Any, where: str = "") -> list[str]:
@@ -218,27 +199,62 @@ class _Verifier:
 
     def load_receipts(self) -> tuple[dict[str, Receipt], dict[tuple[str, str], list[ReceiptLine]]]:
         receipts: dict[str, Receipt] = {}
-        outcomes: dict[tuple[str, str], list[ReceiptLine]] = {}  # (path, call id) -> outcome lines
+        outcomes: dict[tuple[str, str], list[ReceiptLine]] = {}  # (path, call id) -> outcome lines, first first
+        self.lines: dict[str, list[ReceiptLine]] = {}
         for name, path in receipt_files(self.layout, self.journal).items():
-            lines = read_receipt_lines(path)
-            for i, line in enumerate(lines):
+            lines = read_receipt_file(path)
+            self.lines[name] = lines
+            for line in lines:
                 self.checked["receipt lines"] += 1
                 if line.receipt is None:
                     # Only the last line can be cut short by a crash; anything else was edited.
-                    last = i == len(lines) - 1 and not path.read_bytes().endswith(b"\n")
-                    (self.warn if last else self.problem)(
+                    (self.warn if not line.complete else self.problem)(
                         "receipt", None, f"{name} line {line.lineno} does not parse: {line.error}"
                     )
-                    continue
-                if line.receipt.kind == "outcome":
-                    outcomes.setdefault((name, line.receipt.call_id), []).append(line)
-                    # The first outcome line of a call is its outcome (the receipts reader's rule).
-                    receipts.setdefault(line.receipt.call_id, line.receipt)
-        for (name, call_id), lines in outcomes.items():
-            if len(lines) > 1:
-                for case_id in lines[0].receipt.case_ids:
-                    self.problem("receipt", case_id, f"call {call_id} has {len(lines)} outcome lines in {name}")
+            for call_id, line in outcomes_by_call(lines).items():
+                outcomes[(name, call_id)] = [line]
+                receipts.setdefault(call_id, line.receipt)
+                for problem in check_attempt_refs(line.receipt, lines):
+                    for case_id in line.receipt.case_ids:
+                        self.problem("receipt", case_id, problem)
+                self.check_call_artifacts(line.receipt)
+            for call_id, extra in extra_outcomes(lines).items():
+                outcomes[(name, call_id)] += extra
+                for case_id in extra[0].receipt.case_ids:
+                    self.problem("receipt", case_id, f"call {call_id} has {1 + len(extra)} outcome lines in {name} "
+                                 f"(lines {', '.join(str(l.lineno) for l in outcomes[(name, call_id)])}); the first is its outcome")
+            for call_id, started in unfinished_calls(lines).items():
+                self.warn("receipt", None, f"call {call_id} has {len(started)} attempt line(s) in {name} and no outcome "
+                          "(in flight when the study stopped)")
         return receipts, outcomes
+
+    def check_call_artifacts(self, receipt: Receipt) -> None:
+        """The images, prompt and response a call kept (DESIGN §9) hash to what its receipt says."""
+        folder = self.layout.vlm_artifacts
+        if not folder.is_dir():
+            self.warn("artifacts", None, f"call {receipt.call_id}: the study keeps no VLM artifacts folder")
+            return
+        self.checked["vlm calls' artifacts"] += 1
+        for problem in check_artifacts(receipt, folder):
+            for case_id in receipt.case_ids:
+                self.problem("artifacts", case_id, f"call {receipt.call_id}: {problem}")
+
+    def check_assisted_refs(self, arms: dict[str, dict[str, ArmResult]]) -> None:
+        """Each assisted arm's receipt reference points at unchanged bytes of its call's outcome line."""
+        for case_id, by_arm in arms.items():
+            a = by_arm.get("assisted")
+            ref = a.assistance.receipt if a is not None else None
+            if ref is None:
+                continue
+            self.checked["receipt references"] += 1
+            problem = check_ref(ref, self.lines.get(ref.path, []))
+            if problem is not None:
+                self.problem("receipt", case_id, f"assisted arm's receipt reference: {problem}")
+                continue
+            line = next(l for l in self.lines[ref.path] if l.lineno == ref.lineno)
+            if line.receipt is None or line.receipt.kind != "outcome" or line.receipt.call_id != a.assistance.call_id:
+                self.problem("receipt", case_id, f"assisted arm's receipt reference ({ref.path} line {ref.lineno}) "
+                             f"is not the outcome line of call {a.assistance.call_id}")
 
     def check_receipt_index(
         self, outcomes: dict[tuple[str, str], list[ReceiptLine]], arms: dict[str, dict[str, ArmResult]]
@@ -258,7 +274,7 @@ class _Verifier:
             if row.line_sha256 is None:
                 self.warn("receipt", row.case_id, f"call {row.call_id} was indexed without its line sha256; "
                           "its receipt line cannot be re-checked")
-            elif all(l.sha256 != row.line_sha256 for l in lines):
+            elif line.sha256 != row.line_sha256:
                 self.problem("receipt", row.case_id, f"the outcome line of call {row.call_id} in {row.path} "
                              f"(line {line.lineno}) changed since it was indexed: sha256 {line.sha256[:12]}…, "
                              f"index holds {row.line_sha256[:12]}…")
@@ -461,6 +477,7 @@ def verify_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         arms = v.load_arms(states)
         receipts, outcomes = v.load_receipts()
         v.check_receipt_index(outcomes, arms)
+        v.check_assisted_refs(arms)
         stored = v.stored_verdicts()
         if config is not None:
             records = StudyRecords(

@@ -36,7 +36,7 @@ from rescue.querypoint import query_point
 from rescue.records import ArmResult, Assistance, Receipt, TraceRow, Usage
 from rescue.status import render_status, study_status
 from rescue.verify import outcome_line_sha256, verify_study
-from rescue.vlm.receipts import ReceiptLog
+from rescue.vlm.receipts import ReceiptLog, read_receipts
 from wrappers.injection import inject
 
 from conftest import resolved_config
@@ -217,6 +217,12 @@ def build_study(study: Path) -> Path:
     assert journal.claim("crashed", "w1")
     journal.record_arm(arm_result("crashed", "control", success=False, steps=H))
     log.close()
+    # What each call saw and answered (DESIGN §9), kept as the client keeps it: named by sha256.
+    for r in read_receipts(study / RECEIPTS_FILE):
+        if r.kind == "outcome":
+            for text in (f"prompt {r.call_id}", f"response {r.call_id}"):
+                (study / "vlm").mkdir(exist_ok=True)
+                (study / "vlm" / f"{digest_text(text)}.txt").write_text(text, encoding="utf-8")
     journal.close()
     recover(study)
     store_summary(study)
@@ -491,3 +497,34 @@ def test_evaluation_study_verifies_and_exports_episode_rates(tmp_path):
     edit_arm(study, "ep-1", "control", lambda obj: obj.update(success=True), rehash=True)
     report = verify_study(study)
     assert any("differs from the recomputed success" in m for m in problems_for(report, "ep-1"))
+
+
+def test_two_outcome_lines_for_one_call_read_the_same_everywhere(study_copy):
+    """The engine's index, the read model, usage and verify all take a call's FIRST outcome line."""
+    from rescue.study import outcome_receipts as read_model_outcomes
+    from rescue.vlm.receipts import OutcomeIndex, read_receipt_file
+    from rescue.vlm.usage import usage_summary
+
+    path = study_copy / RECEIPTS_FILE
+    first = next(l for l in read_receipt_file(path) if l.receipt and l.receipt.kind == "outcome" and l.receipt.call_id == "call-b")
+    second = first.receipt.model_copy(update={
+        "usage": Usage(input_tokens=5, output_tokens=5), "subgoals": {"req-control-wins": "Something else."},
+    })
+    with open(path, "ab") as f:
+        f.write(second.model_dump_json().encode() + b"\n")
+
+    engine = OutcomeIndex(path).outcome("call-b")
+    assert (engine.lineno, engine.sha256) == (first.lineno, first.sha256)
+    assert read_model_outcomes(path)["call-b"] == first.receipt
+    calls = usage_summary(read_receipt_file(path))
+    assert calls.tokens["input"].known_sum == sum(
+        r.usage.input_tokens or 0 for r in read_model_outcomes(path).values()
+    )  # the second line's 5 tokens are not counted
+    exported = export_study(study_copy)
+    assert exported.usage == calls
+    report = verify_study(study_copy)
+    assert not report.ok
+    assert [p.check for p in report.problems] == ["receipt"]
+    assert "2 outcome lines" in report.problems[0].message and report.problems[0].case_id == "control-wins"
+    # The verdict recomputed from the first line is the stored one: no verdict problem.
+    assert all(p.check != "verdict" for p in report.problems)

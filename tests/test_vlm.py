@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import os
 import signal
@@ -15,20 +17,35 @@ from pathlib import Path
 import numpy as np
 import pytest
 import structlog
+from PIL import Image
 from structlog.testing import capture_logs
 
 from rescue.prompts import load_template, render
 from rescue.records import Receipt, Usage
 from rescue.vlm.client import (
     VIEW_NAMES,
+    MissingAPIKey,
     SubgoalRequest,
     VLMClient,
     VLMConfig,
     check_answers,
+    encode_png,
     parse_answers,
 )
 from rescue.vlm.endpoint import EndpointOptions, endpoint_state, start_endpoint
-from rescue.vlm.receipts import ReceiptLog, read_receipts, scan_receipts
+from rescue.vlm.receipts import (
+    ReceiptLog,
+    check_artifacts,
+    check_attempt_refs,
+    check_ref,
+    extra_outcomes,
+    first_outcomes,
+    outcomes_by_call,
+    read_receipt_file,
+    read_receipts,
+    scan_receipts,
+    unfinished_calls,
+)
 from rescue.vlm.usage import usage_summary
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,7 +106,7 @@ def test_subgoal_over_both_apis_and_answer_styles(tmp_path, api, structured):
     assert state.requests[0].path.endswith("/chat/completions" if api == "chat" else "/responses")
     assert state.requests[0].n_images == 3
     outcome = receipts[-1]
-    assert [r.kind for r in receipts] == ["attempt", "outcome"] and outcome == answer.receipt
+    assert [r.kind for r in receipts] == ["attempt_started", "attempt", "outcome"] and outcome == answer.receipt
     assert outcome.endpoint_kind == api and outcome.status == "ok" and outcome.attempt == 1
     assert outcome.model_requested == outcome.model_reported == "rescue-advisor-v0"
     assert outcome.provider_request_id and outcome.provider_request_id.startswith("req_")
@@ -129,13 +146,28 @@ def test_models_route_answers_the_sdk():
 
 def test_rate_limit_is_retried_after_the_retry_after_header(tmp_path):
     started = time.monotonic()
-    answer, state, receipts = ask_one(tmp_path, EndpointOptions(fault="rate_limit", fault_count=1, retry_after_s=1))
+    answer, state, receipts = ask_one(
+        tmp_path, EndpointOptions(fault="rate_limit", fault_count=1, retry_after_s=1), backoff_max_s=2.0
+    )
     assert answer.status == "ok" and answer.receipt.attempt == 2 and state.counter == 2
     # The backoff alone would wait ~0.02 s; only the header explains a full second.
     assert time.monotonic() - started >= 1.0
-    first = receipts[0]
+    first = receipts[1]
+    assert receipts[0].kind == "attempt_started" and receipts[0].attempt == 1
     assert first.kind == "attempt" and first.status == "error" and first.error_kind == "rate_limit"
     assert first.provider_request_id and first.provider_request_id != answer.receipt.provider_request_id
+
+
+def test_retry_after_is_capped_by_the_maximum_backoff(tmp_path):
+    # A server asking for an hour must not hold the case: the configured cap wins.
+    started = time.monotonic()
+    answer, state, _ = ask_one(
+        tmp_path, EndpointOptions(fault="rate_limit", fault_count=2, retry_after_s=3600),
+        backoff_max_s=0.3, backoff_jitter_s=0.0,
+    )
+    elapsed = time.monotonic() - started
+    assert answer.status == "ok" and answer.receipt.attempt == 3 and state.counter == 3
+    assert 0.6 <= elapsed < 5.0
 
 
 def test_server_error_is_retried(tmp_path):
@@ -147,7 +179,7 @@ def test_server_error_is_retried(tmp_path):
 def test_dropped_connection_is_retried(tmp_path):
     answer, state, receipts = ask_one(tmp_path, EndpointOptions(fault="drop", fault_count=1))
     assert answer.status == "ok" and answer.receipt.attempt == 2 and state.requests[0].outcome == "dropped"
-    assert receipts[0].error_kind == "connection"
+    assert receipts[1].error_kind == "connection"
 
 
 def test_retries_end_at_max_attempts(tmp_path):
@@ -156,7 +188,7 @@ def test_retries_end_at_max_attempts(tmp_path):
     )
     assert answer.status == "broker_error" and answer.error_kind == "server" and answer.subgoal is None
     assert state.counter == 3 and answer.receipt.attempt == 3 and answer.receipt.status == "error"
-    assert [r.kind for r in receipts] == ["attempt"] * 3 + ["outcome"]
+    assert [r.kind for r in receipts] == ["attempt_started", "attempt"] * 3 + ["outcome"]
 
 
 # ---- faults that must not be retried ------------------------------------------------
@@ -190,7 +222,9 @@ def test_latency_beyond_the_deadline_is_a_timeout(tmp_path):
     answer, _, receipts = ask_one(tmp_path, EndpointOptions(latency_s=5.0), deadline_s=0.4)
     assert time.monotonic() - started < 2.0
     assert answer.status == "timeout" and answer.error_kind == "timeout" and answer.subgoal is None
-    assert [(r.kind, r.status) for r in receipts] == [("attempt", "timeout"), ("outcome", "timeout")]
+    assert [(r.kind, r.status) for r in receipts] == [
+        ("attempt_started", "started"), ("attempt", "timeout"), ("outcome", "timeout")
+    ]
 
 
 # ---- answers: parsing and matching (pure) --------------------------------------------
@@ -369,7 +403,7 @@ def test_truncated_last_line_is_ignored_and_reported(tmp_path):
     with open(path, "a") as f:
         f.write(answer.receipt.model_dump_json()[:57])
     scan = scan_receipts(path)
-    assert len(scan.receipts) == 2 and scan.truncated_tail is not None
+    assert len(scan.receipts) == 3 and scan.truncated_tail is not None
     with capture_logs() as events:
         assert read_receipts(path) == scan.receipts
     assert [e["event"] for e in events] == ["receipts.truncated_tail"]
@@ -448,3 +482,333 @@ def test_serve_vlm_runs_until_sigterm():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+# ---- receipt references and the one reader -----------------------------------------
+
+
+def _line_bytes(path: Path, lineno: int) -> bytes:
+    return path.read_bytes().split(b"\n")[lineno - 1]
+
+
+def test_answer_carries_the_reference_of_its_outcome_line(tmp_path):
+    study = tmp_path / "study"
+
+    async def go():
+        runner, base_url = await start_endpoint(EndpointOptions(fault="server_error", fault_count=1))
+        log = ReceiptLog(study / "receipts" / "receipts.jsonl", name="receipts/receipts.jsonl")
+        client = VLMClient(VLMConfig(base_url=base_url, **FAST), log)
+        try:
+            return await client.ask(make_request(0))
+        finally:
+            await client.aclose()
+            await runner.cleanup()
+
+    answer = run(go())
+    path = study / "receipts" / "receipts.jsonl"
+    ref = answer.receipt_ref
+    # Two attempts (started, ended) and then the outcome on line 5.
+    assert ref.path == "receipts/receipts.jsonl" and ref.lineno == 5
+    raw = _line_bytes(path, ref.lineno)
+    assert ref.sha256 == hashlib.sha256(raw).hexdigest() and Receipt.model_validate_json(raw) == answer.receipt
+    lines = read_receipt_file(path)
+    chosen = outcomes_by_call(lines)[answer.call_id]
+    assert chosen.ref(ref.path) == ref and chosen.receipt == answer.receipt
+    outcome = answer.receipt
+    assert [r.lineno for r in outcome.attempt_refs] == [1, 2, 3, 4]
+    assert [lines[r.lineno - 1].receipt.kind for r in outcome.attempt_refs] == ["attempt_started", "attempt"] * 2
+    assert check_attempt_refs(outcome, lines) == []
+    # Editing an attempt line, or deleting one, is seen from the outcome line's references.
+    edited = path.read_bytes().replace(b'"error_kind":"server"', b'"error_kind":"client"', 1)
+    path.write_bytes(edited)
+    assert any("line 2 changed" in p for p in check_attempt_refs(outcome, read_receipt_file(path)))
+    kept = path.read_bytes().split(b"\n")
+    path.write_bytes(b"\n".join(kept[2:]))
+    problems = check_attempt_refs(outcome, read_receipt_file(path))
+    assert problems and any("changed" in p or "no line" in p for p in problems)
+
+
+def _outcome(call_id: str, status: str, case: str = "case-0") -> Receipt:
+    return Receipt(
+        kind="outcome", call_id=call_id, attempt=1, request_ids=["r"], case_ids=[case], model_requested="m",
+        endpoint_kind="chat", prompt_template="t", prompt_template_sha256="0", prompt_sha256="0",
+        started_at=0.0, finished_at=1.0, latency_s=1.0, status=status,
+        usage=Usage(input_tokens=10 if status == "ok" else 99),
+    )
+
+
+def test_a_call_with_two_outcome_lines_is_its_first_one_for_every_reader(tmp_path):
+    path = tmp_path / "receipts.jsonl"
+    log = ReceiptLog(path, name="receipts.jsonl")
+    first = log.write(_outcome("call-a", "ok"))
+    log.write(_outcome("call-b", "ok", "case-1"))
+    second = log.write(_outcome("call-a", "error"))  # an anomaly: a second outcome for call-a
+    log.close()
+    assert (first.lineno, second.lineno) == (1, 3)
+    lines = read_receipt_file(path)
+    # The reader's rule: the first outcome line is the call's outcome.
+    assert outcomes_by_call(lines)["call-a"].ref("receipts.jsonl") == first
+    assert [line.ref("receipts.jsonl") for line in extra_outcomes(lines)["call-a"]] == [second]
+    assert first_outcomes(read_receipts(path))["call-a"].status == "ok"
+    # Usage agrees, from lines or from receipts.
+    for source in (lines, read_receipts(path)):
+        summary = usage_summary(source)
+        assert summary.calls == 2 and summary.by_status == {"ok": 2} and summary.tokens["input"].total == 20
+    assert check_ref(first, lines) is None and check_ref(second, lines) is None
+
+
+def test_line_numbers_hold_across_writers_and_after_a_cut_line(tmp_path):
+    path = tmp_path / "r.jsonl"
+    a, b = ReceiptLog(path), ReceiptLog(path)
+    refs = [a.write(_outcome("c1", "ok")), b.write(_outcome("c2", "ok")), a.write(_outcome("c3", "ok"))]
+    with open(path, "ab") as f:
+        f.write(_outcome("cut", "ok").model_dump_json().encode()[:40])  # a crash mid-write
+    refs.append(b.write(_outcome("c4", "ok")))
+    lines = read_receipt_file(path)
+    assert [r.lineno for r in refs] == [1, 2, 3, 5]
+    assert all(check_ref(r, lines) is None for r in refs)
+    cut = [line for line in lines if line.receipt is None]
+    assert len(cut) == 1 and cut[0].lineno == 4 and cut[0].complete  # the cut line stays its own line
+    assert [line.receipt.call_id for line in lines if line.receipt] == ["c1", "c2", "c3", "c4"]
+
+
+def test_a_kill_during_an_attempt_leaves_its_started_line(tmp_path):
+    receipts = tmp_path / "receipts.jsonl"
+    child = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        import numpy as np
+        from rescue.vlm.client import VIEW_NAMES, SubgoalRequest, VLMClient, VLMConfig
+        from rescue.vlm.receipts import ReceiptLog
+
+        async def main():
+            views = {{n: np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8) for n in VIEW_NAMES}}
+            client = VLMClient(VLMConfig(base_url=sys.argv[1]), ReceiptLog({str(receipts)!r}))
+            await client.ask(SubgoalRequest("case-kill", "put the cream cheese in the bowl", 100, views))
+
+        asyncio.run(main())
+        """
+    )
+
+    async def go():
+        runner, base_url = await start_endpoint(EndpointOptions(latency_s=30.0))
+        try:
+            env = os.environ | {"PYTHONPATH": str(REPO)}
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", child, base_url, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            state = endpoint_state(runner)
+            for _ in range(300):  # the request has reached the endpoint: the attempt is in flight
+                if state.counter:
+                    break
+                await asyncio.sleep(0.05)
+            proc.kill()
+            await proc.wait()
+            return state.counter, proc.returncode
+        finally:
+            await runner.cleanup()
+
+    counter, returncode = run(go())
+    assert counter == 1 and returncode == -signal.SIGKILL
+    lines = read_receipt_file(receipts)
+    assert [(line.receipt.kind, line.receipt.status, line.receipt.attempt) for line in lines] == [
+        ("attempt_started", "started", 1)
+    ]
+    assert lines[0].receipt.case_ids == ["case-kill"] and lines[0].receipt.finished_at is None
+    assert unfinished_calls(lines) == {lines[0].receipt.call_id: lines} and outcomes_by_call(lines) == {}
+
+
+# ---- generation settings ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "api, sent",
+    [
+        ("chat", {"max_completion_tokens": 256, "temperature": 0.2, "seed": 7, "reasoning_effort": "low", "store": False}),
+        ("responses", {"max_output_tokens": 256, "temperature": 0.2, "reasoning": {"effort": "low"}, "store": False}),
+    ],
+)
+def test_generation_settings_reach_the_endpoint_and_every_receipt(tmp_path, api, sent):
+    settings = dict(max_output_tokens=256, temperature=0.2, reasoning_effort="low")
+    if api == "chat":
+        settings["seed"] = 7
+    answer, state, receipts = ask_one(tmp_path, EndpointOptions(), api=api, **settings)
+    assert answer.status == "ok" and state.requests[0].generation == sent
+    recorded = {"max_output_tokens": 256, "temperature": 0.2, "seed": settings.get("seed"), "reasoning_effort": "low", "store": False}
+    assert len(receipts) == 3 and all(r.generation == recorded for r in receipts)
+
+
+def test_unset_generation_settings_are_not_sent_and_store_is_off(tmp_path):
+    answer, state, _ = ask_one(tmp_path / "a", EndpointOptions())
+    assert state.requests[0].generation == {"store": False}
+    assert answer.receipt.generation == {
+        "max_output_tokens": None, "temperature": None, "seed": None, "reasoning_effort": None, "store": False
+    }
+    _, state, _ = ask_one(tmp_path / "b", EndpointOptions(), api="responses", store=True)
+    assert state.requests[0].generation == {"store": True}
+
+
+def test_a_seed_the_responses_api_cannot_take_is_refused():
+    with pytest.raises(ValueError, match="Responses API has no seed"):
+        VLMConfig(base_url="http://x", api="responses", seed=3)
+    with pytest.raises(ValueError):
+        VLMConfig(base_url="http://x", modle="typo")  # unknown keys are refused
+
+
+# ---- what a call saw ----------------------------------------------------------------
+
+
+def test_images_prompt_and_response_are_kept_by_sha256(tmp_path):
+    artifacts = tmp_path / "vlm"
+    request = make_request(3)
+
+    async def go():
+        runner, base_url = await start_endpoint(EndpointOptions())
+        client = VLMClient(VLMConfig(base_url=base_url, **FAST), ReceiptLog(tmp_path / "r.jsonl"), artifacts)
+        try:
+            return await client.ask(request)
+        finally:
+            await client.aclose()
+            await runner.cleanup()
+
+    answer = run(go())
+    outcome = answer.receipt
+    assert len(outcome.sent_image_sha256) == 3
+    for name, sha in zip(VIEW_NAMES, outcome.sent_image_sha256):
+        png = artifacts / f"{sha}.png"
+        assert hashlib.sha256(png.read_bytes()).hexdigest() == sha
+        assert np.array_equal(np.asarray(Image.open(png)), request.views[name])  # the exact pixels sent
+    prompt = (artifacts / f"{outcome.prompt_sha256}.txt").read_text("utf-8")
+    assert answer.request_id in prompt and request.instruction in prompt
+    body = json.loads((artifacts / f"{outcome.response_sha256}.txt").read_text("utf-8"))
+    assert json.loads(body["choices"][0]["message"]["content"])["answers"][0]["subgoal"] == answer.subgoal
+    assert sorted(p.name for p in artifacts.iterdir()) == sorted(
+        [f"{s}.png" for s in outcome.sent_image_sha256] + [f"{outcome.prompt_sha256}.txt", f"{outcome.response_sha256}.txt"]
+    )
+    assert check_artifacts(outcome, artifacts) == []
+    png = artifacts / f"{outcome.sent_image_sha256[1]}.png"
+    png.write_bytes(png.read_bytes() + b"\0")
+    (artifacts / f"{outcome.response_sha256}.txt").unlink()
+    problems = check_artifacts(outcome, artifacts)
+    assert len(problems) == 2
+    assert any("does not hash" in p and png.name in p for p in problems)
+    assert any("raw response" in p and "missing" in p for p in problems)
+
+
+def test_a_batch_keeps_its_contact_sheet(tmp_path):
+    artifacts = tmp_path / "vlm"
+
+    async def go():
+        runner, base_url = await start_endpoint(EndpointOptions())
+        config = VLMConfig(base_url=base_url, batch_size=2, batch_window_s=5.0, **FAST)
+        client = VLMClient(config, ReceiptLog(tmp_path / "r.jsonl"), artifacts)
+        try:
+            return await asyncio.gather(*(client.ask(make_request(i, CASES[i][0])) for i in range(2)))
+        finally:
+            await client.aclose()
+            await runner.cleanup()
+
+    answers = run(go())
+    outcome = answers[0].receipt
+    (sheet,) = outcome.sent_image_sha256
+    assert np.asarray(Image.open(artifacts / f"{sheet}.png")).shape == (64, 96, 3)  # 2 rows of 3 views
+    assert check_artifacts(outcome, artifacts) == []
+
+
+# ---- refusals -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_a_refusal_is_recorded_as_a_refusal(tmp_path, api):
+    answer, state, receipts = ask_one(tmp_path, EndpointOptions(fault="refusal"), api=api)
+    assert state.counter == 1  # an answer arrived: never asked again
+    assert answer.status == "invalid_response" and answer.error_kind == "refusal" and answer.subgoal is None
+    assert "can't help" in answer.error
+    outcome = answer.receipt
+    assert outcome.status == "refusal" and outcome.error_kind == "refusal" and outcome.response_sha256
+    assert receipts[1].kind == "attempt" and receipts[1].status == "ok"
+
+
+# ---- the key from the config --------------------------------------------------------
+
+
+def test_a_configured_key_is_sent_but_never_written(tmp_path, monkeypatch):
+    from rescue.config import StudyConfig
+
+    key = "sk-cfg-Kq81distinctive-config-key"
+    monkeypatch.delenv("RESCUE_TEST_VLM_KEY", raising=False)
+    answer, state, _ = ask_one(
+        tmp_path, EndpointOptions(expected_api_key=key), api_key=key, api_key_env="RESCUE_TEST_VLM_KEY",
+        prompt_root=None,
+    )
+    assert answer.status == "ok" and state.requests[0].key_matched is True
+    assert key not in (tmp_path / "r.jsonl").read_text()
+    study_config = StudyConfig.model_validate({"vlm": {"base_url": "http://x", "api_key": key, "api_key_env": "RESCUE_TEST_VLM_KEY"}})
+    dumped = study_config.model_dump_json()
+    assert key not in dumped and "*****" not in dumped and '"api_key"' not in dumped
+    # What a resumed study loads: no key, and a clear way to give it again.
+    resumed = StudyConfig.model_validate_json(dumped).vlm
+    assert resumed.api_key is None and resumed.api_key_from_config
+    with pytest.raises(MissingAPIKey, match="RESCUE_TEST_VLM_KEY"):
+        VLMClient(resumed, ReceiptLog(tmp_path / "r2.jsonl"))
+    monkeypatch.setenv("RESCUE_TEST_VLM_KEY", key)
+    assert resumed.missing_key_message() is None and resumed.resolved_api_key() == key
+    # A mask written by an older version is never sent as a key.
+    legacy = VLMConfig.model_validate({"base_url": "http://x", "api_key": "**********", "api_key_env": "RESCUE_TEST_VLM_KEY"})
+    assert legacy.resolved_api_key() == key
+
+
+# ---- the local endpoint as any VLM --------------------------------------------------
+
+
+def test_the_endpoint_answers_a_free_form_question_over_both_apis():
+    import openai
+
+    def url(pixels: np.ndarray) -> str:
+        return "data:image/png;base64," + base64.b64encode(encode_png(pixels)).decode()
+
+    question = "The robot was told to pick up the ketchup and place it in the basket. It has 40 steps left. What should it do next?"
+    noise = np.random.default_rng(5).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    blank = np.full((64, 64, 3), 90, np.uint8)
+
+    async def go():
+        runner, base_url = await start_endpoint(EndpointOptions())
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0)
+        try:
+            chat = await client.chat.completions.create(
+                model="rescue-advisor-v0",
+                messages=[{"role": "user", "content": [
+                    {"type": "text", "text": question}, {"type": "image_url", "image_url": {"url": url(noise)}},
+                ]}],
+            )
+            resp = await client.responses.create(
+                model="rescue-advisor-v0",
+                input=[{"role": "user", "content": [
+                    {"type": "input_text", "text": question}, {"type": "input_image", "image_url": url(noise)},
+                ]}],
+            )
+            empty = await client.chat.completions.create(
+                model="rescue-advisor-v0",
+                messages=[{"role": "user", "content": [
+                    {"type": "text", "text": question}, {"type": "image_url", "image_url": {"url": url(blank)}},
+                ]}],
+            )
+            three = await client.chat.completions.create(
+                model="rescue-advisor-v0",
+                messages=[{"role": "user", "content": [{"type": "text", "text": question}]
+                           + [{"type": "image_url", "image_url": {"url": url(noise)}}] * 3}],
+            )
+            return chat, resp, empty, three, endpoint_state(runner)
+        finally:
+            await client.close()
+            await runner.cleanup()
+
+    chat, resp, empty, three, state = run(go())
+    # One view: the instruction's wording, hurried by the budget the question states.
+    assert chat.choices[0].message.content == "grasp the ketchup again quickly, then place it in the basket"
+    assert resp.output_text == chat.choices[0].message.content
+    # The decision comes from the image: an empty view says so.
+    assert empty.choices[0].message.content == "look around: the view is empty"
+    # Three views go to the subgoal model, which names the question's object.
+    assert "the ketchup" in three.choices[0].message.content and "{" not in three.choices[0].message.content
+    assert all(r.free_form and r.request_ids == [] for r in state.requests)

@@ -34,6 +34,7 @@ def faulty_endpoint(request):
     [
         (("quota", 1), "broker_error", "quota", "unknown", 3),
         (("overlong_subgoal", 1), "invalid_response", "invalid_response", "unknown", 3),
+        (("refusal", 1), "invalid_response", "refusal", "unknown", 3),  # an answer, recorded as a refusal
         (("server_error", 1), "applied", None, None, None),  # retried once, then answered
     ],
     indirect=["faulty_endpoint"],
@@ -52,9 +53,12 @@ def test_vlm_fault_is_recorded_and_classified(tmp_path, faulty_endpoint, status,
     receipts = [json.loads(x) for x in (study / "receipts" / "receipts.jsonl").read_text().splitlines()]
     outcome = [r for r in receipts if r["kind"] == "outcome"]
     assert len(outcome) == 1 and outcome[0]["call_id"] == assisted["assistance"]["call_id"]
+    assert [r["kind"] for r in receipts if r["kind"] != "outcome"][::2] == ["attempt_started"] * outcome[0]["attempt"]
     if label is not None:
         assert (case["label"], case["rule"]) == (label, rule)
         assert outcome[0]["error_kind"] == error_kind
+        if fault == "refusal":
+            assert outcome[0]["status"] == "refusal"
     else:
         attempts = [r for r in receipts if r["kind"] == "attempt"]
         assert len(attempts) == 2 and outcome[0]["status"] == "ok"

@@ -6,6 +6,14 @@ Completions or Responses). Infrastructure failures (connection, timeout, 408,
 off; a response that arrived but is unusable is never asked again (DESIGN §4).
 Each answer must echo our request id and per-request token. Optionally several
 waiting cases share one call: a contact sheet of their views, one answer each.
+
+Every attempt leaves an `attempt_started` line before it is sent and an
+`attempt` line when it ends; every call ends with one `outcome` line, which
+lists the references of its attempt lines. With an artifacts folder the
+client also keeps what the call saw (DESIGN §9): the PNGs as sent, the
+rendered prompt and the raw response body, each named by its sha256 and
+fsynced before the outcome line is written. The `openai` SDK must be 1.66.0
+or newer (the first with `client.responses.create`).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import base64
 import hashlib
 import io
 import json
+import os
 import random
 import re
 import secrets
@@ -23,6 +32,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -38,9 +48,9 @@ from tenacity import (
 )
 
 from rescue.prompts import Template, load_template, prompt_sha256, render
-from rescue.records import Receipt, Usage
-from rescue.vlm.receipts import ReceiptLog
-from rescue.vlm.settings import VLMConfig
+from rescue.records import Receipt, ReceiptRef, Usage
+from rescue.vlm.receipts import ReceiptLog, artifact_path
+from rescue.vlm.settings import MissingAPIKey, VLMConfig  # noqa: F401  (re-exported)
 
 log = structlog.get_logger(__name__)
 
@@ -78,6 +88,8 @@ class SubgoalAnswer(BaseModel):
     error_kind: str | None = None
     error: str | None = None
     receipt: Receipt | None = None
+    receipt_ref: ReceiptRef | None = None
+    """Where the call's outcome line was written (file, line, sha256 of its bytes)."""
 
 
 class AnswerItem(BaseModel):
@@ -245,12 +257,21 @@ def _data_url(png: bytes) -> str:
 class AttemptError(Exception):
     """One failed attempt, classified for the retry decision."""
 
-    def __init__(self, kind: str, message: str, retryable: bool, retry_after: float | None, provider_id: str | None):
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        retryable: bool,
+        retry_after: float | None,
+        provider_id: str | None,
+        response_sha256: str | None = None,
+    ):
         super().__init__(message)
         self.kind = kind
         self.retryable = retryable
         self.retry_after = retry_after
         self.provider_id = provider_id
+        self.response_sha256 = response_sha256
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -313,6 +334,7 @@ class _Pending:
 @dataclass
 class _Reply:
     text: str
+    refusal: str | None
     body_sha256: str
     provider_id: str | None
     model: str | None
@@ -329,6 +351,7 @@ class _Call:
     view_sha256: dict[str, list[str]]
     attempts: int = 0
     started: float = field(default_factory=time.time)
+    attempt_refs: list[ReceiptRef] = field(default_factory=list)
 
     @property
     def tokens(self) -> dict[str, str]:
@@ -354,26 +377,42 @@ def _usage(body: dict[str, Any], api: str) -> Usage:
     )
 
 
-def _reply_text(body: dict[str, Any], api: str) -> tuple[str, int]:
-    """The model's text and how many separate outputs carried text."""
+def _reply_text(body: dict[str, Any], api: str) -> tuple[str, int, str | None]:
+    """The model's text, how many separate outputs carried text or a refusal, and the refusal if any."""
+    texts: list[str] = []
+    refusals: list[str] = []
     if api == "chat":
-        texts = [(c.get("message") or {}).get("content") for c in body.get("choices") or []]
+        for choice in body.get("choices") or []:
+            message = choice.get("message") or {}
+            if isinstance(message.get("refusal"), str) and message["refusal"].strip():
+                refusals.append(message["refusal"])
+            elif isinstance(message.get("content"), str):
+                texts.append(message["content"])
     else:
-        texts = [
-            "".join(p.get("text", "") for p in item.get("content") or [] if p.get("type") == "output_text")
-            for item in body.get("output") or []
-            if item.get("type") == "message"
-        ]
-    texts = [t for t in texts if isinstance(t, str)]
-    return (texts[0] if texts else ""), len(texts)
+        for item in body.get("output") or []:
+            if item.get("type") != "message":
+                continue
+            parts = item.get("content") or []
+            refused = [p.get("refusal") for p in parts if p.get("type") == "refusal" and isinstance(p.get("refusal"), str)]
+            if refused:
+                refusals.append(" ".join(refused))
+            else:
+                texts.append("".join(p.get("text", "") for p in parts if p.get("type") == "output_text"))
+    n = len(texts) + len(refusals)
+    return (texts[0] if texts else ""), n, (refusals[0] if refusals else None)
 
 
 class VLMClient:
     """Asks the VLM for subgoals; every attempt and every outcome leaves a receipt."""
 
-    def __init__(self, config: VLMConfig, receipts: ReceiptLog) -> None:
+    def __init__(self, config: VLMConfig, receipts: ReceiptLog, artifacts_dir: Path | str | None = None) -> None:
+        """`artifacts_dir` (e.g. `<study>/vlm/`): where the images sent, prompts and raw responses are kept.
+
+        Raises `MissingAPIKey` when the study's key came from its config file and was not supplied again.
+        """
         self.config = config
         self.receipts = receipts
+        self.artifacts_dir = Path(artifacts_dir) if artifacts_dir is not None else None
         self.template: Template = load_template(config.prompt_template, config.prompt_root)
         self._key = config.resolved_api_key()
         self._client = openai.AsyncOpenAI(
@@ -492,14 +531,28 @@ class VLMClient:
                     "type": "json_schema",
                     "json_schema": {"name": "subgoal_answers", "strict": True, "schema": schema},
                 }
-            return kwargs
-        content = [{"type": "input_text", "text": call.prompt}]
-        content += [{"type": "input_image", "image_url": u, "detail": cfg.image_detail} for u in urls]
-        kwargs = {"model": cfg.model, "input": [{"role": "user", "content": content}]}
-        if cfg.structured:
-            kwargs["text"] = {
-                "format": {"type": "json_schema", "name": "subgoal_answers", "strict": True, "schema": schema}
+            wire = {
+                "max_completion_tokens": cfg.max_output_tokens,
+                "temperature": cfg.temperature,
+                "seed": cfg.seed,
+                "reasoning_effort": cfg.reasoning_effort,
             }
+        else:
+            content = [{"type": "input_text", "text": call.prompt}]
+            content += [{"type": "input_image", "image_url": u, "detail": cfg.image_detail} for u in urls]
+            kwargs = {"model": cfg.model, "input": [{"role": "user", "content": content}]}
+            if cfg.structured:
+                kwargs["text"] = {
+                    "format": {"type": "json_schema", "name": "subgoal_answers", "strict": True, "schema": schema}
+                }
+            wire = {
+                "max_output_tokens": cfg.max_output_tokens,
+                "temperature": cfg.temperature,
+                "reasoning": {"effort": cfg.reasoning_effort} if cfg.reasoning_effort is not None else None,
+            }
+        # Unset settings are not sent; `store` always is, so a provider never keeps a call by default.
+        kwargs |= {k: v for k, v in wire.items() if v is not None}
+        kwargs["store"] = cfg.store
         return kwargs
 
     async def _send(self, kwargs: dict[str, Any]) -> _Reply:
@@ -509,16 +562,18 @@ class VLMClient:
             raw = await self._client.responses.with_raw_response.create(**kwargs)
         body_text = raw.text
         provider_id = raw.headers.get("x-request-id")
+        body_sha = self._keep(body_text.encode("utf-8"), ".txt")
         try:
             body = json.loads(body_text)
         except ValueError:
-            raise AttemptError("invalid_response", "response body is not JSON", False, None, provider_id) from None
+            raise AttemptError("invalid_response", "response body is not JSON", False, None, provider_id, body_sha) from None
         if not isinstance(body, dict):
-            raise AttemptError("invalid_response", "response body is not a JSON object", False, None, provider_id)
-        text, n_outputs = _reply_text(body, self.config.api)
+            raise AttemptError("invalid_response", "response body is not a JSON object", False, None, provider_id, body_sha)
+        text, n_outputs, refusal = _reply_text(body, self.config.api)
         return _Reply(
             text=text,
-            body_sha256=_sha(body_text),
+            refusal=refusal,
+            body_sha256=body_sha,
             provider_id=provider_id,
             model=body.get("model") if isinstance(body.get("model"), str) else None,
             usage=_usage(body, self.config.api),
@@ -531,9 +586,45 @@ class VLMClient:
             return text
         return text.replace(self._key, "[redacted]")
 
+    def _keep(self, data: bytes, suffix: str) -> str:
+        """Keep one artifact as `<sha256><suffix>` (atomic, fsynced; kept once); return its sha256."""
+        sha = _sha(data)
+        if self.artifacts_dir is None:
+            return sha
+        path = artifact_path(self.artifacts_dir, sha, suffix)
+        if path.is_file():
+            return sha  # content-addressed: an existing complete file holds these bytes
+        new_dir = not self.artifacts_dir.is_dir()
+        self.artifacts_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        for folder in [self.artifacts_dir] + ([self.artifacts_dir.parent] if new_dir else []):
+            dir_fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        return sha
+
+    def _write(self, call: _Call, receipt: Receipt) -> ReceiptRef:
+        ref = self.receipts.write(receipt)
+        if receipt.kind != "outcome":
+            call.attempt_refs.append(ref)
+        return ref
+
     def _receipt(self, call: _Call, kind: str, started: float, **fields: Any) -> Receipt:
-        finished = time.time()
+        finished = None if kind == "attempt_started" else time.time()
         fields["error"] = self._redact(fields.get("error"))
+        if kind == "outcome":
+            fields["attempt_refs"] = list(call.attempt_refs)
         return Receipt(
             kind=kind,
             call_id=call.call_id,
@@ -550,49 +641,57 @@ class VLMClient:
             sent_image_sha256=[_sha(b) for b in call.images],
             started_at=started,
             finished_at=finished,
-            latency_s=finished - started,
+            latency_s=None if finished is None else finished - started,
+            generation=self.config.generation(),
             **fields,
         )
 
     async def _attempt(self, call: _Call, kwargs: dict[str, Any], deadline_at: float) -> _Reply:
         call.attempts += 1
         started = time.time()
+        # Evidence first: a kill while the request is in flight still leaves this line.
+        self._write(call, self._receipt(call, "attempt_started", started, status="started"))
         try:
             reply = await self._send(kwargs)
         except asyncio.CancelledError:
             timed_out = time.monotonic() >= deadline_at - 1e-3
-            self.receipts.write(
+            self._write(
+                call,
                 self._receipt(
                     call, "attempt", started,
                     status="timeout" if timed_out else "error",
                     error_kind="timeout" if timed_out else "cancelled",
                     error="deadline reached during the attempt" if timed_out else "cancelled",
-                )
+                ),
             )
             raise
         except Exception as exc:
             err = exc if isinstance(exc, AttemptError) else _classify(exc)
-            self.receipts.write(
+            self._write(
+                call,
                 self._receipt(
                     call, "attempt", started,
                     status="invalid_response" if err.kind == "invalid_response" else "error",
                     error_kind=err.kind, error=str(err), provider_request_id=err.provider_id,
-                )
+                    response_sha256=err.response_sha256,
+                ),
             )
             raise err from None
-        self.receipts.write(
+        self._write(
+            call,
             self._receipt(
                 call, "attempt", started, status="ok", provider_request_id=reply.provider_id,
                 model_reported=reply.model, usage=reply.usage, response_sha256=reply.body_sha256,
-            )
+            ),
         )
         return reply
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
-        if isinstance(exc, AttemptError) and exc.retry_after is not None:
-            return exc.retry_after  # the server knows when it will take us again
         cfg = self.config
+        if isinstance(exc, AttemptError) and exc.retry_after is not None:
+            # The server knows when it will take us again, but never holds a case beyond our own cap.
+            return min(exc.retry_after, cfg.backoff_max_s)
         backoff = min(cfg.backoff_max_s, cfg.backoff_initial_s * 2 ** (state.attempt_number - 1))
         return backoff + random.uniform(0.0, cfg.backoff_jitter_s)
 
@@ -611,6 +710,10 @@ class VLMClient:
     async def _call(self, group: list[_Pending]) -> list[SubgoalAnswer]:
         call = self._build(group)
         kwargs = self._request_kwargs(call)
+        # What the call sees is on disk before anything is sent, hence before its outcome line.
+        for png in call.images:
+            self._keep(png, ".png")
+        self._keep(call.prompt.encode("utf-8"), ".txt")
         deadline_at = min(p.started_mono for p in group) + self.config.deadline_s
         fields: dict[str, Any] = {}
         try:
@@ -620,28 +723,35 @@ class VLMClient:
             status, fields = "timeout", {"error_kind": "timeout", "error": f"no answer within {self.config.deadline_s} s"}
         except AttemptError as err:
             status = "invalid_response" if err.kind == "invalid_response" else "broker_error"
-            fields = {"error_kind": err.kind, "error": str(err), "provider_request_id": err.provider_id}
+            fields = {
+                "error_kind": err.kind,
+                "error": str(err),
+                "provider_request_id": err.provider_id,
+                "response_sha256": err.response_sha256,  # a body that arrived but is not JSON is kept too
+            }
         except asyncio.CancelledError:
             # The caller gave up (shutdown); the call still gets its outcome line.
-            self.receipts.write(
+            self._write(
+                call,
                 self._receipt(
                     call, "outcome", call.started, status="error", error_kind="cancelled",
                     error="cancelled by the caller", request_status={p.request_id: "broker_error" for p in group},
-                )
+                ),
             )
             raise
         else:
             status, fields = self._judge(call, reply)
         per_request = fields.pop("per_request", None)
+        receipt_status = fields.pop("receipt_status", None) or _RECEIPT_STATUS[status]
         receipt = self._receipt(
             call, "outcome", call.started,
-            status=_RECEIPT_STATUS[status],
+            status=receipt_status,
             request_status={rid: s for rid, (s, _) in per_request.items()} if per_request else {
                 p.request_id: status for p in group
             },
             **fields,
         )
-        self.receipts.write(receipt)
+        ref = self._write(call, receipt)
         log.info(
             "vlm.call",
             call_id=call.call_id,
@@ -665,6 +775,7 @@ class VLMClient:
                     error_kind=None if rstatus == "ok" else (receipt.error_kind or rstatus),
                     error=rerror,
                     receipt=receipt,
+                    receipt_ref=ref,
                 )
             )
         return answers
@@ -678,6 +789,16 @@ class VLMClient:
             "usage": reply.usage,
             "response_sha256": reply.body_sha256,
         }
+        if reply.refusal is not None and reply.n_outputs == 1:
+            # A refusal is an answer, not a missing one: unusable, never asked again, named as such.
+            error = f"the model refused: {reply.refusal[:500]}"
+            return "invalid_response", common | {
+                "receipt_status": "refusal",
+                "error_kind": "refusal",
+                "error": error,
+                "subgoals": {rid: None for rid in tokens},
+                "request_errors": {rid: error for rid in tokens},
+            }
         try:
             if reply.n_outputs != 1:
                 raise InvalidResponse(f"{reply.n_outputs} outputs instead of one")

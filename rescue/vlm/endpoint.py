@@ -2,8 +2,12 @@
 
 It serves `/v1/chat/completions`, `/v1/responses` and `/v1/models` on aiohttp,
 reads only the request's text and data-URL images, and can inject the faults a
-real provider shows (rate limits, 5xx, dropped connections, quota, bad answers)
-so the client's retries and receipts can be tested against a real HTTP peer.
+real provider shows (rate limits, 5xx, dropped connections, quota, bad answers,
+refusals) so the client's retries and receipts can be tested against a real
+HTTP peer. It answers the project's structured prompt (a REQUESTS JSON block,
+one answer per request) and, like any VLM, a free-form question with images:
+then the reply is one plain-text subgoal (`{"subgoal": ...}` when the request
+asks for JSON output).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from aiohttp import web
 from PIL import Image
 from pydantic import BaseModel
 
-from rescue.vlm.advisor import propose_subgoal
+from rescue.vlm.advisor import parse_goal, propose_subgoal
 
 Fault = Literal[
     "none",
@@ -39,7 +43,14 @@ Fault = Literal[
     "wrong_request_id",
     "quota",
     "empty_subgoal",
+    "refusal",
 ]
+# The generation settings a request may carry (both APIs); the endpoint records them as received.
+GENERATION_KEYS = (
+    "max_completion_tokens", "max_tokens", "max_output_tokens", "temperature", "seed",
+    "reasoning_effort", "reasoning", "store",
+)
+REFUSAL = "I'm sorry, but I can't help with that request."
 VIEWS_PER_ROW = 3
 
 
@@ -70,6 +81,8 @@ class ReceivedRequest:
     request_ids: list[str]
     outcome: str
     key_matched: bool | None = None
+    generation: dict[str, Any] = field(default_factory=dict)  # the settings of GENERATION_KEYS as sent
+    free_form: bool = False  # no REQUESTS block: answered with one plain subgoal
 
 
 @dataclass
@@ -132,6 +145,25 @@ def _requests_block(text: str) -> list[dict[str, Any]]:
         if line.startswith("{") and '"requests"' in line:
             return list(json.loads(line)["requests"])
     raise ValueError("no REQUESTS JSON block in the prompt")
+
+
+_VERB = re.compile(r"\b(?:pick up|put|place|move|open|close|shut|turn|switch|push|lift|grasp|grab)\b", re.IGNORECASE)
+
+
+def free_form_instruction(text: str) -> str:
+    """The task a free-form question names: the first sentence tail the instruction grammar reads, else the text."""
+    for sentence in re.split(r"[.,?!;\n\"\u201c\u201d]+", text):
+        for verb in _VERB.finditer(sentence):
+            tail = sentence[verb.start() :].strip()
+            if parse_goal(tail) is not None:
+                return tail
+    return " ".join(text.split())
+
+
+def free_form_remaining(text: str, default: int = 100) -> int:
+    """The step budget a free-form question states ("120 steps left"), else `default`."""
+    m = re.search(r"(\d+)\s+(?:more\s+|remaining\s+)?(?:environment\s+)?steps", text, re.IGNORECASE)
+    return int(m.group(1)) if m else default
 
 
 def _rows(images: list[Image.Image], n: int) -> list[list[Image.Image]]:
@@ -207,19 +239,21 @@ def _usage(path: str, text: str, images: list[Image.Image], reply: str, details:
     return usage
 
 
-def _completion(path: str, model: str, reply: str, usage: dict[str, Any]) -> dict[str, Any]:
+def _completion(path: str, model: str, reply: str, usage: dict[str, Any], refused: bool = False) -> dict[str, Any]:
     created = int(time.time())
     if path.endswith("/chat/completions"):
+        message = {"role": "assistant", "content": None, "refusal": reply} if refused else {
+            "role": "assistant", "content": reply, "refusal": None
+        }
         return {
             "id": "chatcmpl-" + uuid.uuid4().hex,
             "object": "chat.completion",
             "created": created,
             "model": model,
-            "choices": [
-                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}
-            ],
+            "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
             "usage": usage,
         }
+    part = {"type": "refusal", "refusal": reply} if refused else {"type": "output_text", "text": reply, "annotations": []}
     return {
         "id": "resp_" + uuid.uuid4().hex,
         "object": "response",
@@ -232,7 +266,7 @@ def _completion(path: str, model: str, reply: str, usage: dict[str, Any]) -> dic
                 "id": "msg_" + uuid.uuid4().hex,
                 "role": "assistant",
                 "status": "completed",
-                "content": [{"type": "output_text", "text": reply, "annotations": []}],
+                "content": [part],
             }
         ],
         "usage": usage,
@@ -255,6 +289,7 @@ async def _handle_generate(request: web.Request) -> web.StreamResponse:
     hit = options.fault == "quota" or (options.fault != "none" and index < options.fault_count)
     fault = options.fault if hit else "none"
     record = ReceivedRequest(index, path, body.get("model"), _structured(body, path), 0, [], "ok")
+    record.generation = {k: body[k] for k in GENERATION_KEYS if k in body}
     state.requests.append(record)
     if options.expected_api_key is not None:
         presented = request.headers.get("Authorization", "").removeprefix("Bearer ")
@@ -285,15 +320,30 @@ async def _handle_generate(request: web.Request) -> web.StreamResponse:
 
     try:
         text, images = _parts(body, path)
-        requests = _requests_block(text)
-        rows = _rows(images, len(requests))
+        if not images:
+            raise ValueError("the request carries no image")
+        try:
+            requests = _requests_block(text)
+        except ValueError:
+            requests = None  # a free-form question
+        rows = _rows(images, len(requests)) if requests is not None else []
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         record.outcome = "400"
         return _error(400, f"Bad request: {exc}", "invalid_request_error", None, headers)
     record.n_images = len(images)
-    record.request_ids = [str(r.get("request_id")) for r in requests]
-    answers = _answers(requests, rows, fault)
-    reply = _reply_text(answers, record.structured, options, fault)
+    if fault == "refusal":
+        record.outcome = "refusal"
+        usage = _usage(path, text, images, REFUSAL, options.usage_details)
+        return web.json_response(_completion(path, options.model, REFUSAL, usage, refused=True), headers=headers)
+    if requests is None:
+        record.free_form = True
+        # Decided like any request: from the images and the question's own words.
+        subgoal = propose_subgoal(free_form_instruction(text), images, free_form_remaining(text))
+        reply = json.dumps({"subgoal": subgoal}) if record.structured else subgoal
+    else:
+        record.request_ids = [str(r.get("request_id")) for r in requests]
+        answers = _answers(requests, rows, fault)
+        reply = _reply_text(answers, record.structured, options, fault)
     usage = _usage(path, text, images, reply, options.usage_details)
     return web.json_response(_completion(path, options.model, reply, usage), headers=headers)
 

@@ -1,7 +1,8 @@
 """Token usage and latency over VLM calls, honest about what is unknown.
 
 One call counts once however many cases shared it and however many attempts it
-took: calls are deduplicated by call id using their outcome receipts. A token
+took: each call is its outcome receipt, chosen by the receipts module's one rule
+(the first outcome line of a call; `rescue.vlm.receipts.first_outcomes`). A token
 total is given only when every call reported that counter; otherwise the known
 sum is shown beside how many calls lacked it.
 """
@@ -15,6 +16,7 @@ from collections.abc import Iterable
 from pydantic import BaseModel, Field
 
 from rescue.records import Receipt
+from rescue.vlm.receipts import ReceiptLine, first_outcomes
 
 TOKEN_TYPES = {
     "input": "input_tokens",
@@ -55,14 +57,9 @@ class UsageSummary(BaseModel):
     cost: float | None = None  # no price list is assumed
 
 
-def _outcomes(receipts: Iterable[Receipt]) -> list[Receipt]:
-    seen: dict[str, Receipt] = {}
-    for r in receipts:
-        # The first outcome of a call is authoritative; a repeat (a file read twice,
-        # a merged copy) must not count again.
-        if r.kind == "outcome" and r.call_id not in seen:
-            seen[r.call_id] = r
-    return list(seen.values())
+def _outcomes(receipts: Iterable[Receipt | ReceiptLine]) -> list[Receipt]:
+    plain = (r.receipt if isinstance(r, ReceiptLine) else r for r in receipts)
+    return list(first_outcomes(r for r in plain if r is not None).values())
 
 
 def _tally(values: list[int | None]) -> TokenTally:
@@ -76,10 +73,10 @@ def _tally(values: list[int | None]) -> TokenTally:
     )
 
 
-def usage_summary(receipts: Iterable[Receipt]) -> UsageSummary:
-    """Summarise calls from their receipts (attempt receipts are ignored)."""
+def usage_summary(receipts: Iterable[Receipt | ReceiptLine]) -> UsageSummary:
+    """Summarise calls from their receipts or receipt lines (attempt receipts are ignored)."""
     calls = _outcomes(receipts)
-    latencies = [r.latency_s for r in calls]
+    latencies = [r.latency_s for r in calls if r.latency_s is not None]
     return UsageSummary(
         calls=len(calls),
         cases=len({c for r in calls for c in r.case_ids}),
