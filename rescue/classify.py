@@ -24,6 +24,25 @@ def deviation_reason(rec: CaseRecord) -> str | None:
     return None
 
 
+def deviation_detail(rec: CaseRecord) -> str | None:
+    """Which fingerprint parts differ for a deviating case (None when it does not deviate).
+
+    Parts are named when the arms disagree with each other; against a
+    historical fingerprint only the whole digest is known, so the detail says
+    which arm differs and lists the parts it recorded.
+    """
+    if deviation_reason(rec) is None:
+        return None
+    control, assisted = rec.control, rec.assisted
+    if control is not None and assisted is not None and control.fingerprint != assisted.fingerprint:
+        a, b = control.fingerprint_parts, assisted.fingerprint_parts
+        parts = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        return "parts differing between the arms: " + (", ".join(parts) if parts else "none recorded")
+    arm = control or assisted
+    recorded = ", ".join(sorted(arm.fingerprint_parts)) if arm is not None else ""
+    return f"differs from the historical fingerprint (the manifest records its digest only; parts recorded: {recorded or 'none'})"
+
+
 def _arm_problem(rec: CaseRecord, arm: ArmResult | None, name: str) -> str | None:
     if arm is None:
         return f"{name} arm missing"

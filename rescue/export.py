@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from rescue.classify import deviation_detail
 from rescue.journal import SUMMARY_KEY, CaseState, arm_digest
 from rescue.layout import StudyLayout
 from rescue.manifest import Case
@@ -36,7 +37,8 @@ from rescue.study import (
 from rescue.vlm.receipts import read_receipts
 from rescue.vlm.usage import UsageSummary, usage_summary
 
-EXPORT_SCHEMA = "rescue-export/1"
+# 2: cases name the fingerprint parts of a deviation; the study names its observation profile.
+EXPORT_SCHEMA = "rescue-export/2"
 
 
 class ExportError(StudyError):
@@ -88,6 +90,7 @@ class CaseEntry(BaseModel):
     reason: str | None = None
     in_m: bool | None = None
     in_e: bool | None = None
+    deviation: str | None = None  # for an initial-state deviation: which fingerprint parts differed
     query_step: int | None = None
     call_id: str | None = None
     control: ArmEntry | None = None
@@ -131,7 +134,7 @@ class Coverage(BaseModel):
 class StudyExport(BaseModel):
     """A study's whole result in one document (what `rescue export` writes as JSON)."""
 
-    schema_version: Literal["rescue-export/1"] = EXPORT_SCHEMA
+    schema_version: Literal["rescue-export/2"] = EXPORT_SCHEMA
     study: StudyInfo
     # The summary counts finished and interrupted cases only; `coverage` says
     # how many manifest cases that is, so a partial study cannot pass for a whole one.
@@ -199,6 +202,7 @@ def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
         reason=v.reason if v else None,
         in_m=v.in_m if v else None,
         in_e=v.in_e if v else None,
+        deviation=deviation_detail(records.record(case)) if v and v.label == "initial_state_deviation" else None,
         query_step=query_point(case.horizon, records.interval),
         call_id=assisted.assistance.call_id if assisted else None,
         control=_arm_entry(arms.get("control")),
@@ -281,7 +285,7 @@ ARM_COLUMNS = (
 )
 CASE_COLUMNS = (
     "case_id", "group", "task", "pilot", "state", "label", "rule", "reason",
-    "in_m", "in_e", "query_step", "call_id",
+    "in_m", "in_e", "deviation", "query_step", "call_id",
 )
 CSV_COLUMNS = CASE_COLUMNS + tuple(
     f"{arm}_{col}" for arm in ("control", "assisted") for col in ARM_COLUMNS

@@ -678,3 +678,22 @@ def test_empty_summary():
     s = summarize([], [])
     assert s.n == 0 and s.r_over_n is None and s.r_over_m is None and s.diff_ci is None
     assert s.mcnemar_p == 1.0 and s.pilot is None and s.pilot_ids == []
+
+
+def test_deviation_detail_names_the_differing_fingerprint_parts():
+    from rescue.classify import deviation_detail
+    from rescue.records import ArmResult, Assistance, CaseRecord
+
+    def arm(name, parts):
+        return ArmResult(case_id="c", arm=name, status="complete", success=False, steps=10,
+                         fingerprint=str(sorted(parts.items())), fingerprint_parts=parts,
+                         assistance=Assistance(status="control" if name == "control" else "not_reached"))
+
+    same = {"physics": "a", "model_xml": "x", "instruction": "i"}
+    other = {**same, "model_xml": "y"}
+    rec = CaseRecord(case_id="c", group="g", task="t", horizon=64, query_step=32,
+                     control=arm("control", same), assisted=arm("assisted", other))
+    assert deviation_detail(rec) == "parts differing between the arms: model_xml"
+    assert deviation_detail(rec.model_copy(update={"assisted": arm("assisted", same)})) is None
+    historical = rec.model_copy(update={"assisted": arm("assisted", same), "historical_fingerprint": "ff"})
+    assert "historical" in deviation_detail(historical)

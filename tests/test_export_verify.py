@@ -298,7 +298,7 @@ def test_index_receipt_line_sha256_is_added_once_never_replaced(tmp_path):
 
 def test_export_has_one_entry_per_case_and_explicit_coverage(clean_study):
     export = export_study(clean_study)
-    assert export.schema_version == EXPORT_SCHEMA == "rescue-export/1"
+    assert export.schema_version == EXPORT_SCHEMA == "rescue-export/2"
     assert [e.case_id for e in export.cases] == [line["case_id"] for line in manifest_lines()]
     by_id = {e.case_id: e for e in export.cases}
     assert by_id["never-started"].state == "pending" and by_id["never-started"].label is None
@@ -327,7 +327,7 @@ def test_write_export_json_and_csv_match(clean_study, tmp_path):
     assert out_json.name == "export.json" and out_csv.name == "export.csv"
     out_json, out_csv = tmp_path / "export.json", tmp_path / "export.csv"
     write_export(export, out_json, out_csv)
-    assert json.loads(out_json.read_text())["schema_version"] == "rescue-export/1"
+    assert json.loads(out_json.read_text())["schema_version"] == "rescue-export/2"
     assert json.loads(out_json.read_text()) == export.model_dump(mode="json")
     with out_csv.open(newline="") as f:
         reader = csv.DictReader(f)
@@ -528,3 +528,11 @@ def test_two_outcome_lines_for_one_call_read_the_same_everywhere(study_copy):
     assert "2 outcome lines" in report.problems[0].message and report.problems[0].case_id == "control-wins"
     # The verdict recomputed from the first line is the stored one: no verdict problem.
     assert all(p.check != "verdict" for p in report.problems)
+
+
+def test_export_names_the_deviation_of_every_deviating_case(clean_study):
+    export = export_study(clean_study)
+    deviating = [c for c in export.cases if c.label == "initial_state_deviation"]
+    assert [c.case_id for c in deviating] == ["deviates"]
+    assert "historical fingerprint" in deviating[0].deviation
+    assert all(c.deviation is None for c in export.cases if c.label != "initial_state_deviation")
