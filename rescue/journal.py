@@ -493,6 +493,18 @@ class Journal:
         counts.update(self._read("SELECT state, COUNT(*) FROM cases GROUP BY state"))
         return counts
 
+    def label_counts(self) -> dict[tuple[bool, str], int]:
+        """Stored verdicts counted by (pilot, label), without parsing a case or a verdict."""
+        rows = self._read(
+            "SELECT COALESCE(json_extract(c.data, '$.pilot'), 0), json_extract(v.data, '$.label'), COUNT(*) "
+            "FROM verdicts v JOIN cases c USING (case_id) GROUP BY 1, 2"
+        )
+        return {(bool(pilot), label): n for pilot, label, n in rows}
+
+    def pilot_count(self) -> int:
+        """How many cases the manifest declared pilot."""
+        return self._read("SELECT COUNT(*) FROM cases WHERE COALESCE(json_extract(data, '$.pilot'), 0)")[0][0]
+
     def cases(self) -> list[Case]:
         """All cases in manifest order."""
         return [

@@ -43,14 +43,13 @@ def study_status(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
     config = load_study_config(study_dir)
     with open_journal(study_dir, case_type=case_type) as journal:
         meta = journal.meta()
-        cases = journal.cases()
-        verdicts = journal.verdicts()
         draining = journal.draining()
         counts = journal.counts()
+        by_cohort = journal.label_counts()  # counted by SQLite: no case is parsed
+        n_pilot = journal.pilot_count()
         paths = list(receipt_files(StudyLayout.of(study_dir), journal).values())
-    pilot = {c.case_id for c in cases if c.pilot}
-    main_labels = Counter(v.label for cid, v in verdicts.items() if cid not in pilot)
-    pilot_labels = Counter(v.label for cid, v in verdicts.items() if cid in pilot)
+    main_labels = Counter({label: n for (pilot, label), n in by_cohort.items() if not pilot})
+    pilot_labels = Counter({label: n for (pilot, label), n in by_cohort.items() if pilot})
     receipts: list[Receipt] = []
     notes = []
     for path in paths:
@@ -69,13 +68,13 @@ def study_status(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
     return StudyStatus(
         study_id=meta.get("study_id"),
         kind="evaluation" if config.is_evaluation else "rescue",
-        cases=len(cases),
-        pilot_cases=len(pilot),
+        cases=sum(counts.values()),
+        pilot_cases=n_pilot,
         replan_interval=config.policy.replan_interval,
         draining=draining,
         states={s: counts.get(s, 0) for s in STATES},
         labels={label: main_labels.get(label, 0) for label in order},
-        pilot_labels={label: pilot_labels.get(label, 0) for label in order} if pilot else {},
+        pilot_labels={label: pilot_labels.get(label, 0) for label in order} if n_pilot else {},
         usage=usage_summary(receipts),
         receipts_note="; ".join(notes) or None,
     )
