@@ -39,6 +39,8 @@ from rescue.verify import outcome_line_sha256, verify_study
 from rescue.vlm.receipts import ReceiptLog
 from wrappers.injection import inject
 
+pytestmark = pytest.mark.fast
+
 H, C = 220, 16
 Q = query_point(H, C)  # 112
 FP = digest_text("initial state")

@@ -31,6 +31,8 @@ from rescue.vlm.endpoint import EndpointOptions, endpoint_state, start_endpoint
 from rescue.vlm.receipts import ReceiptLog, read_receipts, scan_receipts
 from rescue.vlm.usage import usage_summary
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parent.parent
 FAST = dict(backoff_initial_s=0.01, backoff_max_s=0.05, backoff_jitter_s=0.01, request_timeout_s=10.0)
 
