@@ -44,31 +44,31 @@ def test_module_tiers_reads_single_marks_and_lists():
     assert module_tiers(type("M", (), {})) == set()
 
 
-def test_a_module_without_a_tier_fails_collection_in_every_tier(tmp_path):
-    files = {"test_a.py": "pytestmark = pytest.mark.fast\ndef test_a():\n    pass\n", "test_b.py": "def test_b():\n    pass\n"}
-    for i, args in enumerate([(), ("-m", "not sim and not e2e"), ("-m", "sim or e2e")]):
-        proc = pytest_in(tmp_path / str(i), files, *args)
-        assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
-        assert "test_b.py: declares no tier" in proc.stderr and "test_a.py" not in proc.stderr
-
-
-def test_fast_together_with_a_slow_tier_is_refused(tmp_path):
-    proc = pytest_in(tmp_path / "t", {"test_c.py": "pytestmark = [pytest.mark.fast, pytest.mark.sim]\ndef test_c():\n    pass\n"})
-    assert proc.returncode == pytest.ExitCode.USAGE_ERROR
+def test_a_module_without_a_tier_fails_collection_even_when_deselected(tmp_path):
+    files = {
+        "test_a.py": "pytestmark = pytest.mark.fast\ndef test_a():\n    pass\n",
+        "test_b.py": "def test_b():\n    pass\n",
+        "test_c.py": "pytestmark = [pytest.mark.fast, pytest.mark.sim]\ndef test_c():\n    pass\n",
+    }
+    # `-m "sim or e2e"` would deselect all three: the check must come first.
+    proc = pytest_in(tmp_path / "t", files, "-m", "sim or e2e")
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
+    assert "test_b.py: declares no tier" in proc.stderr
     assert "test_c.py: declares fast together with ['sim']" in proc.stderr
+    assert "test_a.py" not in proc.stderr
 
 
-def test_a_fast_test_that_loads_mujoco_fails(tmp_path):
-    proc = pytest_in(tmp_path / "t", {"test_d.py": "pytestmark = pytest.mark.fast\n" + LOADS_MUJOCO}, "-q")
-    assert proc.returncode == pytest.ExitCode.TESTS_FAILED, proc.stdout
-    assert "test_d.py::test_loads loaded ['mujoco'] but its module is not marked sim" in proc.stdout
-
-
-def test_a_fixture_that_loads_mujoco_fails_outside_sim(tmp_path):
-    code = "pytestmark = pytest.mark.fast\n@pytest.fixture\ndef sim():\n    import mujoco\n    return mujoco\ndef test_e(sim):\n    pass\n"
-    proc = pytest_in(tmp_path / "t", {"test_e.py": code}, "-q")
-    assert proc.returncode == pytest.ExitCode.TESTS_FAILED, proc.stdout
-    assert "test_e.py::test_e loaded ['mujoco']" in proc.stdout
+def test_a_fast_test_or_fixture_that_loads_mujoco_fails(tmp_path):
+    files = {
+        "test_d.py": "pytestmark = pytest.mark.fast\n" + LOADS_MUJOCO,
+        "test_e.py": "pytestmark = pytest.mark.e2e\n@pytest.fixture\ndef sim():\n    import mujoco\n    return mujoco\n"
+        "def test_e(sim):\n    pass\n",
+    }
+    # Each in its own process: the guard only sees MuJoCo arrive, not MuJoCo already there.
+    for name, marker in (("test_d.py", "test_d.py::test_loads"), ("test_e.py", "test_e.py::test_e")):
+        proc = pytest_in(tmp_path / name, {name: files[name]}, "-q")
+        assert proc.returncode == pytest.ExitCode.TESTS_FAILED, proc.stdout
+        assert f"{marker} loaded ['mujoco'] but its module is not marked sim" in proc.stdout
 
 
 def test_sim_tests_may_load_mujoco_and_leave_the_fast_tier(tmp_path):
