@@ -7,11 +7,13 @@ bytes) goes into every receipt, so a changed template is a different prompt.
 from __future__ import annotations
 
 import hashlib
+from importlib import resources
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "prompts"
+# Package data (a link to the top-level prompts/ in a checkout), so any install finds it.
+DEFAULT_ROOT = Path(str(resources.files("rescue") / "assets" / "prompts"))
 
 
 class Template(BaseModel):

@@ -1,7 +1,20 @@
 #!/usr/bin/env bash
-# Set up, then run the test suite.
+# Set up, then run the test suite, or one tier of it (pyproject.toml registers the tiers):
+#   bash scripts/test.sh               everything
+#   bash scripts/test.sh fast          pure core and protocol tests, under a minute
+#   bash scripts/test.sh slow          the rest: the simulator and end-to-end runs
+#   bash scripts/test.sh sim           tests that need LIBERO (MuJoCo)
+#   bash scripts/test.sh e2e           the CLI, servers or an install in subprocesses
+# Anything else, or anything after a tier name, goes to pytest as is:
+#   bash scripts/test.sh fast -x -q    bash scripts/test.sh -m "not sim and not e2e"
+# SKIP_SETUP=1 skips scripts/setup.sh (an existing .venv is used as it is).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+[ "${SKIP_SETUP:-0}" = 1 ] || bash scripts/setup.sh
 export MUJOCO_GL="${MUJOCO_GL:-egl}"
+case "${1:-}" in
+  fast) shift; set -- -m "not sim and not e2e" "$@" ;;
+  slow) shift; set -- -m "sim or e2e" "$@" ;;
+  sim | e2e) tier="$1"; shift; set -- -m "$tier" "$@" ;;
+esac
 exec .venv/bin/python -m pytest "$@"

@@ -1,4 +1,12 @@
-"""Shared fixtures: small manifests on the embedded LIBERO default, and a way to run the CLI."""
+"""Shared fixtures: small manifests on the embedded LIBERO default, and a way to run the CLI.
+
+Also the test tiers. Every test module declares one with a module-level
+`pytestmark = pytest.mark.fast` (pure core and protocol), `pytest.mark.sim`
+(LIBERO/MuJoCo) or `pytest.mark.e2e` (CLI, servers or an install in
+subprocesses); `sim` and `e2e` may go together. Collection refuses a module
+without a tier, and a test outside the `sim` tier that loads MuJoCo into the
+test process fails, so `pytest -m "not sim and not e2e"` stays fast.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +16,64 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+TIERS = ("fast", "sim", "e2e")
+# Modules only the simulator brings in: loading one means the test runs LIBERO.
+SIM_MODULES = ("mujoco", "robosuite", "libero")
+
+
+def module_tiers(module: object) -> set[str]:
+    """The tier markers a test module declares in its `pytestmark`."""
+    marks = getattr(module, "pytestmark", [])
+    marks = marks if isinstance(marks, list) else [marks]
+    return {mark.name for mark in marks if getattr(mark, "name", None) in TIERS}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an unmarked module fails every tier's run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse test modules that declare no tier, or `fast` together with a slow tier."""
+    problems: dict[str, str] = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is None:
+            continue
+        tiers = module_tiers(module)
+        if not tiers:
+            problems[str(item.path)] = "declares no tier: add `pytestmark = pytest.mark.fast` (or sim, e2e)"
+        elif "fast" in tiers and len(tiers) > 1:
+            problems[str(item.path)] = f"declares fast together with {sorted(tiers - {'fast'})}"
+    if problems:
+        raise pytest.UsageError("\n".join(f"{path}: {why}" for path, why in sorted(problems.items())))
+
+
+def _sim_loaded() -> bool:
+    return any(name in sys.modules for name in SIM_MODULES)
+
+
+def _guard_sim(item: pytest.Item, before: bool) -> None:
+    if not before and _sim_loaded() and item.get_closest_marker("sim") is None:
+        loaded = [name for name in SIM_MODULES if name in sys.modules]
+        pytest.fail(f"{item.nodeid} loaded {loaded} but its module is not marked sim", pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    """Fixtures of a test outside the sim tier must not start the simulator."""
+    before = _sim_loaded()
+    result = yield
+    _guard_sim(item, before)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A test outside the sim tier must not start the simulator."""
+    before = _sim_loaded()
+    result = yield
+    _guard_sim(item, before)
+    return result
 
 
 def write_cases(path: Path, n: int, horizon: int = 64, task_id: int = 3, **extra) -> Path:

@@ -11,6 +11,8 @@ from rescue.policy.expert import Expert
 from rescue.vlm import advisor
 from rescue.vlm.vision import DEFAULT_CHECKPOINT, VIEWS, load_model
 
+pytestmark = pytest.mark.sim
+
 INSTRUCTION = "pick up the bbq sauce and place it in the basket"
 CASE = {"suite": "libero_object", "task_id": 3, "init_state_index": 0, "env_seed": 0}
 

@@ -33,6 +33,8 @@ from rescue.manifest import Case, parse_manifest
 from rescue.records import ArmResult, Assistance, Verdict
 from rescue.stats import paired_diff_ci
 
+pytestmark = [pytest.mark.sim, pytest.mark.e2e]
+
 FP = digest_text("the same initial state")
 
 

@@ -16,6 +16,8 @@ from rescue.querypoint import query_point
 from rescue.records import Assistance, ArmResult, CaseRecord, Receipt, TraceRow, Verdict
 from rescue.stats import block_bootstrap_ci, mcnemar_exact, paired_diff_ci, summarize
 
+pytestmark = pytest.mark.fast
+
 H, C = 220, 16
 Q = query_point(H, C)
 FP = digest_text("initial state of the case")

@@ -10,10 +10,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT, case_states, cli_env, kill_mid_study, rescue_cli, write_cases
 from rescue.digest import digest_text
 from rescue.querypoint import query_point
 from wrappers.injection import inject
+
+pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
 
 def _export(study: Path) -> dict:

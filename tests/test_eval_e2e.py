@@ -6,11 +6,15 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
+
 from conftest import kill_mid_study, rescue_cli
 from rescue.export import EPISODE_COLUMNS
 from rescue.journal import Journal, arm_digest
 from rescue.manifest import load_manifest
 from rescue.records import ArmResult
+
+pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
 
 def _export(study: Path) -> dict:

@@ -41,6 +41,8 @@ from wrappers.injection import inject
 
 from conftest import resolved_config
 
+pytestmark = pytest.mark.fast
+
 H, C = 220, 16
 Q = query_point(H, C)  # 112
 FP = digest_text("initial state")

@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT, cli_env, rescue_cli, write_cases
+
+pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
 
 def _arms(study: Path) -> dict[tuple[str, str], dict]:

@@ -21,7 +21,7 @@ from rescue.services import resolve_config
 from rescue.studies import new_study
 from rescue.study import load_study_config
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.fast
 
 
 def _free_port() -> int:
@@ -79,6 +79,7 @@ def test_resolution_is_pure_and_names_what_changed():
     assert config.sha256() != config.model_copy(update={"policy": config.policy.model_copy(update={"replan_interval": 4})}).sha256()
 
 
+@pytest.mark.e2e
 def test_resume_and_continuation_refuse_a_server_announcing_another_horizon(tmp_path):
     manifest = load_manifest(write_cases(tmp_path / "m.jsonl", 2))
     first, url_a = _serve("rescue.policy.scripted:make_policy")  # announces action_horizon 8

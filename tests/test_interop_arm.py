@@ -21,6 +21,8 @@ from rescue.policy.ws_client import WebsocketPolicyClient
 from rescue.preflight import run_preflight
 from wrappers.async_rules import AsyncRuleWrapper, RulesConfig
 
+pytestmark = pytest.mark.sim
+
 HORIZON, INTERVAL = 48, 8
 INSTRUCTION = "pick up the bbq sauce and place it in the basket"
 

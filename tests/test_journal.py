@@ -17,6 +17,8 @@ from rescue.journal import DuplicateRecord, Journal, JournalError, journal_path
 from rescue.manifest import Case
 from rescue.records import ArmResult, Assistance, Verdict
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -11,6 +11,8 @@ from rescue.policy.learned import DEFAULT_CHECKPOINT, LearnedPolicy, text_featur
 from rescue.policy.phases import PHASES, parse_pick_place, sub_instruction
 from wrappers.injection import inject
 
+pytestmark = pytest.mark.sim
+
 CASE = {"suite": "libero_object", "task_id": 3, "init_state_index": 0, "env_seed": 0}
 
 

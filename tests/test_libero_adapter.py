@@ -8,6 +8,8 @@ import pytest
 from rescue.env.libero import LiberoAdapter
 from rescue.env.pool import SimProcess
 
+pytestmark = pytest.mark.sim
+
 CASE = {"suite": "libero_object", "task_id": 3, "init_state_index": 1, "env_seed": 1}
 
 

@@ -17,6 +17,8 @@ from rescue.manifest import (
     write_manifest,
 )
 
+pytestmark = pytest.mark.fast
+
 EXAMPLE = {
     "case_id": "spatial-0-ep3",
     "suite": "libero_spatial",

@@ -26,6 +26,8 @@ from rescue.policy.protocol import Policy, SeededPolicy
 from rescue.policy.ws_client import PolicyConnectionClosed, PolicyServerError, WebsocketPolicyClient
 from rescue.policy.ws_server import PolicyServer, load_factory
 
+pytestmark = pytest.mark.fast
+
 CHUNK, DIM = 10, 7
 ROOT = Path(__file__).resolve().parents[1]
 

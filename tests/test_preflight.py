@@ -10,6 +10,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, cli_env, rescue_cli, write_cases
 from rescue.config import load_config
 from rescue.layout import StudyLayout
@@ -20,6 +22,8 @@ from rescue.policy.scripted import make_policy
 from rescue.policy.ws_server import PolicyServer
 from rescue.preflight import agreement, check_idle_hold
 from rescue.records import ArmResult, Assistance, TraceRow
+
+pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
 HORIZON = 32
 

@@ -17,6 +17,8 @@ from rescue.policy.ws_client import WebsocketPolicyClient
 from rescue.policy.ws_server import PolicyServer
 from wrappers.async_rules import AsyncRuleWrapper, RulesConfig
 
+pytestmark = [pytest.mark.sim, pytest.mark.e2e]
+
 CHUNK = 10
 
 

@@ -48,6 +48,8 @@ from rescue.vlm.receipts import (
 )
 from rescue.vlm.usage import usage_summary
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parent.parent
 FAST = dict(backoff_initial_s=0.01, backoff_max_s=0.05, backoff_jitter_s=0.01, request_timeout_s=10.0)
 

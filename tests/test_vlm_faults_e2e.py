@@ -11,6 +11,8 @@ import pytest
 
 from conftest import ROOT, cli_env, rescue_cli, write_cases
 
+pytestmark = [pytest.mark.sim, pytest.mark.e2e]
+
 
 @pytest.fixture()
 def faulty_endpoint(request):

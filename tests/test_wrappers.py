@@ -17,6 +17,8 @@ from wrappers.rules import (
     StageRollback,
 )
 
+pytestmark = pytest.mark.fast
+
 # --- injection -------------------------------------------------------------
 
 

@@ -15,14 +15,15 @@ import functools
 import hashlib
 import json
 import os
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from wrappers.injection import parse_injection
 
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CHECKPOINT = ROOT / "models" / "policy_libero_object.pt"
+# Package data (a link to the top-level models/ in a checkout), so any install finds it.
+DEFAULT_CHECKPOINT = Path(str(resources.files("rescue") / "assets" / "models" / "policy_libero_object.pt"))
 EMBED_DIM = 384
 STATE_DIM = 17
 

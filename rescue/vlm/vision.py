@@ -9,13 +9,14 @@ no poses, no simulator state.
 from __future__ import annotations
 
 import functools
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CHECKPOINT = ROOT / "models" / "subgoal_vision.pt"
+# Package data (a link to the top-level models/ in a checkout), so any install finds it.
+DEFAULT_CHECKPOINT = Path(str(resources.files("rescue") / "assets" / "models" / "subgoal_vision.pt"))
 VIEWS = ("agentview", "frontview", "robot0_eye_in_hand")
 INPUT_SIZE = 64
 # The objects of libero_object's ten tasks, in task order.

@@ -1,0 +1,64 @@
+"""A built wheel works on its own: package data ships, and is found from any directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+
+# What a wheel is built from (pyproject's readme and the package data links' targets included).
+SOURCES = ("pyproject.toml", "README.md", "rescue", "wrappers", "prompts", "models")
+
+
+def run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, **kwargs)
+    assert proc.returncode == 0, f"{args} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def test_wheel_installed_elsewhere_finds_its_prompt_and_models(tmp_path):
+    # Build from a copy, so the build leaves nothing in the checkout; links stay links.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, src / name)
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(src)])
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for data in ("prompts/subgoal_v1.txt", "models/policy_libero_object.pt", "models/subgoal_vision.pt"):
+        assert f"rescue/assets/{data}" in names
+        assert zipfile.ZipFile(wheel).read(f"rescue/assets/{data}") == (ROOT / data).read_bytes()
+    assert {"rescue/env/libero.py", "rescue/vlm/endpoint.py", "rescue/policy/learned.py", "wrappers/injection.py"} <= names
+
+    site = tmp_path / "site"
+    run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q", "--target", str(site), str(wheel)])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    # Only the installed copy on the path; the checkout's editable install comes after it.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(site)}
+    where = run([sys.executable, "-c", "import rescue, wrappers; print(rescue.__file__); print(wrappers.__file__)"],
+                cwd=elsewhere, env=env).stdout.split()
+    assert all(Path(p).is_relative_to(site) for p in where), where
+    assert "usage: rescue" in run([sys.executable, "-m", "rescue.cli", "--help"], cwd=elsewhere, env=env).stdout
+
+    out = run([sys.executable, str(ROOT / "scripts" / "check_install.py")], cwd=elsewhere, env=env).stdout
+    found = json.loads(out.strip().splitlines()[-1])
+    assert found["failed"] == []
+    assert Path(found["rescue"]).is_relative_to(site)
+    assert Path(found["prompts"]).is_relative_to(site) and Path(found["policy_checkpoint"]).is_relative_to(site)
+    assert found["template_sha256"] == found["receipt_template_sha256"]
+    assert found["status"] == "ok" and "bbq sauce" in found["subgoal"]
+    assert found["policy_actions_shape"] == [8, 7]
