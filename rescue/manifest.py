@@ -205,13 +205,19 @@ class Manifest(BaseModel):
 # --- reading JSON ------------------------------------------------------------
 
 
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     # json.loads keeps the last of two equal keys silently; a manifest line
     # with "horizon" twice is ambiguous, so it is refused.
     obj: dict[str, Any] = {}
     for key, value in pairs:
         if key in obj:
-            raise ValueError(f"duplicate key {_show(key)}")
+            raise _RepeatedKey(key)
         obj[key] = value
     return obj
 
@@ -240,9 +246,13 @@ def _parse(text: str, where: str, one_line: bool) -> Any:
         if one_line:  # `where` names the line: the column is enough
             return _Unreadable(f"{where}:{exc.colno}: invalid JSON: {exc.msg}")
         return _Unreadable(f"{where}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}")
+    except _RepeatedKey as exc:
+        return _Unreadable(f"{where}: {_format_loc((exc.key,))}: the key appears twice in one object")
     except RecursionError:
         return _Unreadable(f"{where}: invalid JSON: nested too deeply")
-    except ValueError as exc:  # repeated key, NaN, an integer of thousands of digits
+    except ValueError as exc:  # NaN, or an integer of thousands of digits
+        if "integer string conversion" in str(exc):
+            return _Unreadable(f"{where}: invalid JSON: a number with more than 4300 digits")
         return _Unreadable(f"{where}: invalid JSON: {str(exc).splitlines()[0]}")
 
 
@@ -253,10 +263,19 @@ def _decode(data: bytes, where: str) -> str | _Unreadable:
         return _Unreadable(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start + 1})")
 
 
-def _entries(data: bytes, label: str, suffix: str) -> Iterator[tuple[str, str, Any]]:
-    """Split the bytes into (where, where-for-duplicates, parsed object) entries."""
-    if data.lstrip().startswith(b"["):
-        text = _decode(data, label)
+_NOT_SPACE = re.compile(rb"[^ \t\r\n]")
+
+
+def _entries(data: bytes, start: int, label: str, suffix: str) -> Iterator[tuple[str, str, Any]]:
+    """Split data[start:] into (where, where-for-duplicates, parsed object) entries.
+
+    Nothing here copies the whole file: a 50 MB line is measured and refused,
+    never decoded or parsed.
+    """
+    first = _NOT_SPACE.search(data, start)
+    lead = data[first.start() : first.start() + 1] if first else b""
+    if lead == b"[":
+        text = _decode(data[start:], label)
         if isinstance(text, _Unreadable):
             yield label, "", text
             return
@@ -277,16 +296,15 @@ def _entries(data: bytes, label: str, suffix: str) -> Iterator[tuple[str, str, A
             yield where, f"index {i}", item
         return
 
-    if suffix == ".json" and data.strip().count(b"\n") and data.lstrip().startswith(b"{"):
+    if suffix == ".json" and lead == b"{" and b"\n" in data[first.start() :].rstrip():
         # A .json file that is not a list may be one pretty-printed object;
         # reading it line by line would only produce confusing errors.
-        text = _decode(data, label)
+        text = _decode(data[start:], label)
         whole = None if isinstance(text, _Unreadable) else _parse(text, label, one_line=False)
         if isinstance(whole, dict):
             yield label, "", _Unreadable(f"{label}: expected a JSON list of cases or one case per line")
             return
 
-    start = 0
     lineno = 0
     while start < len(data):
         # Lines end at b"\n" only: str.splitlines would also split inside a
@@ -297,7 +315,6 @@ def _entries(data: bytes, label: str, suffix: str) -> Iterator[tuple[str, str, A
         where = f"{label}:{lineno}"
         size = end - start
         if size > MAX_LINE_BYTES:
-            # Refused before decoding or parsing: a 50 MB line costs nothing more.
             yield where, "", _Unreadable(f"{where}: line is {size} bytes long, at most {MAX_LINE_BYTES}")
         else:
             raw = data[start:end]
@@ -315,6 +332,10 @@ def _format_loc(loc: tuple[int | str, ...]) -> str:
         text = str(part)
         parts.append(text if re.fullmatch(r"[A-Za-z0-9_-]{1,60}", text) else _show(text))
     return ".".join(parts) if parts else "(case)"
+
+
+# Fields the case fills in from another one when they are absent.
+_DERIVED = {("group",), ("policy_seed",)}
 
 
 def _is_int(value: Any) -> bool:
@@ -386,13 +407,13 @@ def parse_manifest(
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise ManifestError([f"{label}: not UTF-8 text (a UTF-16 byte-order mark); save it as UTF-8"])
     cat = _resolve(catalog)
-    body = data[len(_UTF8_BOM):] if data.startswith(_UTF8_BOM) else data
+    start = len(_UTF8_BOM) if data.startswith(_UTF8_BOM) else 0
 
     problems: list[str] = []
     cases: list[Case] = []
     first_seen: dict[str, str] = {}
     folded: dict[str, tuple[str, str]] = {}
-    for where, dup_where, obj in _entries(body, label, Path(source).suffix.lower()):
+    for where, dup_where, obj in _entries(data, start, label, Path(source).suffix.lower()):
         if len(problems) >= MAX_PROBLEMS:
             problems.append(f"{label}: stopped after {MAX_PROBLEMS} problems")
             break
@@ -423,7 +444,9 @@ def parse_manifest(
             for err in exc.errors(include_url=False):
                 if err["loc"] == ("horizon",) and err["type"] == "less_than_equal" and any(f == "horizon" for f, _ in checked):
                     continue  # the catalog's bound says the same, with the suite's numbers
-                line.append((_format_loc(err["loc"]), err["msg"]))
+                if err["type"] == "missing" and err["loc"] in _DERIVED and err["loc"][0] not in obj:
+                    continue  # derived from a field whose own problem is reported
+                line.append((_format_loc(err["loc"]), err["msg"].removeprefix("Value error, ")))
         line += checked
         problems += [f"{where}: {field}: {message}" for field, message in line]
 
@@ -448,8 +471,13 @@ def load_manifest(
             size = os.fstat(f.fileno()).st_size
             if size > MAX_MANIFEST_BYTES:  # refused before reading any of it
                 raise ManifestError([f"{path}: the file is {size} bytes long, at most {MAX_MANIFEST_BYTES}"])
-            # One byte over the limit is enough to refuse a pipe that keeps going.
-            data = f.read(MAX_MANIFEST_BYTES + 1)
+            # Read what stat promises plus one byte (a pipe says 0): a buffer
+            # of the file's size, not of the limit. One byte over the limit is
+            # enough to refuse a file that keeps growing.
+            want = min(size + 1, MAX_MANIFEST_BYTES + 1)
+            data = f.read(want)
+            if len(data) == want:
+                data += f.read(MAX_MANIFEST_BYTES + 1 - len(data))
     except OSError as exc:
         raise ManifestError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
     return parse_manifest(data, str(path), case_type, catalog=catalog, max_horizon_factor=max_horizon_factor)
