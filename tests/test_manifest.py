@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
+import time
+import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+from conftest import ROOT, cli_env, rescue_cli, write_cases
 
+from rescue.catalog import CATALOG_FILE, OFFICIAL_HORIZON, build_libero_catalog, libero_catalog, render
 from rescue.manifest import (
+    MAX_LINE_BYTES,
+    MAX_MANIFEST_BYTES,
+    MAX_PROBLEMS,
     Case,
     Manifest,
     ManifestError,
+    case_id_problem,
     check_instructions,
     derive_policy_seed,
     load_manifest,
+    parse_manifest,
     write_manifest,
 )
 
@@ -290,13 +303,6 @@ def test_write_manifest_refuses_duplicates_and_keeps_the_old_file(tmp_path):
 
 # --- the benchmark catalog ---------------------------------------------------
 
-from pathlib import Path  # noqa: E402
-
-from rescue.catalog import CATALOG_FILE, OFFICIAL_HORIZON, build_libero_catalog, libero_catalog, render  # noqa: E402
-from rescue.manifest import MAX_LINE_BYTES, MAX_MANIFEST_BYTES, MAX_PROBLEMS, case_id_problem, parse_manifest  # noqa: E402
-
-from conftest import ROOT, rescue_cli  # noqa: E402
-
 CORPUS = Path(__file__).parent / "manifests"
 OBJECT_3 = "pick up the bbq sauce and place it in the basket"
 
@@ -336,7 +342,8 @@ def test_shipped_catalog_equals_the_installed_libero():
 
 
 def test_checking_a_manifest_starts_no_simulator_and_is_fast(tmp_path):
-    path = write_lines(tmp_path / "m.jsonl", [json.dumps(object_case(i, task_id=i % 10, init_state_index=i % 50)) for i in range(200)])
+    rows = [object_case(i, task_id=i % 10, init_state_index=i % 50) for i in range(200)]
+    path = write_lines(tmp_path / "m.jsonl", [json.dumps(r) for r in rows])
     code = (
         "import sys, time\n"
         "t = time.perf_counter()\n"
@@ -346,11 +353,6 @@ def test_checking_a_manifest_starts_no_simulator_and_is_fast(tmp_path):
         "heavy = sorted({n.split('.')[0] for n in sys.modules} & {'libero', 'robosuite', 'mujoco', 'torch', 'openai'})\n"
         "print(len(m.cases), elapsed, heavy)\n"
     )
-    import subprocess
-    import sys
-
-    from conftest import cli_env
-
     out = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, check=True)
     n, elapsed, heavy = out.stdout.split(" ", 2)
     assert n == "200" and heavy.strip() == "[]"
@@ -476,9 +478,6 @@ def test_line_separators_inside_strings_do_not_split_a_line(tmp_path):
 
 
 def test_a_50_mb_line_is_refused_without_being_parsed(tmp_path):
-    import time
-    import tracemalloc
-
     path = tmp_path / "big.jsonl"
     size = 50 * 1024 * 1024
     with path.open("wb") as f:
@@ -499,8 +498,6 @@ def test_a_50_mb_line_is_refused_without_being_parsed(tmp_path):
 
 
 def test_a_file_over_the_limit_is_refused_before_it_is_read(tmp_path):
-    import tracemalloc
-
     path = tmp_path / "huge.jsonl"
     with path.open("wb") as f:
         f.truncate(MAX_MANIFEST_BYTES + 1)  # sparse: costs no disk
@@ -625,8 +622,6 @@ def test_corpus_file_is_refused_line_by_line(name):
 
 
 def _refused_by_the_cli(path: Path, fragments: list[str], study: Path) -> None:
-    import time
-    from concurrent.futures import ThreadPoolExecutor
 
     def run(args: list[str]) -> tuple[list[str], object, float]:
         t = time.monotonic()
@@ -660,11 +655,6 @@ def test_cli_refuses_generated_corpus_and_writes_nothing(tmp_path):
 
 
 def test_run_on_a_bad_manifest_imports_no_simulator(tmp_path):
-    import subprocess
-    import sys
-
-    from conftest import cli_env
-
     study = tmp_path / "study"
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "rescue.cli", "run", str(CORPUS / "task_999.jsonl"), "--study", str(study)],
@@ -677,8 +667,6 @@ def test_run_on_a_bad_manifest_imports_no_simulator(tmp_path):
 
 
 def test_a_valid_manifest_passes_the_cli_check(tmp_path):
-    from conftest import write_cases
-
     path = write_cases(tmp_path / "m.jsonl", 3)
     proc = rescue_cli("manifest", "check", str(path), timeout=60)
     assert "3 cases (0 pilot)" in " ".join(proc.stdout.split())  # the terminal may wrap it
