@@ -22,9 +22,9 @@ from rescue.study import StudyError, create_study, load_study_config, new_study_
 OnCase = Callable[[Verdict], None] | None
 
 
-def _manifest_of(cases: list[Case], source: str) -> Manifest:
+def _manifest_of(cases: list[Case], source: str, catalog: str | None = "libero") -> Manifest:
     body = "".join(c.model_dump_json(exclude_none=True) + "\n" for c in cases)
-    return parse_manifest(body.encode(), source)
+    return parse_manifest(body.encode(), source, catalog=catalog)
 
 
 def _run(study_dir: Path, on_case: OnCase, verbose: bool) -> None:
@@ -86,7 +86,9 @@ def continue_from(prior: Path, new_dir: Path, on_case: OnCase = None, verbose: b
         # Close the prior study to dispatch first, so no case can run in both.
         journal.set_meta("continued_by", str(new_dir))
         journal.request_drain()
-    create_study(new_dir, _manifest_of(cases, str(StudyLayout.of(prior).manifest)), config, {"continues": str(prior)})
+    # The prior study's cases were checked against the benchmark when it was created.
+    manifest = _manifest_of(cases, str(StudyLayout.of(prior).manifest), catalog=None)
+    create_study(new_dir, manifest, config, {"continues": str(prior)})
     _run(new_dir, on_case, verbose)
     return new_dir
 

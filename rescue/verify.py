@@ -126,7 +126,7 @@ class _Verifier:
             self.problem("manifest", None, f"the study folder has no {MANIFEST}")
         else:
             try:
-                manifest = load_manifest(manifest_path, self.journal.case_type)
+                manifest = load_manifest(manifest_path, self.journal.case_type, catalog=None)
             except ManifestError as exc:
                 self.problem("manifest", None, f"{MANIFEST} does not load: {exc.problems[0]}")
             else:

@@ -161,7 +161,7 @@ class Driver:
 
 def build_study(study: Path) -> Path:
     data = "".join(json.dumps(line) + "\n" for line in manifest_lines()).encode()
-    manifest = parse_manifest(data, "manifest.jsonl")
+    manifest = parse_manifest(data, "manifest.jsonl", catalog=None)
     create_study(study, manifest, resolved_config(C))
     journal = Journal.open(study)
     log = ReceiptLog(study / RECEIPTS_FILE)

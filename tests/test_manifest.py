@@ -335,6 +335,7 @@ def test_the_env_adapter_uses_the_same_horizons():
     assert SUITE_HORIZON == OFFICIAL_HORIZON
 
 
+@pytest.mark.sim
 def test_shipped_catalog_equals_the_installed_libero():
     pytest.importorskip("libero.libero.benchmark")
     built = build_libero_catalog()
@@ -625,37 +626,37 @@ def test_corpus_file_is_refused_line_by_line(name):
 
 def _refused_by_the_cli(path: Path, fragments: list[str], study: Path) -> None:
 
-    def run(args: list[str]) -> tuple[list[str], object, float]:
-        t = time.monotonic()
-        proc = rescue_cli(*args, timeout=60, check=False)
-        return args, proc, time.monotonic() - t
+    def run(args: list[str]) -> tuple[list[str], object]:
+        return args, rescue_cli(*args, timeout=60, check=False)
 
     commands = [["manifest", "check", str(path)], ["run", str(path), "--study", str(study)]]
     with ThreadPoolExecutor(len(commands)) as pool:  # the two processes are independent
         results = list(pool.map(run, commands))
-    for args, proc, elapsed in results:
+    for args, proc in results:
         out = proc.stdout + proc.stderr
         assert proc.returncode != 0, (args, out)
         assert "Traceback" not in out, out
         problems = [line for line in proc.stderr.splitlines() if line.startswith(str(path))]
         assert problems, out
         _assert_clear(problems, path, fragments)
-        assert elapsed < 20, f"rescue {args[0]} took {elapsed:.1f} s to refuse"
     assert not study.exists(), f"rescue run wrote {study}"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_cli_refuses_corpus_file_and_writes_nothing(name, tmp_path):
     _refused_by_the_cli(CORPUS / name, EXPECTED[name], tmp_path / "study")
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.e2e
 def test_cli_refuses_generated_corpus_and_writes_nothing(tmp_path):
     for name, (path, fragments) in _generated(tmp_path).items():
         _assert_clear(problems_of(path), path, fragments)
         _refused_by_the_cli(path, fragments, tmp_path / f"study-{name}")
 
 
+@pytest.mark.e2e
 def test_run_on_a_bad_manifest_imports_no_simulator(tmp_path):
     study = tmp_path / "study"
     proc = subprocess.run(
@@ -668,6 +669,7 @@ def test_run_on_a_bad_manifest_imports_no_simulator(tmp_path):
     assert not imported & {"libero", "robosuite", "mujoco"}, imported & {"libero", "robosuite", "mujoco"}
 
 
+@pytest.mark.e2e
 def test_a_valid_manifest_passes_the_cli_check(tmp_path):
     path = write_cases(tmp_path / "m.jsonl", 3)
     proc = rescue_cli("manifest", "check", str(path), timeout=60)
