@@ -33,6 +33,8 @@ SUITE_HORIZON = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300
 # state and later renders of the other envs in the process come back as garbage. A process
 # sees at most the tasks of its study; past this many it refuses rather than render wrongly.
 MAX_CACHED_ENVS = 16
+# Name prefix of the camera observables that capture a profile's views (see LiberoAdapter._view).
+VIEW_PREFIX = "rescue_view_"
 
 
 def _quiet_imports():
@@ -73,6 +75,7 @@ class LiberoAdapter:
         self._key: tuple[str, int] | None = None
         self._goal: tuple[str, str, str] | None = None
         self._profile: ObservationProfile = PRIVILEGED
+        self._armed: set[str] = set()  # view observables that capture at the next step
 
     def _suite(self, name: str):
         if name not in self._suites:
@@ -130,14 +133,19 @@ class LiberoAdapter:
                 f"{c.suite}/{c.task_id} has no initial state {c.init_state_index} (it has {len(init_states)})"
             )
         env = self._env_for(c.suite, c.task_id)
+        self._env = env
+        # Views are registered before the reset so their sampling clocks start with the others'.
+        for cam in self._profile.cameras:
+            self._view(cam.camera, cam.size)
         env.seed(int(c.env_seed))
         env.reset()
         for robot in env.env.robots:
             robot.gripper.current_action = np.zeros(robot.gripper.dof)
         env.set_init_state(init_states[c.init_state_index])
-        for _ in range(SETTLE_STEPS):
+        for i in range(SETTLE_STEPS):
+            if i == SETTLE_STEPS - 1:
+                self._arm()
             env.step(NOOP)
-        self._env = env
         self._key = (c.suite, c.task_id)
         goal = env.env.parsed_problem["goal_state"]
         self._goal = tuple(goal[0]) if len(goal) == 1 and len(goal[0]) == 3 else None
@@ -174,12 +182,11 @@ class LiberoAdapter:
         return state
 
     def _observe(self) -> dict[str, np.ndarray]:
-        """The observation under the current profile: raw observables, privileged extras, raw renders."""
-        raw = dict(self._env.env._get_observations())
+        """The observation under the current profile: raw observables, privileged extras, the armed views."""
+        raw = {k: v for k, v in self._env.env._get_observations().items() if not k.startswith(VIEW_PREFIX)}
         if self._profile.state.composition == "spread":
             raw.update(self._privileged(raw))
-        frames = self._raw_frames(self._profile)
-        return shape_observation(self._profile, raw, frames)
+        return shape_observation(self._profile, raw, self._take_frames())
 
     def _privileged(self, raw: dict) -> dict[str, np.ndarray]:
         """Object positions and the goal predicate's bodies (for the embedded reference policies)."""
@@ -194,16 +201,55 @@ class LiberoAdapter:
             extra["task/relation_in"] = np.array(1.0 if relation == "in" else 0.0)
         return extra
 
-    def _raw_frames(self, profile: ObservationProfile) -> dict[str, np.ndarray]:
-        """One render per camera of the profile, in robosuite's opengl convention (as LIBERO's
-        camera observables hold them): exactly what `OffScreenRenderEnv` puts in
-        obs[f"{camera}_image"] at that size."""
-        if not profile.cameras:
-            return {}
-        sim = self._env.sim
-        # Each cached env has its own GL context and robosuite renders into whichever is current.
-        sim._render_context_offscreen.gl_ctx.make_current()
-        return {c.camera: sim.render(camera_name=c.camera, width=c.size, height=c.size) for c in profile.cameras}
+    def _view(self, camera: str, size: int) -> str:
+        """The name of this env's camera observable for (camera, size), added on first use.
+
+        LIBERO's camera observables sample the image at robosuite's sampling moment inside
+        env.step (with the proprioception), not after it; a policy trained on openpi's
+        client saw those frames. Our views are observables with the same clock, whose
+        sensor renders only when armed (the last step before a policy query) and is free
+        otherwise: the frames are robosuite's own, rendering stays once per query.
+        """
+        name = f"{VIEW_PREFIX}{camera}_{size}"
+        env = self._env.env
+        if name in env._observables:
+            return name
+        from robosuite.utils.observables import Observable, sensor
+
+        ctx = env.sim._render_context_offscreen
+
+        @sensor(modality="image")
+        def view(obs_cache):
+            if name not in self._armed:
+                return np.zeros(1)
+            ctx.gl_ctx.make_current()  # each cached env has its own GL context
+            # robosuite's "opengl" convention: the raw render, as LIBERO's camera observables hold it.
+            return env.sim.render(camera_name=camera, width=size, height=size)
+
+        env.add_observable(Observable(name=name, sensor=view, sampling_rate=env.control_freq))
+        return name
+
+    def _arm(self) -> None:
+        """Have the next env.step capture the current profile's views."""
+        self._armed = {self._view(c.camera, c.size) for c in self._profile.cameras}
+
+    def _take_frames(self) -> dict[str, np.ndarray]:
+        """The views the armed step captured (rendered now if the step ended before capturing)."""
+        frames = {}
+        env = self._env.env
+        for cam in self._profile.cameras:
+            name = self._view(cam.camera, cam.size)
+            observable = env._observables[name]
+            value = observable._current_observed_value
+            if name not in self._armed or not (isinstance(value, np.ndarray) and value.ndim == 3):
+                # Not captured inside a step (an early success under observe="always"): render now.
+                env.sim._render_context_offscreen.gl_ctx.make_current()
+                value = env.sim.render(camera_name=cam.camera, width=cam.size, height=cam.size)
+            frames[cam.camera] = np.array(value, copy=True)
+            # Back to the placeholder: snapshots stay small and no frame outlives its query.
+            observable._current_observed_value = np.zeros(1)
+        self._armed = set()
+        return frames
 
     def _body_pos(self, name: str) -> np.ndarray:
         env = self._env.env
@@ -219,14 +265,19 @@ class LiberoAdapter:
         (the caller knows the horizon is reached); a skipped observation is an empty dict.
         """
         steps, success = 0, False
-        for action in np.asarray(actions, dtype=np.float64)[:max_steps]:
+        todo = np.asarray(actions, dtype=np.float64)[:max_steps]
+        for i, action in enumerate(todo):
+            if observe != "never" and i == len(todo) - 1:
+                self._arm()
             self._env.step(action)
             steps += 1
             if self._env.check_success():
                 success = True
                 break
         wanted = observe == "always" or (observe == "unless_success" and not success)
-        return ChunkResult(obs=self._observe() if wanted else {}, steps=steps, success=success)
+        obs = self._observe() if wanted else {}
+        self._armed = set()
+        return ChunkResult(obs=obs, steps=steps, success=success)
 
     def snapshot(self) -> dict:
         """Everything a continuation depends on: MuJoCo's integration state, the gripper's
@@ -236,6 +287,7 @@ class LiberoAdapter:
             "key": self._key,
             "goal": self._goal,
             "profile": self._profile,
+            "views": [(c.camera, c.size) for c in self._profile.cameras],
             "physics": self._physics_state(),
             # Derived quantities too: robosuite's controller reads the kinematics left by the last
             # mj_step, which a fresh mj_forward on the integration state would not reproduce.
@@ -254,12 +306,16 @@ class LiberoAdapter:
         self._env = self._env_for(*snap["key"])
         self._key, self._goal, self._profile = tuple(snap["key"]), snap["goal"], snap["profile"]
         env = self._env.env
+        for camera, size in snap["views"]:
+            self._view(camera, size)
         _copy_mjdata(env.sim.data._data, pickle.loads(snap["mjdata"]))
         if not np.array_equal(self._physics_state(), snap["physics"]):
             raise RuntimeError("restored simulator state differs from the snapshot")
         for robot, action in zip(env.robots, snap["gripper"]):
             robot.gripper.current_action = np.array(action, copy=True)
         for name, (since, delay, value, sampled) in snap["observables"].items():
+            if name.startswith(VIEW_PREFIX) and name not in env._observables:
+                continue  # a view of another profile the snapshot's process had used: idle here
             o = env._observables[name]
             o._time_since_last_sample, o._current_delay, o._sampled = since, delay, sampled
             o._current_observed_value = np.array(value, copy=True)
