@@ -1,12 +1,17 @@
-"""The LIBERO adapter on real MuJoCo: bitwise replays, and a mid-episode snapshot that continues exactly."""
+"""The LIBERO adapter on real MuJoCo: bitwise replays, a mid-episode snapshot that continues exactly,
+fingerprints that do not depend on the process, observation profiles, and the typed simulator proxy."""
 
 from __future__ import annotations
+
+import asyncio
 
 import numpy as np
 import pytest
 
-from rescue.env.libero import LiberoAdapter
-from rescue.env.pool import SimProcess
+from rescue.env.libero import VIEW_PREFIX, LiberoAdapter
+from rescue.env.pool import SimLease, SimPool, SimProcess
+from rescue.manifest import Case
+from rescue.observation import get_profile
 
 pytestmark = pytest.mark.sim
 
@@ -98,3 +103,102 @@ def test_views_stay_fresh_after_other_envs_were_built_and_closed():
         assert not np.array_equal(again["agentview"], again["frontview"])
     finally:
         adapter.close()
+
+
+SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
+
+
+def test_fingerprints_do_not_depend_on_the_process_hash_seed():
+    # LIBERO's XML text at env build depends on PYTHONHASHSEED for some suites; the fingerprint
+    # digests the model after reset, so two processes with different hash seeds agree.
+    sims = [SimProcess("rescue.env.libero:LiberoAdapter", name=f"sim-hash-{seed}", hash_seed=seed) for seed in (1, 2)]
+
+    async def fingerprints(sim):
+        out = {}
+        for suite in SUITES:
+            case = Case.model_validate(
+                {"case_id": f"{suite}-0-0", "suite": suite, "task_id": 0, "init_state_index": 0, "env_seed": 7, "horizon": 100}
+            )
+            out[suite] = await sim.reset(case)
+        return out
+
+    async def both():
+        return await asyncio.gather(*(fingerprints(sim) for sim in sims))
+
+    try:
+        one, two = asyncio.run(both())
+    finally:
+        for sim in sims:
+            sim.stop()
+    for suite in SUITES:
+        assert one[suite].info["python_hash_seed"] == "1" and two[suite].info["python_hash_seed"] == "2"
+        assert set(one[suite].fingerprint_parts) == {"physics", "proprio", "instruction", "scene", "model_xml"}
+        assert one[suite].fingerprint_parts == two[suite].fingerprint_parts, suite
+        assert one[suite].fingerprint == two[suite].fingerprint, suite
+    assert len({one[s].fingerprint for s in SUITES}) == len(SUITES)
+
+
+def test_openpi_profile_is_reproducible_and_renders_only_its_cameras(adapter):
+    case = Case.model_validate({**CASE, "case_id": "object-3-ep1", "horizon": 100})
+    first = adapter.reset(case, "openpi-libero")
+    chunk1 = adapter.run_chunk(_actions(5, 8), 8)
+    views = sorted(k for k in adapter._env.env._observables if k.startswith(VIEW_PREFIX))
+    assert views == ["rescue_view_agentview_256", "rescue_view_robot0_eye_in_hand_256"]
+    adapter.reset({**CASE, "init_state_index": 3}, "privileged")
+    adapter.run_chunk(_actions(6, 8), 8)
+    again = adapter.reset(case, get_profile("openpi-libero"))
+    chunk2 = adapter.run_chunk(_actions(5, 8), 8)
+    assert again.fingerprint == first.fingerprint
+    for a, b in ((first.obs, again.obs), (chunk1.obs, chunk2.obs)):
+        assert set(a) == {"observation/image", "observation/wrist_image", "observation/state"}
+        for key in a:
+            assert np.array_equal(a[key], b[key]), key
+    # The frames move with the robot: a stale capture would repeat the reset's.
+    assert not np.array_equal(first.obs["observation/wrist_image"], chunk1.obs["observation/wrist_image"])
+    # No observation is shaped (nothing rendered) when the caller knows the episode is over.
+    assert adapter.run_chunk(_actions(7, 4), 4, observe="never").obs == {}
+
+
+def test_privileged_profile_is_todays_observation(adapter):
+    # The embedded policies read robot0_*, task/* and object/* keys; None and "privileged" agree.
+    a = adapter.reset(CASE).obs
+    b = adapter.reset(CASE, "privileged").obs
+    assert {"robot0_eef_pos", "robot0_gripper_qpos", "task/object_pos", "task/target_pos"} <= set(a)
+    assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    assert not any(k.startswith(VIEW_PREFIX) or k.endswith("_image") for k in a)
+
+
+def test_lease_comes_back_restored_only_when_another_arm_used_its_simulator():
+    import structlog
+
+    async def go():
+        pool = SimPool(1, "rescue.env.libero:LiberoAdapter")
+        try:
+            a, b = SimLease(pool), SimLease(pool)
+            await a.acquire()
+            await a.reset(CASE, "openpi-libero")
+            await a.run_chunk(_actions(2, 16), 16)
+            at_suspend = await a.state_digest()
+            with structlog.testing.capture_logs() as logs:
+                await a.suspend()
+                await a.resume()  # nobody used it: no restore
+                assert await a.state_digest() == at_suspend
+                await a.suspend()
+                await b.acquire()  # another arm takes the only simulator and moves it elsewhere
+                await b.reset({**CASE, "init_state_index": 5}, "privileged")
+                await b.run_chunk(_actions(3, 8), 8)
+                b.release()
+                await a.resume()  # restored from the snapshot, profile included
+                assert await a.state_digest() == at_suspend
+                chunk = await a.run_chunk(_actions(4, 8), 8)
+            assert "observation/image" in chunk.obs
+            resumed = [e["restored"] for e in logs if e["event"] == "sim.resumed"]
+            assert resumed == [False, True]
+            # The lease keeps its own bookkeeping: nothing is attached to the simulator process.
+            sim = a.sim
+            assert not hasattr(sim, "holder") and sim.task_key == ("libero_object", 3)
+            a.release()
+        finally:
+            pool.close()
+
+    asyncio.run(go())

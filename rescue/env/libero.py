@@ -3,8 +3,9 @@
 Replays are bitwise reproducible within and across processes when, before
 every reset, the env is seeded, the gripper's smoothed `current_action` is
 zeroed (a soft reset leaves it over from the last episode) and the official
-initial state is set. Rendering is never done per step: only the views a
-caller asks for, when it asks.
+initial state is set. Rendering is never done per step: only the cameras
+the observation profile needs, when an observation is produced for a policy
+query, and the views a caller asks for, when it asks.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from collections import OrderedDict
 import numpy as np
 
 from rescue.digest import digest_array, digest_json, digest_text
-from rescue.env.protocol import ChunkResult, ResetResult
+from rescue.env.protocol import CaseLike, ChunkResult, Observe, ProfileLike, ResetResult, case_fields, process_info, resolve_profile
+from rescue.observation import PRIVILEGED, ObservationProfile, shape_observation
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
@@ -31,6 +33,8 @@ SUITE_HORIZON = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300
 # state and later renders of the other envs in the process come back as garbage. A process
 # sees at most the tasks of its study; past this many it refuses rather than render wrongly.
 MAX_CACHED_ENVS = 16
+# Name prefix of the camera observables that capture a profile's views (see LiberoAdapter._view).
+VIEW_PREFIX = "rescue_view_"
 
 
 def _quiet_imports():
@@ -65,11 +69,13 @@ class LiberoAdapter:
     def __init__(self, cameras: tuple[str, ...] = ("agentview", "frontview", "robot0_eye_in_hand")):
         self._benchmark, self._get_path, self._ControlEnv = _quiet_imports()
         self._suites: dict[str, object] = {}
-        self._envs: OrderedDict[tuple[str, int], tuple[object, str]] = OrderedDict()
+        self._envs: OrderedDict[tuple[str, int], object] = OrderedDict()
         self._cameras = cameras
         self._env = None
         self._key: tuple[str, int] | None = None
         self._goal: tuple[str, str, str] | None = None
+        self._profile: ObservationProfile = PRIVILEGED
+        self._armed: set[str] = set()  # view observables that capture at the next step
 
     def _suite(self, name: str):
         if name not in self._suites:
@@ -79,12 +85,13 @@ class LiberoAdapter:
             self._suites[name] = bench[name]()
         return self._suites[name]
 
-    def task_instruction(self, case: dict) -> str:
+    def task_instruction(self, case: CaseLike) -> str:
         """The task's own language instruction."""
-        suite = self._suite(case["suite"])
-        if not 0 <= case["task_id"] < suite.n_tasks:
-            raise ValueError(f"{case['suite']} has no task {case['task_id']} (it has {suite.n_tasks})")
-        return suite.get_task(case["task_id"]).language
+        c = case_fields(case)
+        suite = self._suite(c.suite)
+        if not 0 <= c.task_id < suite.n_tasks:
+            raise ValueError(f"{c.suite} has no task {c.task_id} (it has {suite.n_tasks})")
+        return suite.get_task(c.task_id).language
 
     def _env_for(self, suite_name: str, task_id: int):
         key = (suite_name, task_id)
@@ -105,43 +112,65 @@ class LiberoAdapter:
             # The case's horizon is enforced by the arm runner; the env's own limit must never bite.
             horizon=100_000,
         )
-        xml_digest = digest_text(env.sim.model.get_xml())
-        self._envs[key] = (env, xml_digest)
-        return self._envs[key]
+        self._envs[key] = env
+        return env
 
-    def reset(self, case: dict) -> ResetResult:
-        """Seed, soft-reset, set the official initial state, settle; fingerprint the result."""
-        suite = self._suite(case["suite"])
-        init_states = suite.get_task_init_states(case["task_id"])
-        idx = case["init_state_index"]
-        if not 0 <= idx < len(init_states):
-            raise ValueError(f"{case['suite']}/{case['task_id']} has no initial state {idx} (it has {len(init_states)})")
-        env, xml_digest = self._env_for(case["suite"], case["task_id"])
-        env.seed(int(case["env_seed"]))
+    def reset(self, case: CaseLike, profile: ProfileLike = None) -> ResetResult:
+        """Seed, soft-reset, set the official initial state, settle; fingerprint the result.
+
+        The observation is shaped by `profile` (name or ObservationProfile; None is
+        `privileged`, the embedded policies' view) and so is every later one until the
+        next reset.
+        """
+        c = case_fields(case)
+        self._profile = resolve_profile(profile)
+        suite = self._suite(c.suite)
+        if not 0 <= c.task_id < suite.n_tasks:
+            raise ValueError(f"{c.suite} has no task {c.task_id} (it has {suite.n_tasks})")
+        init_states = suite.get_task_init_states(c.task_id)
+        if not 0 <= c.init_state_index < len(init_states):
+            raise ValueError(
+                f"{c.suite}/{c.task_id} has no initial state {c.init_state_index} (it has {len(init_states)})"
+            )
+        env = self._env_for(c.suite, c.task_id)
+        self._env = env
+        # Views are registered before the reset so their sampling clocks start with the others'.
+        for cam in self._profile.cameras:
+            self._view(cam.camera, cam.size)
+        env.seed(int(c.env_seed))
         env.reset()
         for robot in env.env.robots:
             robot.gripper.current_action = np.zeros(robot.gripper.dof)
-        env.set_init_state(init_states[idx])
-        for _ in range(SETTLE_STEPS):
+        env.set_init_state(init_states[c.init_state_index])
+        for i in range(SETTLE_STEPS):
+            if i == SETTLE_STEPS - 1:
+                self._arm()
             env.step(NOOP)
-        self._env = env
-        self._key = (case["suite"], case["task_id"])
+        self._key = (c.suite, c.task_id)
         goal = env.env.parsed_problem["goal_state"]
         self._goal = tuple(goal[0]) if len(goal) == 1 and len(goal[0]) == 3 else None
-        instruction = suite.get_task(case["task_id"]).language
-        obs = self._observe()
+        instruction = suite.get_task(c.task_id).language
+        raw = env.env._get_observations()
         parts = {
             "physics": digest_array(self._physics_state()),
             "proprio": digest_array(
-                np.concatenate([obs["robot0_eef_pos"], obs["robot0_eef_quat"], obs["robot0_gripper_qpos"]])
+                np.concatenate([raw["robot0_eef_pos"], raw["robot0_eef_quat"], raw["robot0_gripper_qpos"]]).astype(np.float64)
             ),
             "instruction": digest_text(instruction),
             "scene": digest_json(
-                {"suite": case["suite"], "task_id": case["task_id"], "init_state_index": idx, "env_seed": case["env_seed"]}
+                {"suite": c.suite, "task_id": c.task_id, "init_state_index": c.init_state_index, "env_seed": c.env_seed}
             ),
-            "model_xml": xml_digest,
+            # The model as the physics runs it: digested after the reset, never at env build,
+            # where LIBERO's XML text depends on the process's hash seed (set iteration order).
+            "model_xml": digest_text(env.sim.model.get_xml()),
         }
-        return ResetResult(obs=obs, instruction=instruction, fingerprint=digest_json(parts), fingerprint_parts=parts)
+        return ResetResult(
+            obs=self._observe(),
+            instruction=instruction,
+            fingerprint=digest_json(parts),
+            fingerprint_parts=parts,
+            info=process_info(),
+        )
 
     def _physics_state(self) -> np.ndarray:
         import mujoco
@@ -153,18 +182,74 @@ class LiberoAdapter:
         return state
 
     def _observe(self) -> dict[str, np.ndarray]:
-        """Proprioception plus privileged object poses (for the scripted reference policy)."""
-        raw = self._env.env._get_observations()
-        obs = {k: np.asarray(v, dtype=np.float64) for k, v in raw.items() if k.startswith("robot0_")}
+        """The observation under the current profile: raw observables, privileged extras, the armed views."""
+        raw = {k: v for k, v in self._env.env._get_observations().items() if not k.startswith(VIEW_PREFIX)}
+        if self._profile.state.composition == "spread":
+            raw.update(self._privileged(raw))
+        return shape_observation(self._profile, raw, self._take_frames())
+
+    def _privileged(self, raw: dict) -> dict[str, np.ndarray]:
+        """Object positions and the goal predicate's bodies (for the embedded reference policies)."""
+        extra = {}
         for k, v in raw.items():
             if k.endswith("_pos") and "_to_" not in k and not k.startswith("robot0_"):
-                obs[f"object/{k[:-4]}"] = np.asarray(v, dtype=np.float64)
+                extra[f"object/{k[:-4]}"] = np.asarray(v, dtype=np.float64)
         if self._goal is not None:
             relation, obj, target = self._goal
-            obs["task/object_pos"] = self._body_pos(obj)
-            obs["task/target_pos"] = self._body_pos(target)
-            obs["task/relation_in"] = np.array(1.0 if relation == "in" else 0.0)
-        return obs
+            extra["task/object_pos"] = self._body_pos(obj)
+            extra["task/target_pos"] = self._body_pos(target)
+            extra["task/relation_in"] = np.array(1.0 if relation == "in" else 0.0)
+        return extra
+
+    def _view(self, camera: str, size: int) -> str:
+        """The name of this env's camera observable for (camera, size), added on first use.
+
+        LIBERO's camera observables sample the image at robosuite's sampling moment inside
+        env.step (with the proprioception), not after it; a policy trained on openpi's
+        client saw those frames. Our views are observables with the same clock, whose
+        sensor renders only when armed (the last step before a policy query) and is free
+        otherwise: the frames are robosuite's own, rendering stays once per query.
+        """
+        name = f"{VIEW_PREFIX}{camera}_{size}"
+        env = self._env.env
+        if name in env._observables:
+            return name
+        from robosuite.utils.observables import Observable, sensor
+
+        ctx = env.sim._render_context_offscreen
+
+        @sensor(modality="image")
+        def view(obs_cache):
+            if name not in self._armed:
+                return np.zeros(1)
+            ctx.gl_ctx.make_current()  # each cached env has its own GL context
+            # robosuite's "opengl" convention: the raw render, as LIBERO's camera observables hold it.
+            return env.sim.render(camera_name=camera, width=size, height=size)
+
+        env.add_observable(Observable(name=name, sensor=view, sampling_rate=env.control_freq))
+        return name
+
+    def _arm(self) -> None:
+        """Have the next env.step capture the current profile's views."""
+        self._armed = {self._view(c.camera, c.size) for c in self._profile.cameras}
+
+    def _take_frames(self) -> dict[str, np.ndarray]:
+        """The views the armed step captured (rendered now if the step ended before capturing)."""
+        frames = {}
+        env = self._env.env
+        for cam in self._profile.cameras:
+            name = self._view(cam.camera, cam.size)
+            observable = env._observables[name]
+            value = observable._current_observed_value
+            if name not in self._armed or not (isinstance(value, np.ndarray) and value.ndim == 3):
+                # Not captured inside a step (an early success under observe="always"): render now.
+                env.sim._render_context_offscreen.gl_ctx.make_current()
+                value = env.sim.render(camera_name=cam.camera, width=cam.size, height=cam.size)
+            frames[cam.camera] = np.array(value, copy=True)
+            # Back to the placeholder: snapshots stay small and no frame outlives its query.
+            observable._current_observed_value = np.zeros(1)
+        self._armed = set()
+        return frames
 
     def _body_pos(self, name: str) -> np.ndarray:
         env = self._env.env
@@ -172,16 +257,27 @@ class LiberoAdapter:
             return np.array(env.sim.data.body_xpos[env.obj_body_id[name]], dtype=np.float64)
         return np.array(env.sim.data.get_site_xpos(name) if name in env.sim.model.site_names else np.zeros(3))
 
-    def run_chunk(self, actions: np.ndarray, max_steps: int) -> ChunkResult:
-        """Step up to max_steps actions; stop as soon as the task predicate holds."""
+    def run_chunk(self, actions: np.ndarray, max_steps: int, observe: Observe = "always") -> ChunkResult:
+        """Step up to max_steps actions; stop as soon as the task predicate holds.
+
+        `observe` says when to shape (and render) the observation at the end: "always",
+        "unless_success" (an episode that just succeeded queries no policy), or "never"
+        (the caller knows the horizon is reached); a skipped observation is an empty dict.
+        """
         steps, success = 0, False
-        for action in np.asarray(actions, dtype=np.float64)[:max_steps]:
+        todo = np.asarray(actions, dtype=np.float64)[:max_steps]
+        for i, action in enumerate(todo):
+            if observe != "never" and i == len(todo) - 1:
+                self._arm()
             self._env.step(action)
             steps += 1
             if self._env.check_success():
                 success = True
                 break
-        return ChunkResult(obs=self._observe(), steps=steps, success=success)
+        wanted = observe == "always" or (observe == "unless_success" and not success)
+        obs = self._observe() if wanted else {}
+        self._armed = set()
+        return ChunkResult(obs=obs, steps=steps, success=success)
 
     def snapshot(self) -> dict:
         """Everything a continuation depends on: MuJoCo's integration state, the gripper's
@@ -190,6 +286,8 @@ class LiberoAdapter:
         return {
             "key": self._key,
             "goal": self._goal,
+            "profile": self._profile,
+            "views": [(c.camera, c.size) for c in self._profile.cameras],
             "physics": self._physics_state(),
             # Derived quantities too: robosuite's controller reads the kinematics left by the last
             # mj_step, which a fresh mj_forward on the integration state would not reproduce.
@@ -203,29 +301,32 @@ class LiberoAdapter:
             "cur_time": env.cur_time,
         }
 
-    def restore(self, snap: dict) -> dict[str, np.ndarray]:
-        """Put this process's simulator in a snapshot's state; returns the observation there."""
-        self._env, _ = self._env_for(*snap["key"])
-        self._key, self._goal = tuple(snap["key"]), snap["goal"]
+    def restore(self, snap: dict) -> None:
+        """Put this process's simulator in a snapshot's state (and the snapshot's profile)."""
+        self._env = self._env_for(*snap["key"])
+        self._key, self._goal, self._profile = tuple(snap["key"]), snap["goal"], snap["profile"]
         env = self._env.env
+        for camera, size in snap["views"]:
+            self._view(camera, size)
         _copy_mjdata(env.sim.data._data, pickle.loads(snap["mjdata"]))
         if not np.array_equal(self._physics_state(), snap["physics"]):
             raise RuntimeError("restored simulator state differs from the snapshot")
         for robot, action in zip(env.robots, snap["gripper"]):
             robot.gripper.current_action = np.array(action, copy=True)
         for name, (since, delay, value, sampled) in snap["observables"].items():
+            if name.startswith(VIEW_PREFIX) and name not in env._observables:
+                continue  # a view of another profile the snapshot's process had used: idle here
             o = env._observables[name]
             o._time_since_last_sample, o._current_delay, o._sampled = since, delay, sampled
             o._current_observed_value = np.array(value, copy=True)
         env.timestep, env.cur_time, env.done = snap["timestep"], snap["cur_time"], False
-        return self._observe()
 
     def state_digest(self) -> str:
         """Digest of the full integration state now (for proofs that two arms stood in one state)."""
         return digest_array(self._physics_state())
 
     def render(self, cameras: list[str], size: int = 256) -> dict[str, np.ndarray]:
-        """Render the named cameras, upright, uint8 HxWx3."""
+        """Render the named cameras, upright (for people and the VLM), uint8 HxWx3."""
         sim = self._env.sim
         # Each cached env has its own GL context and robosuite renders into whichever is current.
         sim._render_context_offscreen.gl_ctx.make_current()
@@ -233,6 +334,6 @@ class LiberoAdapter:
 
     def close(self) -> None:
         """Close every cached env."""
-        for env, _ in self._envs.values():
+        for env in self._envs.values():
             env.close()
         self._envs.clear()

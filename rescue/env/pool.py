@@ -18,6 +18,8 @@ from typing import Any, Callable
 import numpy as np
 import structlog
 
+from rescue.env.protocol import CaseLike, ChunkResult, Observe, ProfileLike, ResetResult, case_fields
+
 log = structlog.get_logger()
 
 
@@ -65,19 +67,92 @@ def _serve(conn, adapter_spec: str, adapter_kwargs: dict, log_path: str | None =
     adapter.close()
 
 
-class SimProcess:
+class Simulator:
+    """Async typed proxy of an EnvAdapter living in a simulator process (the arm's view of a simulator).
+
+    Subclasses supply `_invoke`; every adapter method is a typed coroutine here.
+    """
+
+    async def _invoke(self, method: str, *args: Any) -> Any:
+        raise NotImplementedError
+
+    async def task_instruction(self, case: CaseLike) -> str:
+        """The task's own instruction for a case."""
+        return await self._invoke("task_instruction", case)
+
+    async def reset(self, case: CaseLike, profile: ProfileLike = None) -> ResetResult:
+        """Reset to the case's initial state; observations follow `profile` (None: privileged)."""
+        return await self._invoke("reset", case, profile)
+
+    async def run_chunk(self, actions: np.ndarray, max_steps: int, observe: Observe = "always") -> ChunkResult:
+        """Step through actions (at most max_steps), stopping early on success."""
+        return await self._invoke("run_chunk", actions, max_steps, observe)
+
+    async def render(self, cameras: list[str], size: int = 256) -> dict[str, np.ndarray]:
+        """Render the named cameras now, upright uint8 HxWx3."""
+        return await self._invoke("render", list(cameras), size)
+
+    async def snapshot(self) -> dict:
+        """The simulator's state, restorable in any simulator process."""
+        return await self._invoke("snapshot")
+
+    async def restore(self, snap: dict) -> None:
+        """Put the simulator in a snapshot's state."""
+        await self._invoke("restore", snap)
+
+    async def state_digest(self) -> str:
+        """Digest of the full simulator state now."""
+        return await self._invoke("state_digest")
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """Untyped call by method name; kept only until every caller uses the typed methods."""
+        return await self._invoke(method, *args)
+
+
+# The hash seed of simulator processes: LIBERO builds parts of its scene by iterating sets,
+# so the process's hash seed must be pinned for everything it builds to be the same everywhere.
+SIM_HASH_SEED = "0"
+_spawn_lock = threading.Lock()
+
+
+class SimProcess(Simulator):
     """One simulator process with a blocking call interface, wrapped for asyncio."""
 
-    def __init__(self, adapter_spec: str, adapter_kwargs: dict | None = None, name: str = "sim", log_path: str | None = None):
+    def __init__(
+        self,
+        adapter_spec: str,
+        adapter_kwargs: dict | None = None,
+        name: str = "sim",
+        log_path: str | None = None,
+        hash_seed: str | int = SIM_HASH_SEED,
+    ):
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         args = (child, adapter_spec, adapter_kwargs or {}, log_path)
         self._proc = ctx.Process(target=_serve, args=args, name=name, daemon=True)
         self._lock = threading.Lock()
         self.name = name
-        self._proc.start()
+        self.hash_seed = str(hash_seed)
+        # The task the process has loaded last (set by reset and restore through this proxy).
+        self._task_key: tuple[str, int] | None = None
+        # A spawned child reads PYTHONHASHSEED from the environment it inherits at start.
+        with _spawn_lock:
+            before = os.environ.get("PYTHONHASHSEED")
+            os.environ["PYTHONHASHSEED"] = self.hash_seed
+            try:
+                self._proc.start()
+            finally:
+                if before is None:
+                    os.environ.pop("PYTHONHASHSEED", None)
+                else:
+                    os.environ["PYTHONHASHSEED"] = before
         child.close()
         self._started = False
+
+    @property
+    def task_key(self) -> tuple[str, int] | None:
+        """(suite, task_id) the process loaded last, or None."""
+        return self._task_key
 
     def _call(self, method: str, *args) -> Any:
         with self._lock:
@@ -93,10 +168,15 @@ class SimProcess:
                 raise SimulatorError(f"{self.name} died (exit code {self._proc.exitcode})") from exc
         if kind == "error":
             raise SimulatorError(f"{self.name}.{method} failed:\n{payload}")
+        if method == "reset":
+            c = case_fields(args[0])
+            self._task_key = (c.suite, c.task_id)
+        elif method == "restore" and isinstance(args[0], dict) and "key" in args[0]:
+            self._task_key = tuple(args[0]["key"])
         return payload
 
-    async def call(self, method: str, *args) -> Any:
-        """Call an adapter method in the simulator process without blocking the loop."""
+    async def _invoke(self, method: str, *args: Any) -> Any:
+        # A thread keeps the event loop free while the process computes.
         return await asyncio.to_thread(self._call, method, *args)
 
     def alive(self) -> bool:
@@ -120,24 +200,56 @@ class SimProcess:
 class SimPool:
     """A fixed set of simulator processes handed to arms one at a time."""
 
-    def __init__(self, size: int, adapter_spec: str, adapter_kwargs: dict | None = None, log_path: str | None = None):
+    def __init__(
+        self,
+        size: int,
+        adapter_spec: str,
+        adapter_kwargs: dict | None = None,
+        log_path: str | None = None,
+        hash_seed: str | int = SIM_HASH_SEED,
+    ):
         self._log_path = log_path
-        self._sims = [SimProcess(adapter_spec, adapter_kwargs, name=f"sim-{i}", log_path=log_path) for i in range(size)]
+        self._hash_seed = str(hash_seed)
+        self._sims = [self._spawn(f"sim-{i}", adapter_spec, adapter_kwargs) for i in range(size)]
         self._free: list[SimProcess] = list(self._sims)
         self._changed = asyncio.Condition()
         self._spec, self._kwargs = adapter_spec, adapter_kwargs
+        # Who held each simulator last (by process name): a lease that comes back to the
+        # simulator it left finds its state untouched and needs no restore.
+        self._last_holder: dict[str, object] = {}
+
+    def _spawn(self, name: str, spec: str, kwargs: dict | None) -> SimProcess:
+        return SimProcess(spec, kwargs, name=name, log_path=self._log_path, hash_seed=self._hash_seed)
+
+    @property
+    def hash_seed(self) -> str:
+        """PYTHONHASHSEED of every simulator process of the pool (recorded with a study)."""
+        return self._hash_seed
 
     async def acquire(self, prefer: Callable[[SimProcess], int] | None = None) -> SimProcess:
         """Wait for a free simulator (the one `prefer` ranks highest); a dead one is replaced."""
+        sim, _ = await self.take(prefer)
+        return sim
+
+    async def take(self, prefer: Callable[[SimProcess], int] | None = None, holder: object | None = None) -> tuple[SimProcess, bool]:
+        """Like acquire, for a named holder; also says whether the holder had this simulator last
+        (so its state is exactly as the holder left it: nobody acquired it in between)."""
         async with self._changed:
             await self._changed.wait_for(lambda: bool(self._free))
             sim = max(self._free, key=prefer) if prefer else self._free[0]
             self._free.remove(sim)
+        previous = self._last_holder.get(sim.name)
         if not sim.alive():
             idx = self._sims.index(sim)
-            sim = SimProcess(self._spec, self._kwargs, name=sim.name, log_path=self._log_path)
+            sim = self._spawn(sim.name, self._spec, self._kwargs)
             self._sims[idx] = sim
-        return sim
+            previous = None
+        self._last_holder[sim.name] = holder
+        return sim, holder is not None and previous is holder
+
+    def last_holder(self, sim: SimProcess) -> object | None:
+        """Who took this simulator last (None after an anonymous acquire)."""
+        return self._last_holder.get(sim.name)
 
     def release(self, sim: SimProcess) -> None:
         """Give a simulator back."""
@@ -154,54 +266,53 @@ class SimPool:
             sim.stop()
 
 
-class SimLease:
+class SimLease(Simulator):
     """An arm's hold on a simulator of the pool; while the arm waits for the VLM it lets go.
 
-    `suspend` snapshots the simulator and returns it to the pool, so another arm
-    can use it; `resume` takes a simulator back (the same one when nobody used it
-    meanwhile, else one restored from the snapshot).
+    It is itself a Simulator: the typed methods go to the held process. `suspend`
+    snapshots the simulator and returns it to the pool, so another arm can use it;
+    `resume` takes a simulator back (the same one when nobody used it meanwhile,
+    else one restored from the snapshot).
     """
 
     def __init__(self, pool: SimPool):
         self._pool = pool
         self.sim: SimProcess | None = None
-        self._snapshot: Any = None
-        self._key: Any = None
+        self._snapshot: dict | None = None
+        self._key: tuple[str, int] | None = None
 
     async def acquire(self) -> "SimLease":
         """Take a simulator, preferring one that has this lease's task loaded."""
-        self.sim = await self._pool.acquire(self._rank)
-        self.sim.holder = self
+        self.sim, _ = await self._pool.take(self._rank, holder=self)
         return self
 
     def _rank(self, sim: SimProcess) -> int:
-        if getattr(sim, "holder", None) is self:
+        if self._pool.last_holder(sim) is self:
             return 2
-        return 1 if self._key is not None and getattr(sim, "task_key", None) == self._key else 0
+        return 1 if self._key is not None and sim.task_key == self._key else 0
 
-    async def call(self, method: str, *args: Any) -> Any:
-        """Call the held simulator."""
+    async def _invoke(self, method: str, *args: Any) -> Any:
         if self.sim is None:
             raise SimulatorError("the lease holds no simulator")
         if method == "reset":
-            self._key = (args[0]["suite"], args[0]["task_id"])
-            self.sim.task_key = self._key
-        return await self.sim.call(method, *args)
+            c = case_fields(args[0])
+            self._key = (c.suite, c.task_id)
+        return await self.sim._invoke(method, *args)
 
     async def suspend(self) -> None:
         """Snapshot the simulator and give it back to the pool."""
-        self._snapshot = await self.call("snapshot")
+        self._snapshot = await self.snapshot()
         sim, self.sim = self.sim, None
         self._pool.release(sim)
         log.info("sim.suspended", sim=sim.name)
 
     async def resume(self) -> None:
         """Hold a simulator again, in the state the arm left."""
-        sim = await self._pool.acquire(self._rank)
-        reused = getattr(sim, "holder", None) is self
-        self.sim, sim.holder, sim.task_key = sim, self, self._key
+        # A fresh process (the old one died) or one another arm used must be restored.
+        sim, reused = await self._pool.take(self._rank, holder=self)
+        self.sim = sim
         if not reused:
-            await self.sim.call("restore", self._snapshot)
+            await self.sim.restore(self._snapshot)
         self._snapshot = None
         log.info("sim.resumed", sim=sim.name, restored=not reused)
 

@@ -2,13 +2,60 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, NamedTuple, Protocol, Union
 
 import numpy as np
 
+from rescue.manifest import Case
+from rescue.observation import PRIVILEGED, ObservationProfile, get_profile
+
 # The three views sent to the VLM at the query point, in this fixed order.
 VLM_VIEWS = ("agentview", "frontview", "robot0_eye_in_hand")
+
+# A case as the adapter accepts it: the typed manifest case, or a mapping with the same fields.
+CaseLike = Union[Case, Mapping[str, Any]]
+# An observation profile, by value or by built-in name; None means `privileged`.
+ProfileLike = Union[ObservationProfile, str, None]
+# When run_chunk shapes an observation at the end of the chunk.
+Observe = Literal["always", "unless_success", "never"]
+
+
+class CaseRef(NamedTuple):
+    """The fields of a case a simulator needs to reset it."""
+
+    suite: str
+    task_id: int
+    init_state_index: int
+    env_seed: int
+
+
+def case_fields(case: CaseLike) -> CaseRef:
+    """The reset fields of a typed Case or a case mapping."""
+    if isinstance(case, Mapping):
+        return CaseRef(str(case["suite"]), int(case["task_id"]), int(case["init_state_index"]), int(case["env_seed"]))
+    return CaseRef(case.suite, case.task_id, case.init_state_index, case.env_seed)
+
+
+def resolve_profile(profile: ProfileLike) -> ObservationProfile:
+    """An ObservationProfile from a profile, a built-in name or None (privileged)."""
+    if profile is None:
+        return PRIVILEGED
+    if isinstance(profile, str):
+        return get_profile(profile)
+    return profile
+
+
+def process_info() -> dict[str, Any]:
+    """Facts about the simulator process worth recording next to a fingerprint."""
+    return {
+        "pid": os.getpid(),
+        "python_hash_seed": os.environ.get("PYTHONHASHSEED"),
+        "hash_randomization": bool(sys.flags.hash_randomization),
+    }
 
 
 @dataclass
@@ -19,6 +66,8 @@ class ResetResult:
     instruction: str
     fingerprint: str
     fingerprint_parts: dict[str, str] = field(default_factory=dict)
+    # The simulator process's facts (pid, PYTHONHASHSEED); not part of the fingerprint.
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -32,19 +81,28 @@ class ChunkResult:
 
 
 class EnvAdapter(Protocol):
-    """A benchmark environment that replays a case from its initial state."""
+    """A benchmark environment that replays a case from its initial state (runs in a simulator process)."""
 
-    def task_instruction(self, case: dict) -> str:
-        """The task's own instruction for a case (manifest dict)."""
+    def task_instruction(self, case: CaseLike) -> str:
+        """The task's own instruction for a case."""
 
-    def reset(self, case: dict) -> ResetResult:
-        """Reset to the case's initial state (seeded, bitwise reproducible)."""
+    def reset(self, case: CaseLike, profile: ProfileLike = None) -> ResetResult:
+        """Reset to the case's initial state (seeded, bitwise reproducible); observations follow `profile`."""
 
-    def run_chunk(self, actions: np.ndarray, max_steps: int) -> ChunkResult:
+    def run_chunk(self, actions: np.ndarray, max_steps: int, observe: Observe = "always") -> ChunkResult:
         """Step through actions (at most max_steps), stopping early on success."""
 
     def render(self, cameras: list[str], size: int) -> dict[str, np.ndarray]:
-        """Render the named cameras now (uint8 HxWx3)."""
+        """Render the named cameras now, upright (uint8 HxWx3), for people and the VLM."""
+
+    def snapshot(self) -> dict:
+        """Everything a continuation depends on, picklable (restorable in another process)."""
+
+    def restore(self, snap: dict) -> None:
+        """Put the simulator in a snapshot's state."""
+
+    def state_digest(self) -> str:
+        """Digest of the full simulator state now."""
 
     def close(self) -> None:
         """Release the simulator."""
