@@ -19,7 +19,11 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 from rescue import logs
 from rescue.config import StudyConfig
-from rescue.engine import create_study, run_study, start_services
+from rescue.engine import run_study
+from rescue.layout import StudyLayout
+from rescue.observation import get_profile
+from rescue.services import resolved_config, start_services
+from rescue.study import create_study
 from rescue.env.pool import as_float_chunk
 from rescue.env.protocol import VLM_VIEWS
 from rescue.manifest import Case, Manifest, parse_manifest
@@ -48,7 +52,7 @@ def timed_study(items: list[Case], config: StudyConfig) -> float:
     logs.configure(None, verbose=False)
     root = Path(tempfile.mkdtemp(prefix="bench-"))
     try:
-        create_study(root / "study", manifest(items), config).close()
+        create_study(root / "study", manifest(items), asyncio.run(resolved_config(config)))
         t0 = time.perf_counter()
         asyncio.run(run_study(root / "study"))
         return time.perf_counter() - t0
@@ -62,7 +66,9 @@ class _NoReceipts:
 
 
 async def _bare(items: list[Case], config: StudyConfig, root: Path) -> None:
-    async with start_services(config, root) as services:
+    config = await resolved_config(config)
+    profile = get_profile(config.policy.observation)
+    async with start_services(config, StudyLayout.of(root)) as services:
         vlm = VLMClient(services.vlm.config, _NoReceipts()) if services.vlm else None
         queue = list(items)
 
@@ -72,19 +78,21 @@ async def _bare(items: list[Case], config: StudyConfig, root: Path) -> None:
             try:
                 await client.reset()
                 await client.reset_rng(case.policy_seed)
-                reset = await sim.call("reset", case.model_dump(mode="json"))
+                reset = await sim.reset(case, profile)
                 obs, instruction, step = reset.obs, reset.instruction, 0
                 q, c, h = query_point(case.horizon, services.interval), services.interval, case.horizon
                 asked = False
                 while step < h:
                     if name == "assisted" and step >= q and not asked:
                         asked = True
-                        views = await sim.call("render", list(VLM_VIEWS), config.env.image_size)
+                        views = await sim.render(list(VLM_VIEWS), config.env.image_size)
                         answer = await vlm.ask(SubgoalRequest(case.case_id, instruction, h - step, views))
                         if answer.status == "ok":
                             instruction = inject(instruction, answer.subgoal)
-                    reply = await client.infer({**obs, "prompt": instruction})
-                    result = await sim.call("run_chunk", as_float_chunk(reply["actions"])[:c], min(c, h - step))
+                    reply = await client.infer(profile.policy_input(obs, instruction))
+                    due = min(c, h - step)
+                    observe = "never" if step + due >= h else "unless_success"
+                    result = await sim.run_chunk(as_float_chunk(reply["actions"])[:c], due, observe)
                     step, obs = step + result.steps, result.obs
                     if result.success:
                         break

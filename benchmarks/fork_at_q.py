@@ -47,7 +47,9 @@ def failures(n: int, horizon: int) -> list:
     import tempfile
     from pathlib import Path
 
-    from rescue.engine import create_study, run_study
+    from rescue.engine import run_study
+    from rescue.services import resolved_config
+    from rescue.study import create_study
     from rescue.evaluation import failure_cases
     from rescue.journal import Journal
 
@@ -55,7 +57,8 @@ def failures(n: int, horizon: int) -> list:
     try:
         # One task, so every simulator builds its env once in either mode.
         pool = cases(2 * n, horizon, task_id=1)
-        create_study(root / "eval", manifest(pool), StudyConfig(arms=("control",)), {"kind": "evaluation"}).close()
+        config = asyncio.run(resolved_config(StudyConfig(arms=("control",))))
+        create_study(root / "eval", manifest(pool), config)
         asyncio.run(run_study(root / "eval"))
         with Journal.open(root / "eval", readonly=True) as journal:
             found = failure_cases(journal.cases(), journal.verdicts(), journal.all_arms(), {})

@@ -18,9 +18,10 @@ import numpy as np
 import structlog
 
 from rescue.digest import digest_array, digest_obs, digest_text
-from rescue.env.pool import as_float_chunk
+from rescue.env.pool import SimLease, Simulator, as_float_chunk
 from rescue.env.protocol import VLM_VIEWS
 from rescue.manifest import Case
+from rescue.observation import PRIVILEGED, ObservationProfile
 from rescue.querypoint import query_point
 from rescue.records import ArmName, ArmResult, Assistance, TraceRow
 from wrappers.injection import inject
@@ -29,12 +30,6 @@ log = structlog.get_logger()
 
 # The assisted arm's answer statuses that leave the original instruction in force.
 _FAILED_ASSISTANCE = {"broker_error": "broker_error", "invalid_response": "invalid_response", "timeout": "timeout"}
-
-
-class Simulator(Protocol):
-    """An env adapter reached asynchronously (a simulator process)."""
-
-    async def call(self, method: str, *args: Any) -> Any: ...
 
 
 class PolicyConnection(Protocol):
@@ -75,6 +70,8 @@ class ArmSpec:
     frame_sink: Callable[[str, str, str, np.ndarray], str] | None = None
     keyframe_view: str = "agentview"
     keyframe_size: int = 128
+    # What the policy receives (DESIGN §7): cameras, keys, state layout, instruction key.
+    profile: ObservationProfile = PRIVILEGED
 
 
 async def _query(policy: PolicyConnection, obs: dict, step: int, firings: list | None) -> dict:
@@ -125,6 +122,8 @@ class ArmRun:
         self.assistance = Assistance(status="control" if spec.arm == "control" else "not_reached")
         self.fingerprint: str | None = None
         self.fingerprint_parts: dict[str, str] = {}
+        self.python_hash_seed: str | None = None
+        self.image_keys = {c.key for c in spec.profile.cameras}
         self.step, self.success, self.done = 0, False, False
         self.q_state: str | None = None
         # Rules between policy and simulator (wrappers/async_rules.py) log their firings here.
@@ -138,9 +137,10 @@ class ArmRun:
     async def start(self) -> None:
         """Reset the case, check its instruction, reset the policy and its RNG."""
         self.log.info("arm.started", horizon=self.horizon, query_step=self.q)
-        reset = await self.sim.call("reset", self.case.model_dump(mode="json"))
+        reset = await self.sim.reset(self.case, self.spec.profile)
         self.fingerprint = reset.fingerprint
         self.fingerprint_parts = dict(reset.fingerprint_parts)
+        self.python_hash_seed = reset.info.get("python_hash_seed")
         self.original = self.instruction = reset.instruction
         if self.case.instruction not in (None, self.original):
             raise ValueError(f"manifest instruction {self.case.instruction!r} differs from the task's {self.original!r}")
@@ -167,7 +167,7 @@ class ArmRun:
                 self.assistance = await _assist(self.case, self.spec, self.sim, self.policy, self.advisor, self.original, self.horizon - self.step, self.step)
                 if self.assistance.status == "applied":
                     self.instruction = self.assistance.instruction
-            policy_input = {**self.obs, "prompt": self.instruction}
+            policy_input = self.spec.profile.policy_input(self.obs, self.instruction)
             if self.step < self.q:
                 self.queries.append((self.step, policy_input))
             reply = await _query(self.policy, policy_input, self.step, self.firings)
@@ -182,13 +182,15 @@ class ArmRun:
             self.trace.append(
                 TraceRow(
                     step=self.step,
-                    state=digest_obs(self.obs),
-                    images={},
+                    state=digest_obs({k: v for k, v in self.obs.items() if k not in self.image_keys}),
+                    images=self.spec.profile.image_digests(self.obs),
                     instruction=digest_text(self.instruction),
                     actions=digest_array(chunk),
                 )
             )
-            result = await self.sim.call("run_chunk", chunk, due)
+            # Images are rendered only for an observation a policy query will read.
+            last = self.step + due >= self.horizon
+            result = await self.sim.run_chunk(chunk, due, "never" if last else "unless_success")
             self.step += result.steps
             self.obs = result.obs
             if result.success:
@@ -203,12 +205,12 @@ class ArmRun:
         sink = self.spec.frame_sink
         if sink is None:
             return
-        frames = await self.sim.call("render", [self.spec.keyframe_view], self.spec.keyframe_size)
+        frames = await self.sim.render([self.spec.keyframe_view], self.spec.keyframe_size)
         self.keyframes[name] = sink(self.case.case_id, self.spec.arm, name, frames[self.spec.keyframe_view])
 
     async def _state_digest(self) -> str | None:
         try:
-            return await self.sim.call("state_digest")
+            return await self.sim.state_digest()
         except Exception:  # an adapter without state digests: the proof rests on the trace alone
             return None
 
@@ -227,6 +229,7 @@ class ArmRun:
             steps=self.step,
             fingerprint=self.fingerprint,
             fingerprint_parts=dict(self.fingerprint_parts),
+            python_hash_seed=self.python_hash_seed,
             trace=self.trace,
             assistance=self.assistance,
             rule_firings=list(self.firings or []),
@@ -283,6 +286,7 @@ async def run_forked(
         control_done()
         # The prefix is shared: its failure is both arms' failure.
         asst.fingerprint, asst.fingerprint_parts = ctrl.fingerprint, ctrl.fingerprint_parts
+        asst.python_hash_seed = ctrl.python_hash_seed
         asst.trace, asst.step = list(ctrl.trace), ctrl.step
         return ctrl.result(exc, "fork"), asst.result(exc, "fork")
 
@@ -297,6 +301,7 @@ async def run_forked(
 
     # The assisted arm starts where the shared prefix ends (copied before the control arm goes on).
     asst.fingerprint, asst.fingerprint_parts = ctrl.fingerprint, ctrl.fingerprint_parts
+    asst.python_hash_seed = ctrl.python_hash_seed
     asst.trace, asst.step, asst.obs = list(ctrl.trace), ctrl.step, ctrl.obs
     asst.original = asst.instruction = ctrl.original
     asst.success = asst.done = ctrl.done and ctrl.success
@@ -312,7 +317,7 @@ async def run_forked(
             asst.queries = list(ctrl.queries)
             if not asst.done:
                 asst.sim = await acquire_assisted()
-                await asst.sim.call("restore", snapshot)
+                await asst.sim.restore(snapshot)
                 asst.q_state = await asst._state_digest()
                 if asst.q_state != ctrl.q_state:
                     raise RuntimeError("fork: the restored simulator state differs from the state at q")
@@ -324,7 +329,7 @@ async def run_forked(
     snapshot = None
     if not ctrl.done:
         ctrl.q_state = await ctrl._state_digest()
-        snapshot = await ctrl.sim.call("snapshot")
+        snapshot = await ctrl.sim.snapshot()
     results = await asyncio.gather(finish_control(), finish_assisted())
     return results[0], results[1]
 
@@ -342,10 +347,10 @@ async def _assist(
     """Render the views, ask once (the simulator waits), and build the injected instruction."""
     if advisor is None:
         return Assistance(status="broker_error", query_step=step, error_kind="no_advisor", error="no VLM configured")
-    views = await sim.call("render", list(VLM_VIEWS), spec.image_size)
+    views = await sim.render(list(VLM_VIEWS), spec.image_size)
     # While the VLM thinks, the simulator is not ours to hold: a lease snapshots it and lets
     # another arm step it; the simulated clock does not move for this arm either way.
-    release = spec.release_while_waiting and hasattr(sim, "suspend")
+    release = spec.release_while_waiting and isinstance(sim, SimLease)
     if release:
         await sim.suspend()
     try:

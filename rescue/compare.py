@@ -23,6 +23,7 @@ from typing import Literal
 import structlog
 from pydantic import BaseModel, Field
 
+from rescue.catalog import OFFICIAL_HORIZON
 from rescue.config import StudyConfig, load_config
 from rescue.engine import run_study
 from rescue.services import resolved_config
@@ -293,7 +294,6 @@ def create_compare(
     confidence: float = 0.95,
 ) -> ComparePlan:
     """Lay out a comparison: the plan, then both evaluation studies on one episode manifest."""
-    from rescue.env.libero import SUITE_HORIZON
 
     study_dir = Path(study_dir)
     if (study_dir / PLAN_FILE).exists():
@@ -304,7 +304,7 @@ def create_compare(
         config = asyncio.run(resolved_config(config.model_copy(update={"arms": ("control",)})))
         sides.append(Side(name=name, config_sha256=config.sha256(), config=config.model_dump(mode="json")))
     plan = ComparePlan(
-        suite=suite, tasks=tasks, episodes=episodes, horizon=horizon or SUITE_HORIZON[suite], first_init=first_init,
+        suite=suite, tasks=tasks, episodes=episodes, horizon=horizon or OFFICIAL_HORIZON[suite], first_init=first_init,
         seed=seed, reps=reps, confidence=confidence, a=sides[0], b=sides[1],
     )
     study_dir.mkdir(parents=True, exist_ok=True)

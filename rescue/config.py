@@ -27,6 +27,8 @@ class PolicyConfig(BaseModel):
     # The observation profile (DESIGN §7). None: what the server announces, else the
     # default for its kind (`privileged` for the bundled policies, `openpi-libero` otherwise).
     observation: str | None = None
+    # The sha256 of that profile's definition, fixed at creation (a changed built-in is refused on resume).
+    observation_sha256: str | None = None
     # What the server announced about itself when the study was created (identity.IDENTITY_KEYS);
     # a later start against a server announcing otherwise is refused.
     announced: dict[str, Any] | None = None

@@ -25,6 +25,7 @@ from rescue.env.pool import SimLease
 from rescue.journal import Journal
 from rescue.layout import StudyLayout
 from rescue.manifest import Case
+from rescue.observation import get_profile
 from rescue.policy.ws_client import WebsocketPolicyClient
 from rescue.records import ArmResult, Assistance, Verdict
 from rescue.services import Services, start_services
@@ -51,6 +52,7 @@ class Engine:
         self.services = services
         self.journal = Journal.open(self.layout.root)
         self.on_case = on_case
+        self.profile = get_profile(config.policy.observation or "privileged")
         self._stop = asyncio.Event()
         # The outcome lines the VLM client wrote, read back by the one receipts reader.
         self._outcomes = OutcomeIndex(self.layout.receipts)
@@ -117,6 +119,7 @@ class Engine:
 
     def _spec_kwargs(self) -> dict:
         return dict(
+            profile=self.profile,
             image_size=self.config.env.image_size,
             keepalive_s=self.config.keepalive_s,
             release_while_waiting=self.config.release_simulator_while_waiting,

@@ -27,6 +27,7 @@ from rescue.config import StudyConfig
 from rescue.layout import StudyLayout
 from rescue.services import Services, resolved_config, start_services
 from rescue.manifest import Case, load_manifest
+from rescue.observation import get_profile
 from rescue.policy.ws_client import PolicyConnectionClosed, PolicyServerError, WebsocketPolicyClient
 from rescue.records import ArmResult
 from wrappers.async_rules import AsyncRuleWrapper
@@ -93,7 +94,10 @@ async def _connect(services: Services) -> WebsocketPolicyClient:
 
 async def _one_arm(case: Case, config: StudyConfig, services: Services) -> ArmResult:
     """A control arm as the engine runs it: own simulator, own connection, the configured rules."""
-    spec = ArmSpec(arm="control", interval=services.interval, image_size=config.env.image_size, keepalive_s=config.keepalive_s)
+    spec = ArmSpec(
+        arm="control", interval=services.interval, image_size=config.env.image_size, keepalive_s=config.keepalive_s,
+        profile=get_profile(config.policy.observation or "privileged"),
+    )
     sim = await services.pool.acquire()
     try:
         policy = AsyncRuleWrapper(await _connect(services), config.rules)
@@ -128,13 +132,14 @@ async def check_determinism(case: Case, config: StudyConfig, services: Services,
     )
 
 
-async def _first_obs(case: Case, services: Services) -> dict:
+async def _first_obs(case: Case, config: StudyConfig, services: Services) -> dict:
+    profile = get_profile(config.policy.observation or "privileged")
     sim = await services.pool.acquire()
     try:
-        reset = await sim.call("reset", case.model_dump(mode="json"))
+        reset = await sim.reset(case, profile)
     finally:
         services.pool.release(sim)
-    return {**reset.obs, "prompt": reset.instruction}
+    return profile.policy_input(reset.obs, reset.instruction)
 
 
 async def _fresh_second_chunk(services: Services, obs: dict, seed: int) -> np.ndarray:
@@ -160,7 +165,7 @@ async def check_idle_hold(case: Case, config: StudyConfig, services: Services, i
 async def _idle_hold(case: Case, config: StudyConfig, services: Services, idle_s: float) -> Check:
     name = "idle hold"
     every = config.keepalive_s
-    obs = await _first_obs(case, services)
+    obs = await _first_obs(case, config, services)
     seed = case.policy_seed
     client = await _connect(services)
     try:
@@ -265,6 +270,8 @@ async def run_preflight(
     with tempfile.TemporaryDirectory(prefix="preflight-") as tmp:
         try:
             run_config = await resolved_config(run_config)
+            # The checks run under the resolved identity (C, observation profile) a study would get.
+            config = config.model_copy(update={"policy": run_config.policy})
             async with start_services(run_config, StudyLayout.of(workdir or tmp)) as services:
                 url = services.policy_url
                 rng_check, rng_control = await check_rng_extension(services)

@@ -94,6 +94,8 @@ class ArmResult(BaseModel):
     # The digest of each part of the initial state (physics, proprioception, instruction, layout,
     # model XML...), so that a deviation names what differed.
     fingerprint_parts: dict[str, str] = Field(default_factory=dict)
+    # PYTHONHASHSEED of the simulator process that reset the case (pinned by the pool).
+    python_hash_seed: str | None = None
     trace: list[TraceRow] = Field(default_factory=list)
     assistance: Assistance
     rule_firings: list[dict] = Field(default_factory=list)  # step, rule, chunk digests before/after

@@ -18,6 +18,7 @@ from rescue.config import PolicyConfig, StudyConfig
 from rescue.env.pool import SimPool
 from rescue.identity import IdentityError, announced_identity, identity_changes, resolve_interval, resolve_observation
 from rescue.layout import RECEIPTS, StudyLayout
+from rescue.observation import get_profile
 from rescue.policy.ws_client import WebsocketPolicyClient
 from rescue.vlm.client import VLMClient
 from rescue.vlm.receipts import ReceiptLog
@@ -48,10 +49,16 @@ async def probe_policy(policy: PolicyConfig) -> dict[str, Any]:
 def resolve_config(config: StudyConfig, metadata: dict[str, Any]) -> StudyConfig:
     """The study's configuration with its identity fixed: C, observation profile, announced identity."""
     default = BUNDLED_DEFAULT_OBSERVATION if config.policy.url is None else EXTERNAL_DEFAULT_OBSERVATION
+    observation = resolve_observation(config.policy.observation, metadata, default)
+    try:
+        profile = get_profile(observation)
+    except ValueError as exc:
+        raise IdentityError(f"policy.observation: {exc}") from None
     policy = config.policy.model_copy(
         update={
             "replan_interval": resolve_interval(config.policy.replan_interval, metadata),
-            "observation": resolve_observation(config.policy.observation, metadata, default),
+            "observation": observation,
+            "observation_sha256": profile.sha256(),
             "announced": announced_identity(metadata),
         }
     )
@@ -64,8 +71,14 @@ async def resolved_config(config: StudyConfig) -> StudyConfig:
 
 
 def check_identity(config: StudyConfig, metadata: dict[str, Any]) -> None:
-    """Refuse a server that announces itself otherwise than when the study was created."""
+    """Refuse a server that announces itself otherwise than when the study was created, or a changed profile."""
     changes = identity_changes(config.policy.announced or {}, metadata)
+    profile = get_profile(config.policy.observation or BUNDLED_DEFAULT_OBSERVATION)
+    if config.policy.observation_sha256 not in (None, profile.sha256()):
+        changes.append(
+            f"observation profile {profile.name!r}: the study was created with definition "
+            f"{config.policy.observation_sha256[:12]}…, this version defines {profile.sha256()[:12]}…"
+        )
     if changes:
         raise IdentityError("the policy server is not the one this study was created with: " + "; ".join(changes))
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from rescue import logs
+from rescue.catalog import OFFICIAL_HORIZON
 from rescue.config import StudyConfig
 from rescue.engine import complement_manifest, recover, run_study
 from rescue.evaluation import EvalSummary, episode_cases, failure_cases, mark_pilot, summarize_eval
@@ -105,9 +106,8 @@ def evaluate(
     first_init: int = 0,
 ) -> Path:
     """A baseline evaluation: control arms over official initial states, same journal and rules."""
-    from rescue.env.libero import SUITE_HORIZON
 
-    horizon = horizon or SUITE_HORIZON[suite]
+    horizon = horizon or OFFICIAL_HORIZON[suite]
     cases = episode_cases(suite, tasks, episodes, horizon, first_init)
     config = config.model_copy(update={"arms": ("control",)})
     study_dir = new_study(study_dir, _manifest_of(cases, f"{suite} x{episodes}"), config)

@@ -279,8 +279,11 @@ def test_a_comparison_is_laid_out_before_either_side_runs(tmp_path):
         with Journal.open(tmp_path / side, readonly=True) as journal:
             metas.append(journal.meta())
             assert journal.pending_ids() == [c.case_id for c in episode_cases("libero_object", [3, 4], 2, 64)]
-        assert metas[-1]["kind"] == "evaluation" and metas[-1]["config_sha256"] == config.sha256()
-        assert getattr(plan, side).config_sha256 == config.sha256() and config.arms == ("control",)
+        pinned = getattr(plan, side)
+        assert metas[-1]["kind"] == "evaluation" and metas[-1]["config_sha256"] == pinned.config_sha256
+        assert config.arms == ("control",) and pinned.config["arms"] == ["control"]
+        # The side's identity was fixed when the comparison was laid out: C from the policy's metadata.
+        assert pinned.config["policy"]["replan_interval"] == 8 and pinned.config["policy"]["observation"] == "privileged"
     assert metas[0]["manifest_sha256"] == metas[1]["manifest_sha256"]
     assert plan.a.config["policy"]["factory"] != plan.b.config["policy"]["factory"]
     with pytest.raises(StudyError, match="already holds a comparison"):

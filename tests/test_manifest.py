@@ -329,12 +329,6 @@ def test_catalog_has_the_official_suites():
     assert libero_catalog() is catalog  # read once per process
 
 
-def test_the_env_adapter_uses_the_same_horizons():
-    from rescue.env.libero import SUITE_HORIZON
-
-    assert SUITE_HORIZON == OFFICIAL_HORIZON
-
-
 @pytest.mark.sim
 def test_shipped_catalog_equals_the_installed_libero():
     pytest.importorskip("libero.libero.benchmark")

@@ -25,6 +25,8 @@ from rescue.observation import (
     shape_observation,
 )
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize("shape", [(256, 256, 3), (480, 640, 3), (100, 37, 3), (224, 224, 3), (3, 128, 200, 3)])
 def test_resize_with_pad_is_openpis_bit_for_bit(shape):
@@ -36,6 +38,7 @@ def test_resize_with_pad_is_openpis_bit_for_bit(shape):
         assert np.array_equal(ours, theirs)
 
 
+@pytest.mark.sim
 def test_quat2axisangle_is_robosuites():
     from robosuite.utils.transform_utils import quat2axisangle as reference
 

@@ -26,6 +26,8 @@ from rescue.manifest import Case
 from rescue.observation import get_profile
 from rescue.policy.ws_client import PolicyServerError, WebsocketPolicyClient
 
+pytestmark = [pytest.mark.sim, pytest.mark.e2e]
+
 CASE = Case.model_validate(
     {"case_id": "spatial-0-ep0", "suite": "libero_spatial", "task_id": 0, "init_state_index": 0, "env_seed": 7, "horizon": 220}
 )

@@ -16,6 +16,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from rescue.catalog import OFFICIAL_HORIZON
 from rescue.digest import digest_array, digest_json, digest_text
 from rescue.env.protocol import CaseLike, ChunkResult, Observe, ProfileLike, ResetResult, case_fields, process_info, resolve_profile
 from rescue.observation import PRIVILEGED, ObservationProfile, shape_observation
@@ -27,8 +28,8 @@ os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
 # objects settle; they are part of reset and do not count against H.
 SETTLE_STEPS = 10
 NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
-# The official step limits per suite (openpi's LIBERO example).
-SUITE_HORIZON = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
+# The official step limits per suite (openpi's LIBERO example) live in the catalog.
+SUITE_HORIZON = OFFICIAL_HORIZON
 # Envs are never closed while their process lives: closing one releases the thread's EGL
 # state and later renders of the other envs in the process come back as garbage. A process
 # sees at most the tasks of its study; past this many it refuses rather than render wrongly.

@@ -104,10 +104,6 @@ class Simulator:
         """Digest of the full simulator state now."""
         return await self._invoke("state_digest")
 
-    async def call(self, method: str, *args: Any) -> Any:
-        """Untyped call by method name; kept only until every caller uses the typed methods."""
-        return await self._invoke(method, *args)
-
 
 # The hash seed of simulator processes: LIBERO builds parts of its scene by iterating sets,
 # so the process's hash seed must be pinned for everything it builds to be the same everywhere.
