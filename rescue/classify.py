@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rescue.proofs import check_evidence, fork_match, prefix_match
+from rescue.proofs import check_evidence, prefix_match, q_state_match
 from rescue.records import ArmResult, CaseRecord, Verdict
 
 # Assistance statuses that mean the VLM request failed (rule 3).
@@ -79,7 +79,7 @@ def classify(rec: CaseRecord) -> Verdict:
         assert rec.control is not None and rec.assisted is not None
         prefix_ok, prefix_why = prefix_match(rec.control.trace, rec.assisted.trace, rec.query_step)
         if prefix_ok:
-            prefix_ok, prefix_why = fork_match(rec.control, rec.assisted, prefix_why)
+            prefix_ok, prefix_why = q_state_match(rec.control, rec.assisted, prefix_why)
         in_m = deviation is None and prefix_ok
     evidence_ok, evidence_why = check_evidence(rec) if in_m else (False, "not checked")
     # check_evidence demands status 'applied', so E is "M with the subgoal applied and valid evidence".

@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console
 
-from rescue import layout
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rescue import __version__, layout
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 console = Console(stderr=False)
+
+# `rescue export` of a study that is not finished, without --partial.
+EXIT_UNFINISHED = 5
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -36,20 +48,54 @@ def _config(args: argparse.Namespace):
 
 
 class _Live:
-    """A progress bar over cases, with the running label counts."""
+    """A live view of a running study: cases done of the total, rate and ETA, arms in flight,
+    arms waiting for the VLM, and the labels so far."""
 
     def __init__(self, title: str):
         self.counts: Counter[str] = Counter()
+        self.arms = self.waiting = 0
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[labels]}"), console=console, transient=False,
+            TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"),
+            TextColumn("{task.fields[flight]}"), TextColumn("{task.fields[labels]}"),
+            console=console, transient=False,
         )
-        self.task = self.progress.add_task(title, total=None, labels="")
+        self.task = self.progress.add_task(title, total=None, labels="", flight="", rate="")
+        self.started = time.monotonic()
 
-    def __call__(self, verdict) -> None:
+    def study_started(self, pending: int, arms_per_case: int) -> None:
+        self.progress.update(self.task, total=pending, completed=0)
+        self.per_case = arms_per_case
+        self._refresh()
+
+    def arm_started(self, arm: str) -> None:
+        self.arms += 1
+        self._refresh()
+
+    def arm_finished(self, arm: str) -> None:
+        self.arms -= 1
+        self._refresh()
+
+    def vlm_waiting(self, delta: int) -> None:
+        self.waiting += delta
+        self._refresh()
+
+    def case_finished(self, verdict) -> None:
         self.counts[verdict.label] += 1
-        labels = " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
-        self.progress.update(self.task, advance=1, labels=labels)
+        self.progress.update(self.task, advance=1)
+        self._refresh()
+
+    __call__ = case_finished
+
+    def _refresh(self) -> None:
+        done = sum(self.counts.values())
+        hours = (time.monotonic() - self.started) / 3600
+        self.progress.update(
+            self.task,
+            rate=f"{done / hours:.0f} cases/h" if done and hours > 0 else "",
+            flight=f"arms {self.arms} (VLM {self.waiting})",
+            labels=" ".join(f"{k}={v}" for k, v in sorted(self.counts.items())),
+        )
 
     def __enter__(self) -> "_Live":
         self.progress.start()
@@ -79,6 +125,16 @@ def _summary_for(study: Path) -> None:
     (_print_eval_summary if load_study_config(study).is_evaluation else _print_rescue_summary)(study)
 
 
+def _outcome(study: Path) -> int:
+    """Print why a run ended as it did; its exit code (README: exit codes)."""
+    from rescue.study import study_outcome
+
+    outcome = study_outcome(study)
+    if outcome.code:
+        print(f"rescue: {outcome.message}", file=sys.stderr)
+    return outcome.code
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from rescue import studies
 
@@ -93,7 +149,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _summary_for(Path(args.continue_from))
         console.print("[bold]continuation[/bold]:")
     _summary_for(study)
-    return 0
+    return _outcome(study)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -104,7 +160,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if interrupted:
         console.print(f"{len(interrupted)} started-unfinished case(s) recorded as unknown (interrupted): {', '.join(interrupted)}")
     _summary_for(Path(args.study))
-    return 0
+    return _outcome(Path(args.study))
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -115,7 +171,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         study = studies.evaluate(args.suite, tasks, args.episodes, args.horizon, args.study and Path(args.study), _config(args), live, args.verbose, args.first_init)
     console.print(f"study: {study}")
     _print_eval_summary(study)
-    return 0
+    return _outcome(study)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -143,8 +199,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from rescue.status import render_status, study_status
 
-    console.print(render_status(study_status(Path(args.study))))
-    return 0
+    while True:
+        status = study_status(Path(args.study))
+        if args.json:
+            print(json.dumps(status.model_dump(mode="json")), flush=True)
+        else:
+            if args.watch:
+                console.clear()
+            console.print(render_status(status))
+        if not args.watch:
+            return 0
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
@@ -159,12 +227,22 @@ def cmd_drain(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from rescue.export import export_study, write_export
 
-    study = Path(args.study)
     from rescue.layout import StudyLayout
 
+    study = Path(args.study)
     out = Path(args.out) if args.out else StudyLayout.of(study).export_json
-    write_export(export_study(study), out, out.with_suffix(".csv"))
-    console.print(f"wrote {out} and {out.with_suffix('.csv')}")
+    export = export_study(study)
+    main = export.coverage["main"]
+    unfinished = not all(c.complete for c in export.coverage.values() if c.n_manifest)
+    if unfinished and not args.partial:
+        print(f"rescue: {study} is unfinished ({main.n_summarized} of {main.n_manifest} main cases have a verdict, "
+              f"{main.n_pending} never started, {main.n_in_flight} in flight); nothing written. "
+              "`rescue export --partial` writes it with its coverage stated", file=sys.stderr)
+        return EXIT_UNFINISHED
+    write_export(export, out, out.with_suffix(".csv"))
+    console.print(f"wrote {out} and {out.with_suffix('.csv')}" + (" (partial: see its coverage)" if unfinished else ""))
+    # The export reports the stored verdicts; `rescue verify` is what re-derives them.
+    console.print(f"it reports the verdicts as stored; `rescue verify {study}` re-checks every one")
     return 0
 
 
@@ -241,14 +319,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="TOML configuration file")
-    p.add_argument("--simulators", type=int, help="simulator processes")
-    p.add_argument("--cases-in-flight", type=int)
+    p.add_argument("--config", help="TOML configuration file (flags override it)")
+    p.add_argument("--simulators", type=int, help="simulator processes (config default: 2)")
+    p.add_argument("--cases-in-flight", type=int, help="cases run at once (config default: 4)")
     p.add_argument("--policy-url", help="ws:// URL of a policy server (default: serve the embedded policy)")
     p.add_argument("--policy-factory", help="module:function of an in-process policy to serve")
     p.add_argument("--vlm-url", help="OpenAI-compatible base URL (default: the local endpoint)")
-    p.add_argument("--vlm-model")
-    p.add_argument("--vlm-api", choices=["chat", "responses"])
+    p.add_argument("--vlm-model", help="model name sent to the VLM endpoint")
+    p.add_argument("--vlm-api", choices=["chat", "responses"], help="Chat Completions or Responses (config default: chat)")
     p.add_argument("--batch-size", type=int, help="cases per VLM call (1: no batching)")
 
 
@@ -256,13 +334,22 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="rescue", description="VLM-assisted failure rescue for robot-policy evaluation")
     parser.add_argument("-v", "--verbose", action="store_true", help="show every event on the terminal")
+    parser.add_argument("--version", action="version", version=f"rescue {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    # Every option's help shows its default.
+    _add = sub.add_parser
+
+    def add_parser(name: str, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        return _add(name, **kwargs)
+
+    sub.add_parser = add_parser  # type: ignore[method-assign]
 
     p = sub.add_parser("demo", help="evaluate the embedded policy, collect failures, run a rescue study")
-    p.add_argument("--root", default="queue")
-    p.add_argument("--tasks", default="0,1,2,3")
-    p.add_argument("--episodes", type=int, default=3)
-    p.add_argument("--max-cases", type=int, default=6)
+    p.add_argument("--root", default="queue", help="folder the demo's studies go under")
+    p.add_argument("--tasks", default="0,1,2,3", help="libero_object task ids of the baseline")
+    p.add_argument("--episodes", type=int, default=3, help="official initial states per task")
+    p.add_argument("--max-cases", type=int, default=6, help="failures taken into the rescue study")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("run", help="run a rescue study over a failure manifest")
@@ -273,28 +360,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("eval", help="baseline evaluation of a policy over official initial states")
-    p.add_argument("--suite", default="libero_object")
-    p.add_argument("--tasks", default="0,1,2,3,4,5,6,7,8,9")
-    p.add_argument("--episodes", type=int, default=50)
-    p.add_argument("--first-init", type=int, default=0)
-    p.add_argument("--horizon", type=int)
-    p.add_argument("--study")
+    p.add_argument("--suite", default="libero_object", help="LIBERO suite")
+    p.add_argument("--tasks", default="0,1,2,3,4,5,6,7,8,9", help="task ids, comma-separated")
+    p.add_argument("--episodes", type=int, default=50, help="official initial states per task")
+    p.add_argument("--first-init", type=int, default=0, help="index of the first initial state")
+    p.add_argument("--horizon", type=int, help="step limit (default: the suite's official one)")
+    p.add_argument("--study", help="study folder (default: a new folder under queue/)")
     _add_run_options(p)
     p.set_defaults(func=cmd_eval)
 
     for name, func, help_ in [
         ("resume", cmd_resume, "record interrupted cases as unknown and run the never-started ones"),
-        ("status", cmd_status, "counts by state and label, and VLM usage"),
         ("drain", cmd_drain, "stop claiming new cases; arms in flight finish"),
         ("verify", cmd_verify, "re-derive every classification, hash and figure; non-zero on disagreement"),
     ]:
         p = sub.add_parser(name, help=help_)
-        p.add_argument("study")
+        p.add_argument("study", help="study folder")
         p.set_defaults(func=func)
 
+    p = sub.add_parser("status", help="counts by state and label, and VLM usage")
+    p.add_argument("study", help="study folder")
+    p.add_argument("--json", action="store_true", help="one JSON document per look, for scripts")
+    p.add_argument("--watch", type=float, nargs="?", const=2.0, default=None, metavar="SECONDS",
+                   help="look again every SECONDS until interrupted")
+    p.set_defaults(func=cmd_status)
+
     p = sub.add_parser("export", help="per-case JSON (versioned schema) and CSV")
-    p.add_argument("study")
-    p.add_argument("--out")
+    p.add_argument("study", help="study folder")
+    p.add_argument("--out", help=f"JSON path; the CSV goes beside it (default: STUDY/{layout.EXPORT_JSON})")
+    p.add_argument("--partial", action="store_true", help="write the export of an unfinished study (its coverage says so)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("preflight", help="check determinism across clients and keepalive over an idle hold")
@@ -350,18 +444,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Exit codes (README lists them): 0 done; 1 verify found problems, or an internal error;
+# 2 bad input (manifest, config, a folder that is not a study, a changed policy server);
+# 3 a run stopped with cases never run; 4 every case unknown; 5 export of an unfinished study.
+EXIT_INTERNAL = 1
+EXIT_BAD_INPUT = 2
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rescue` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("serve-vlm", "serve-policy"):
-        import importlib
+        import pkgutil
 
-        module, _, name = build_parser().parse_known_args(argv[:1])[0].forward.partition(":")
-        serve: Callable[[list[str]], int] = getattr(importlib.import_module(module), name)
+        serve: Callable[[list[str]], int] = pkgutil.resolve_name(build_parser().parse_known_args(argv[:1])[0].forward)
         return serve(argv[1:])
     args = build_parser().parse_args(argv)
+    import sqlite3
+
     from rescue import logs
+    from rescue.config import ConfigError
     from rescue.identity import IdentityError
+    from rescue.journal import JournalError
+    from rescue.layout import LayoutError
     from rescue.manifest import ManifestError
     from rescue.study import StudyError
 
@@ -371,10 +476,28 @@ def main(argv: list[str] | None = None) -> int:
     except ManifestError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
-        return 2
-    except (StudyError, IdentityError) as exc:
+        return EXIT_BAD_INPUT
+    except (StudyError, IdentityError, ConfigError, JournalError, LayoutError) as exc:
         print(f"rescue: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    except sqlite3.Error as exc:
+        print(f"rescue: the study's journal cannot be used: {exc}", file=sys.stderr)
+        return EXIT_INTERNAL
+    except OSError as exc:
+        # A full disk mid-run lands here: the case in flight stays claimed, and `rescue resume`
+        # records it unknown (interrupted) once there is space again.
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"rescue: {exc.strerror or exc}{where}", file=sys.stderr)
+        return EXIT_INTERNAL
+    except KeyboardInterrupt:
+        print("rescue: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # never a traceback for a user; -v shows it
+        if args.verbose:
+            raise
+        print(f"rescue: internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+              "(run with -v for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

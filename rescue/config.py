@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rescue.digest import canonical_json, digest_text
 from rescue.vlm.settings import VLMConfig
@@ -62,6 +62,9 @@ class StudyConfig(BaseModel):
     # Render one view of each arm at q and at its end into the study's frames/ (for `rescue report`).
     keyframes: bool = False
     keepalive_s: float = 120.0
+    # Stop claiming when the first K arms (or the first K assisted arms' VLM calls) all fail with
+    # the same infrastructure error; 0 turns it off.
+    fail_fast_arms: int = Field(default=3, ge=0)
     arms: tuple[str, ...] = ("control", "assisted")
     # Correction rules between the policy and the simulator; all off unless named in rules.enabled.
     rules: RulesConfig = Field(default_factory=RulesConfig)
@@ -85,11 +88,23 @@ class StudyConfig(BaseModel):
         return digest_text(canonical_json(self.model_dump(mode="json")))
 
 
+class ConfigError(ValueError):
+    """A configuration file or flag that cannot be used, named in one line."""
+
+
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> StudyConfig:
-    """Read a TOML file (if any), apply dotted-key overrides, validate."""
+    """Read a TOML file (if any), apply dotted-key overrides, validate; ConfigError names what is wrong."""
     data: dict[str, Any] = {}
+    where = str(path) if path is not None else "the command line"
     if path is not None:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such configuration file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read it ({exc})") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML ({exc})") from None
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
@@ -98,4 +113,12 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         for p in parents:
             node = node.setdefault(p, {})
         node[leaf] = value
-    return StudyConfig.model_validate(data)
+    try:
+        return StudyConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(part) for part in err["loc"]) or "(top level)"
+            what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            problems.append(f"{key}: {what}")
+        raise ConfigError(f"{where}: " + "; ".join(problems)) from None

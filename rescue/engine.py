@@ -22,6 +22,7 @@ from rescue.arm import ArmSpec, run_arm, run_forked
 from rescue.config import StudyConfig
 from rescue.digest import digest_bytes
 from rescue.env.pool import SimLease
+from rescue.failfast import FailFast, one_line
 from rescue.journal import Journal
 from rescue.layout import StudyLayout
 from rescue.manifest import Case
@@ -36,6 +37,50 @@ from wrappers.async_rules import AsyncRuleWrapper
 
 log = structlog.get_logger()
 
+# Journal meta key: why a study stopped claiming before its queue was empty.
+STOP_REASON_KEY = "stop_reason"
+
+
+class RunObserver:
+    """What a live view hears from a running study; every method is optional to override."""
+
+    def study_started(self, pending: int, arms_per_case: int) -> None:
+        """The run begins with `pending` never-claimed cases of `arms_per_case` arms each."""
+
+    def arm_started(self, arm: str) -> None:
+        """An arm took its simulator and policy connection."""
+
+    def arm_finished(self, arm: str) -> None:
+        """An arm ended (any status)."""
+
+    def vlm_waiting(self, delta: int) -> None:
+        """An assisted arm began (+1) or ended (-1) waiting for the VLM."""
+
+    def case_finished(self, verdict: Verdict) -> None:
+        """A case got its verdict."""
+
+
+class _CallbackObserver(RunObserver):
+    def __init__(self, on_case: Callable[[Verdict], None]):
+        self._on_case = on_case
+
+    def case_finished(self, verdict: Verdict) -> None:
+        self._on_case(verdict)
+
+
+def as_observer(on_case: RunObserver | Callable[[Verdict], None] | None) -> RunObserver:
+    """A RunObserver from an observer (anything with its methods), a per-case callback, or nothing."""
+    if isinstance(on_case, RunObserver):
+        return on_case
+    if on_case is not None and hasattr(on_case, "case_finished"):
+        # A live view that does not import the engine (the CLI's) fills in what it lacks.
+        observer = RunObserver()
+        for name in ("study_started", "arm_started", "arm_finished", "vlm_waiting", "case_finished"):
+            if hasattr(on_case, name):
+                setattr(observer, name, getattr(on_case, name))
+        return observer
+    return _CallbackObserver(on_case) if on_case is not None else RunObserver()
+
 
 class Engine:
     """Runs the pending cases of one study until none is left or a drain is asked."""
@@ -45,14 +90,15 @@ class Engine:
         study_dir: Path,
         config: StudyConfig,
         services: Services,
-        on_case: Callable[[Verdict], None] | None = None,
+        on_case: RunObserver | Callable[[Verdict], None] | None = None,
     ):
         self.layout = StudyLayout.of(study_dir)
         self.config = config
         self.services = services
         self.journal = Journal.open(self.layout.root)
-        self.on_case = on_case
+        self.observer = as_observer(on_case)
         self.profile = get_profile(config.policy.observation or "privileged")
+        self._failfast = FailFast(config.fail_fast_arms)
         self._stop = asyncio.Event()
         # The outcome lines the VLM client wrote, read back by the one receipts reader.
         self._outcomes = OutcomeIndex(self.layout.receipts)
@@ -68,6 +114,7 @@ class Engine:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self._on_signal, sig)
         try:
+            self.observer.study_started(len(self.journal.pending_ids()), len(self.config.arms))
             workers = [
                 asyncio.create_task(self._worker(f"w{i}-{os.getpid()}", self.services))
                 for i in range(max(1, self.config.cases_in_flight))
@@ -82,25 +129,62 @@ class Engine:
         log.warning("study.draining", signal=signal.Signals(sig).name)
         self.drain()
 
-    async def _worker(self, name: str, services: Services) -> None:
-        while not self._stop.is_set() and not self.journal.draining():
-            case = self.journal.claim_next(name)
-            if case is None:
-                return
-            log.info("case.claimed", case_id=case.case_id, worker=name)
-            await self._run_case(case, services)
+    def _stopping(self) -> bool:
+        return self._stop.is_set() or self.journal.draining()
 
-    async def _run_case(self, case: Case, services: Services) -> None:
+    def stop_study(self, reason: str) -> None:
+        """Stop claiming for a reason the user must act on; it is kept in the journal and printed."""
+        if not self._stopping():
+            log.error("study.stopped", reason=reason)
+            self.journal.set_meta(STOP_REASON_KEY, reason)
+            self.journal.request_drain()
+        self.drain()
+
+    async def _worker(self, name: str, services: Services) -> None:
+        # A case is claimed only with a simulator and a policy connection in hand, immediately
+        # before its first reset: a crash never leaves a case that had not begun marked started,
+        # and an unreachable policy server stops the study instead of consuming its queue.
+        while not self._stopping():
+            lease = await SimLease(services.pool).acquire()
+            policy = None
+            try:
+                if self._stopping():
+                    return
+                try:
+                    policy = await self._connect(services)
+                except Exception as exc:
+                    self.stop_study(
+                        f"the policy server at {services.policy_url} is unreachable ({type(exc).__name__}: "
+                        f"{one_line(str(exc))}); start it, then `rescue resume` runs the cases never started"
+                    )
+                    return
+                if self._stopping():
+                    return
+                case = self.journal.claim_next(name)
+                if case is None:
+                    return
+                log.info("case.claimed", case_id=case.case_id, worker=name)
+                held, lease, policy = (lease, policy), None, None  # the case's first arm owns them now
+                await self._run_case(case, services, held)
+            finally:
+                if policy is not None:
+                    await policy.close()
+                if lease is not None:
+                    lease.release()
+
+    async def _run_case(self, case: Case, services: Services, held: tuple[SimLease, AsyncRuleWrapper]) -> None:
         if self.config.fork_at_q and not self.config.is_evaluation:
-            arms = list(await self._run_forked(case, services))
+            arms = list(await self._run_forked(case, services, held))
         else:
-            arms = await asyncio.gather(*(self._run_one_arm(case, arm, services) for arm in self.config.arms))
+            arms = await asyncio.gather(
+                *(self._run_one_arm(case, arm, services, held if i == 0 else None) for i, arm in enumerate(self.config.arms))
+            )
         by_arm = {r.arm: r for r in arms}
         if any(r.error and r.error.startswith("KeepaliveError") for r in arms):
             # The seed's rule: a policy whose connection or RNG moved during a wait cannot be
             # trusted for the next case either. This case stays (unknown); dispatch stops.
-            log.error("study.draining", reason="keepalive failure", case_id=case.case_id)
-            self.drain()
+            self.stop_study(f"case {case.case_id}: the policy connection or its RNG changed during a VLM wait; "
+                            "check the policy server (rescue preflight), then `rescue resume`")
         index, receipts = None, {}
         assisted = by_arm.get("assisted")
         ref = assisted.assistance.receipt if assisted is not None else None
@@ -114,8 +198,10 @@ class Engine:
         # claimed with nothing recorded (resume makes it unknown), never half-finished.
         self.journal.finish_case(case.case_id, arms, verdict, index)
         log.info("case.classified", case_id=case.case_id, label=verdict.label, rule=verdict.rule, reason=verdict.reason)
-        if self.on_case:
-            self.on_case(verdict)
+        self.observer.case_finished(verdict)
+        cause = self._failfast.observe(list(arms))
+        if cause is not None:
+            self.stop_study(cause)
 
     def _spec_kwargs(self) -> dict:
         return dict(
@@ -141,32 +227,44 @@ class Engine:
         # The configured correction rules sit between the policy and the simulator; firings go to the arm record.
         return AsyncRuleWrapper(client, self.config.rules)
 
-    async def _run_one_arm(self, case: Case, arm: str, services: Services) -> ArmResult:
+    async def _run_one_arm(
+        self, case: Case, arm: str, services: Services, held: tuple[SimLease, AsyncRuleWrapper] | None
+    ) -> ArmResult:
         spec = ArmSpec(arm=arm, interval=services.interval, **self._spec_kwargs())
-        lease = await SimLease(services.pool).acquire()
-        policy = None
+        lease, policy = held if held is not None else (None, None)
         try:
-            policy = await self._connect(services)
+            if lease is None:
+                lease = await SimLease(services.pool).acquire()
+            if policy is None:
+                policy = await self._connect(services)
             advisor = self._advisor(services) if arm == "assisted" else None
-            return await run_arm(case, spec, lease, policy, advisor)
+            self.observer.arm_started(arm)
+            try:
+                return await run_arm(case, spec, lease, policy, advisor)
+            finally:
+                self.observer.arm_finished(arm)
         except Exception as exc:
             return _infrastructure_error(case, arm, exc)
         finally:
             if policy is not None:
                 await policy.close()
-            lease.release()
+            if lease is not None:
+                lease.release()
 
-    async def _run_forked(self, case: Case, services: Services) -> tuple[ArmResult, ArmResult]:
-        leases: list[SimLease] = []
-        policies: list[AsyncRuleWrapper] = []
+    async def _run_forked(
+        self, case: Case, services: Services, held: tuple[SimLease, AsyncRuleWrapper]
+    ) -> tuple[ArmResult, ArmResult]:
+        leases: list[SimLease] = [held[0]]
+        policies: list[AsyncRuleWrapper] = [held[1]]
+
         async def assisted_sim() -> SimLease:
             leases.append(await SimLease(services.pool).acquire())
             return leases[-1]
 
         try:
             policies.append(await self._connect(services))
-            policies.append(await self._connect(services))
-            leases.append(await SimLease(services.pool).acquire())
+            for arm in ("control", "assisted"):
+                self.observer.arm_started(arm)
             return await run_forked(
                 case,
                 services.interval,
@@ -179,6 +277,9 @@ class Engine:
         except Exception as exc:
             return _infrastructure_error(case, "control", exc), _infrastructure_error(case, "assisted", exc)
         finally:
+            if len(policies) == 2:
+                for arm in ("control", "assisted"):
+                    self.observer.arm_finished(arm)
             for policy in policies:
                 await policy.close()
             for lease in leases:
@@ -188,7 +289,11 @@ class Engine:
         vlm = services.vlm
 
         async def ask(case_id: str, instruction: str, remaining: int, views: dict) -> Any:
-            return await vlm.ask(SubgoalRequest(case_id=case_id, instruction=instruction, remaining_steps=remaining, views=views))
+            self.observer.vlm_waiting(+1)
+            try:
+                return await vlm.ask(SubgoalRequest(case_id=case_id, instruction=instruction, remaining_steps=remaining, views=views))
+            finally:
+                self.observer.vlm_waiting(-1)
 
         return ask if vlm is not None else None
 
@@ -198,7 +303,8 @@ def _infrastructure_error(case: Case, arm: str, exc: Exception) -> ArmResult:
         case_id=case.case_id,
         arm=arm,
         status="error",
-        error=f"{type(exc).__name__}: {exc}",
+        error=f"{type(exc).__name__}: {one_line(str(exc))}",
+        error_detail=str(exc),
         assistance=Assistance(status="control" if arm == "control" else "not_reached"),
     )
 
@@ -221,7 +327,7 @@ def recover(study_dir: Path) -> list[str]:
         journal.close()
 
 
-async def run_study(study_dir: Path, on_case: Callable[[Verdict], None] | None = None) -> None:
+async def run_study(study_dir: Path, on_case: RunObserver | Callable[[Verdict], None] | None = None) -> None:
     """Run (or go on with) every never-claimed case of a study; then store its summary for verify."""
     layout = StudyLayout.of(study_dir)
     config = load_study_config(layout.root)

@@ -482,6 +482,13 @@ class Journal:
                 (key, json.dumps(value)),
             )
 
+    def delete_meta(self, key: str) -> None:
+        """Remove one meta entry (absent: nothing happens)."""
+        if key == _SCHEMA_KEY:
+            raise JournalError(f"{key!r} is managed by the journal")
+        with self._write() as conn:
+            conn.execute("DELETE FROM meta WHERE key = ?", (key,))
+
     def set_summary(self, summary: BaseModel | dict[str, Any]) -> None:
         """Store the study's summary in meta (under `summary`) for later re-checking."""
         value = summary.model_dump(mode="json") if isinstance(summary, BaseModel) else summary

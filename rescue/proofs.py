@@ -49,15 +49,26 @@ def prefix_match(
     return True, f"{len(control)} rows before step {q} match"
 
 
-def fork_match(control: ArmResult, assisted: ArmResult, prefix_why: str) -> tuple[bool, str]:
-    """In fork mode the prefix is shared by construction; the proof is one simulator state at q."""
+def q_state_match(control: ArmResult, assisted: ArmResult, prefix_why: str) -> tuple[bool, str]:
+    """Whether both arms stood in one simulator state at q (the digest of its full state).
+
+    In fork mode the prefix is shared by construction and this is its proof; in
+    independent mode it backs the trace prefix. Only an adapter that records no
+    state digest at all (both missing, independent mode) leaves the trace alone as the proof.
+    """
     if control.mode != assisted.mode:
         return False, f"arms ran in different modes ({control.mode}, {assisted.mode})"
-    if control.mode != "fork" or assisted.assistance.status == "not_reached":
+    if assisted.assistance.status == "not_reached":
         return True, prefix_why
-    if control.q_state is None or control.q_state != assisted.q_state:
-        return False, "fork: the arms' simulator states at q differ or are missing"
-    return True, f"fork: shared prefix, one simulator state at q ({prefix_why})"
+    if control.mode == "fork":
+        if control.q_state is None or control.q_state != assisted.q_state:
+            return False, "fork: the arms' simulator states at q differ or are missing"
+        return True, f"fork: shared prefix, one simulator state at q ({prefix_why})"
+    if control.q_state is None and assisted.q_state is None:
+        return True, prefix_why
+    if control.q_state != assisted.q_state:
+        return False, "the arms' simulator states at q differ (or one is missing) although their traces match"
+    return True, f"{prefix_why}; one simulator state at q"
 
 
 def check_evidence(rec: CaseRecord) -> tuple[bool, str]:

@@ -87,7 +87,8 @@ class ArmResult(BaseModel):
     case_id: str
     arm: ArmName
     status: ArmStatus
-    error: str | None = None
+    error: str | None = None  # one line: the exception and its message
+    error_detail: str | None = None  # the whole text (a server's traceback), kept apart from the line
     success: bool | None = None
     steps: int = 0
     fingerprint: str | None = None

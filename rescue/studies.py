@@ -11,11 +11,12 @@ from typing import Callable
 from rescue import logs
 from rescue.catalog import OFFICIAL_HORIZON
 from rescue.config import StudyConfig
-from rescue.engine import complement_manifest, recover, run_study
+from rescue.engine import STOP_REASON_KEY, complement_manifest, recover, run_study
 from rescue.evaluation import EvalSummary, episode_cases, failure_cases, mark_pilot, summarize_eval
 from rescue.journal import Journal
 from rescue.layout import StudyLayout
 from rescue.manifest import Case, Manifest, load_manifest, parse_manifest, write_manifest
+from rescue.owner import own_study
 from rescue.records import Verdict
 from rescue.services import check_live_identity, resolved_config
 from rescue.study import StudyError, create_study, load_study_config, new_study_dir, open_journal
@@ -29,8 +30,9 @@ def _manifest_of(cases: list[Case], source: str, catalog: str | None = "libero")
 
 
 def _run(study_dir: Path, on_case: OnCase, verbose: bool) -> None:
-    logs.configure(StudyLayout.of(study_dir).events, verbose)
-    asyncio.run(run_study(study_dir, on_case))
+    with own_study(study_dir):
+        logs.configure(StudyLayout.of(study_dir).events, verbose)
+        asyncio.run(run_study(study_dir, on_case))
 
 
 def new_study(study_dir: Path | None, manifest: Manifest, config: StudyConfig, extra_meta: dict | None = None) -> Path:
@@ -54,19 +56,32 @@ def resume(study_dir: Path, on_case: OnCase = None, verbose: bool = False) -> li
 
     The policy server is checked against the study's identity first: a server
     announcing another action horizon or profile is refused with nothing written.
+    A study owned by a live process is refused too (its in-flight cases are not interrupted).
     """
     study_dir = Path(study_dir)
     with open_journal(study_dir) as journal:
         meta = journal.meta()
     if meta.get("continued_by"):
         raise StudyError(f"{study_dir} was continued by {meta['continued_by']}; resume that study instead")
-    asyncio.run(check_live_identity(load_study_config(study_dir)))
-    with Journal.open(study_dir) as journal:
-        journal.clear_drain()
-    logs.configure(StudyLayout.of(study_dir).events, verbose)
-    interrupted = recover(study_dir)
-    _run(study_dir, on_case, verbose)
+    config = load_study_config(study_dir)
+    _check_vlm_key(config)
+    asyncio.run(check_live_identity(config))
+    with own_study(study_dir):
+        with Journal.open(study_dir) as journal:
+            journal.clear_drain()
+            journal.delete_meta(STOP_REASON_KEY)
+        logs.configure(StudyLayout.of(study_dir).events, verbose)
+        interrupted = recover(study_dir)
+        asyncio.run(run_study(study_dir, on_case))
     return interrupted
+
+
+def _check_vlm_key(config: StudyConfig) -> None:
+    # A key given in the TOML is never stored in the study: say how to supply it again.
+    if "assisted" in config.arms:
+        message = config.vlm.missing_key_message()
+        if message is not None:
+            raise StudyError(message)
 
 
 def continue_from(prior: Path, new_dir: Path, on_case: OnCase = None, verbose: bool = False) -> Path:
@@ -77,16 +92,18 @@ def continue_from(prior: Path, new_dir: Path, on_case: OnCase = None, verbose: b
     if meta.get("continued_by"):
         raise StudyError(f"{prior} was already continued by {meta['continued_by']}")
     config = load_study_config(prior)
+    _check_vlm_key(config)
     # The continuation is the same study in two parts: same identity, same server.
     asyncio.run(check_live_identity(config))
-    recover(prior)
-    cases = complement_manifest(prior)
-    if not cases:
-        raise StudyError(f"{prior} has no never-started case to continue with")
-    with Journal.open(prior) as journal:
-        # Close the prior study to dispatch first, so no case can run in both.
-        journal.set_meta("continued_by", str(new_dir))
-        journal.request_drain()
+    with own_study(prior):
+        recover(prior)
+        cases = complement_manifest(prior)
+        if not cases:
+            raise StudyError(f"{prior} has no never-started case to continue with")
+        with Journal.open(prior) as journal:
+            # Close the prior study to dispatch first, so no case can run in both.
+            journal.set_meta("continued_by", str(new_dir))
+            journal.request_drain()
     # The prior study's cases were checked against the benchmark when it was created.
     manifest = _manifest_of(cases, str(StudyLayout.of(prior).manifest), catalog=None)
     create_study(new_dir, manifest, config, {"continues": str(prior)})

@@ -245,3 +245,36 @@ def store_summary(study_dir: str | os.PathLike[str]) -> Summary:
         summary = study_summary(records)
         journal.set_summary(summary)
     return summary
+
+
+# Exit codes of `rescue run`, `resume` and `eval` (README lists them).
+EXIT_OK = 0  # every case has a verdict
+EXIT_STOPPED = 3  # the study stopped with cases never run (drain, fail-fast, unreachable policy)
+EXIT_ALL_UNKNOWN = 4  # every case has a verdict, and every one is unknown
+
+
+class StudyOutcome(BaseModel):
+    """How a run left its study: the exit code and the line that explains it."""
+
+    code: int
+    message: str
+
+
+def study_outcome(study_dir: str | os.PathLike[str]) -> StudyOutcome:
+    """The exit code of a run from what the journal holds: finished, stopped early, or all unknown."""
+    with open_journal(study_dir) as journal:
+        counts = journal.counts()
+        labels = journal.label_counts()
+        meta = journal.meta()
+    n = sum(counts.values())
+    left = counts["pending"] + counts["claimed"]
+    if left:
+        why = meta.get("stop_reason") or ("a drain was requested" if meta.get("drain") else "it was interrupted")
+        return StudyOutcome(
+            code=EXIT_STOPPED,
+            message=f"the study stopped with {left} of {n} cases without a verdict: {why}",
+        )
+    unknown = sum(v for (_, label), v in labels.items() if label == "unknown")
+    if n and unknown == n:
+        return StudyOutcome(code=EXIT_ALL_UNKNOWN, message=f"every one of the {n} cases is unknown (see their reasons: rescue export)")
+    return StudyOutcome(code=EXIT_OK, message=f"all {n} cases have a verdict")

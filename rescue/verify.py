@@ -404,7 +404,10 @@ class _Verifier:
             self.problem("injection", case_id, "applied instruction digest is not the digest of "
                          "inject(original, subgoal)")
         at_q = [row for row in assisted.trace if row.step == q]
-        if len(at_q) != 1 or at_q[0].instruction != injected:
+        # An arm whose policy server failed right after the answer was applied has no row at q;
+        # that is its infrastructure error (the case is unknown), not a broken injection.
+        ended_early = assisted.status != "complete" and not any(row.step >= q for row in assisted.trace)
+        if not ended_early and (len(at_q) != 1 or at_q[0].instruction != injected):
             self.problem("injection", case_id, f"assisted trace row at step {q} was not queried with "
                          "inject(original, subgoal)")
         if any(row.instruction != injected for row in assisted.trace if row.step > q):

@@ -538,3 +538,28 @@ def test_export_names_the_deviation_of_every_deviating_case(clean_study):
     assert [c.case_id for c in deviating] == ["deviates"]
     assert "historical fingerprint" in deviating[0].deviation
     assert all(c.deviation is None for c in export.cases if c.label != "initial_state_deviation")
+
+
+def test_a_forged_q_state_is_caught_even_with_its_digest_recomputed(study_copy):
+    # The control arm recorded its simulator state at q; a forger gives the assisted arm
+    # another one and re-hashes the record, so only the re-classification can tell.
+    edit_arm(study_copy, "rescued-1", "control", lambda obj: obj.update(q_state=digest_text("state at q")), rehash=True)
+    edit_arm(study_copy, "rescued-1", "assisted", lambda obj: obj.update(q_state=digest_text("state at q")), rehash=True)
+    assert verify_study(study_copy).ok  # equal states at q: the verdict stands
+    edit_arm(study_copy, "rescued-1", "assisted", lambda obj: obj.update(q_state=digest_text("another state")), rehash=True)
+    report = verify_study(study_copy)
+    messages = problems_for(report, "rescued-1")
+    assert any("differs from the recomputed unknown (rule 5" in m and "states at q differ" in m for m in messages), messages
+
+
+def test_verify_accepts_an_assisted_arm_that_failed_right_after_its_subgoal_was_applied(study_copy):
+    # A policy-server outage at q: the answer was applied, the query at q never returned.
+    def outage(obj):
+        obj["trace"] = [r for r in obj["trace"] if r["step"] < Q]
+        obj.update(status="error", error="PolicyConnectionClosed: connection closed", success=None, steps=Q)
+
+    edit_arm(study_copy, "assisted-fails", "assisted", outage, rehash=True)
+    report = verify_study(study_copy)
+    assert all("was not queried with" not in p.message for p in report.problems), report.render()
+    # What does disagree is the stored verdict (the engine would have said unknown): nothing else.
+    assert {p.check for p in report.problems} <= {"verdict", "summary", "invariant"}

@@ -348,7 +348,7 @@ def test_api_key_never_reaches_receipts_or_logs(tmp_path, monkeypatch, capfd):
         # A provider that echoes a wrong key in its error must not get it into a receipt either.
         bad, _, _ = ask_one(tmp_path, EndpointOptions(expected_api_key="other"), api_key_env="RESCUE_TEST_VLM_KEY")
     assert ok.status == "ok" and state.requests[0].key_matched is True
-    assert bad.status == "broker_error" and bad.error_kind == "client" and "[redacted]" in bad.error
+    assert bad.status == "broker_error" and bad.error_kind == "auth" and "[redacted]" in bad.error
     assert any(e["event"] == "vlm.call" for e in events) and key not in repr(events)
     structlog.get_logger().info("vlm.call", probe=True)  # the default renderer, too
     out, err = capfd.readouterr()

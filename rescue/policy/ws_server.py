@@ -14,6 +14,7 @@ import hmac
 import pkgutil
 import os
 import signal
+import sys
 import time
 import traceback
 import uuid
@@ -252,12 +253,19 @@ async def run_forever(server: PolicyServer) -> None:
         await server.stop()
 
 
+# openpi's servers listen on 8000; the local VLM endpoint's default is 8001.
+DEFAULT_PORT = 8000
+EMBEDDED_POLICY = "rescue.policy.learned:make_policy"
+
+
 def serve_main(argv: list[str] | None = None) -> int:
-    """CLI entry: rescue serve-policy --policy MODULE:FACTORY [--host] [--port] [--api-key-env]."""
-    parser = argparse.ArgumentParser(prog="rescue serve-policy", description=serve_main.__doc__)
-    parser.add_argument("--policy", required=True, help="MODULE:FACTORY returning a policy")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    """CLI entry: rescue serve-policy [--policy MODULE:FACTORY] [--host] [--port] [--api-key-env]."""
+    parser = argparse.ArgumentParser(
+        prog="rescue serve-policy", description=serve_main.__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--policy", default=EMBEDDED_POLICY, help="MODULE:FACTORY returning a policy (default: the embedded one)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to bind (0: any free port)")
     parser.add_argument("--api-key-env", help="name of the environment variable holding the api key")
     parser.add_argument("--idle-timeout", type=float, default=None, help="close connections idle this many seconds")
     args = parser.parse_args(argv)
@@ -277,5 +285,10 @@ def serve_main(argv: list[str] | None = None) -> int:
         api_key=api_key,
         idle_timeout_s=args.idle_timeout,
     )
-    asyncio.run(run_forever(server))
+    try:
+        asyncio.run(run_forever(server))
+    except OSError as exc:
+        print(f"rescue serve-policy: cannot listen on {args.host}:{args.port}: {exc.strerror or exc} "
+              "(is another server on that port? choose one with --port)", file=sys.stderr)
+        return 2
     return 0

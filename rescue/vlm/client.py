@@ -312,7 +312,9 @@ def _classify(exc: Exception) -> AttemptError:
             return AttemptError("timeout", message, True, _retry_after(headers), provider_id)
         if status == 409 or status >= 500:
             return AttemptError("server", message, True, _retry_after(headers), provider_id)
-        return AttemptError("client", message, False, None, provider_id)
+        # Kinds no retry can fix, named so a study can stop on them (rescue/failfast.py).
+        kind = {401: "auth", 403: "permission", 404: "not_found"}.get(status, "client")
+        return AttemptError(kind, message, False, None, provider_id)
     if isinstance(exc, openai.APIResponseValidationError):
         return AttemptError("invalid_response", str(exc), False, None, None)
     return AttemptError("client", f"{type(exc).__name__}: {exc}", False, None, None)

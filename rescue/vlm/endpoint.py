@@ -21,6 +21,7 @@ import json
 import math
 import random
 import re
+import sys
 import signal
 import time
 import uuid
@@ -398,16 +399,23 @@ async def _serve(options: EndpointOptions, host: str, port: int) -> None:
 
 def serve_main(argv: list[str] | None = None) -> int:
     """`rescue serve-vlm`: run the local endpoint until SIGINT or SIGTERM."""
-    parser = argparse.ArgumentParser(prog="rescue serve-vlm", description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser = argparse.ArgumentParser(
+        prog="rescue serve-vlm", description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
+    parser.add_argument("--port", type=int, default=8001, help="port to bind (0: any free port; serve-policy takes 8000)")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds before each answer")
     parser.add_argument("--latency-jitter", type=float, default=0.0, help="extra random seconds, uniform")
-    parser.add_argument("--fault", default="none", choices=list(Fault.__args__))  # type: ignore[attr-defined]
+    parser.add_argument("--fault", default="none", choices=list(Fault.__args__), help="fault to inject")  # type: ignore[attr-defined]
     parser.add_argument("--fault-count", type=int, default=1, help="how many first requests the fault hits")
     args = parser.parse_args(argv)
     options = EndpointOptions(
         latency_s=args.latency, latency_jitter_s=args.latency_jitter, fault=args.fault, fault_count=args.fault_count
     )
-    asyncio.run(_serve(options, args.host, args.port))
+    try:
+        asyncio.run(_serve(options, args.host, args.port))
+    except OSError as exc:
+        print(f"rescue serve-vlm: cannot listen on {args.host}:{args.port}: {exc.strerror or exc} "
+              "(is another server on that port? choose one with --port)", file=sys.stderr)
+        return 2
     return 0

@@ -21,7 +21,7 @@ class VLMConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    base_url: str
+    base_url: str = "local"  # "local": the bundled endpoint on loopback
     api_key: SecretStr | None = Field(default=None, exclude=True, repr=False)
     """Used for calls, never written (not in dumps, receipts or logs); prefer `api_key_env`."""
     api_key_from_config: bool = False
