@@ -62,8 +62,13 @@ class _Live:
         )
         self.task = self.progress.add_task(title, total=None, labels="", flight="", rate="")
         self.started = time.monotonic()
+        self.shown = False
 
     def study_started(self, pending: int, arms_per_case: int) -> None:
+        # Shown from the first study start on: a command refused before it shows no empty bar.
+        if not self.shown:
+            self.progress.start()
+            self.shown = True
         self.progress.update(self.task, total=pending, completed=0)
         self.per_case = arms_per_case
         self._refresh()
@@ -98,11 +103,11 @@ class _Live:
         )
 
     def __enter__(self) -> "_Live":
-        self.progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
+        if self.shown:
+            self.progress.stop()
 
 
 def _print_rescue_summary(study: Path) -> None:
@@ -216,9 +221,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    from rescue.journal import Journal
+    from rescue.study import open_journal
 
-    with Journal.open(Path(args.study)) as journal:
+    with open_journal(Path(args.study), readonly=False) as journal:
         journal.request_drain()
     console.print(f"{args.study}: no new case will be claimed; arms in flight finish")
     return 0
@@ -254,8 +259,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from rescue.study import open_journal
     from rescue.verify import verify_study
 
+    open_journal(Path(args.study)).close()  # a folder that is not a study is bad input, not a failed check
     report = verify_study(Path(args.study))
     print(report.render())
     return 0 if report.ok else 1

@@ -19,6 +19,7 @@ import binascii
 import io
 import json
 import math
+import os
 import random
 import re
 import sys
@@ -408,9 +409,16 @@ def serve_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-jitter", type=float, default=0.0, help="extra random seconds, uniform")
     parser.add_argument("--fault", default="none", choices=list(Fault.__args__), help="fault to inject")  # type: ignore[attr-defined]
     parser.add_argument("--fault-count", type=int, default=1, help="how many first requests the fault hits")
+    parser.add_argument("--api-key-env", help="require the API key held by this environment variable (401 otherwise)")
     args = parser.parse_args(argv)
+    expected = None
+    if args.api_key_env:
+        expected = os.environ.get(args.api_key_env)
+        if not expected:
+            parser.error(f"environment variable {args.api_key_env} is unset or empty")
     options = EndpointOptions(
-        latency_s=args.latency, latency_jitter_s=args.latency_jitter, fault=args.fault, fault_count=args.fault_count
+        latency_s=args.latency, latency_jitter_s=args.latency_jitter, fault=args.fault, fault_count=args.fault_count,
+        expected_api_key=expected,
     )
     try:
         asyncio.run(_serve(options, args.host, args.port))

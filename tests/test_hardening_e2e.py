@@ -1,0 +1,194 @@
+"""Bad input and broken peers through the real CLI: one clear line, a meaningful exit code, nothing lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, case_states, cli_env, rescue_cli, write_cases
+
+pytestmark = [pytest.mark.sim, pytest.mark.e2e]
+
+EXIT_BAD_INPUT, EXIT_STOPPED, EXIT_UNFINISHED = 2, 3, 5
+
+
+def _one_clean_line(proc: subprocess.CompletedProcess) -> str:
+    out = (proc.stdout + proc.stderr).strip()
+    assert "Traceback" not in out, out
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+def _serve(args: list[str], port: int, env: dict | None = None) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rescue.cli", *args, "--port", str(port)], cwd=ROOT, env={**cli_env(), **(env or {})},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    _wait_port(port)
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.parametrize("command", ["status", "export", "report", "resume", "drain", "verify"])
+def test_read_and_run_commands_on_a_folder_that_is_not_a_study(tmp_path, command):
+    proc = rescue_cli(command, str(tmp_path), check=False)
+    out = _one_clean_line(proc)
+    assert proc.returncode != 0 and "not a study" in out and len(out.splitlines()) == 1, out
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "toml, named",
+    [
+        ("[policy\nurl = 1", "not valid TOML"),
+        ("[vlm]\nmodle = 'gpt-4.1'\n", "vlm.modle: unknown key"),
+        ("cases_in_flight = 'many'\n", "cases_in_flight"),
+        ("[env]\nsimulators = -1\n[rules]\nenabeld = []\n", "rules.enabeld: unknown key"),
+    ],
+)
+def test_a_broken_config_is_one_line_and_writes_nothing(tmp_path, toml, named):
+    config = tmp_path / "study.toml"
+    config.write_text(toml)
+    manifest = write_cases(tmp_path / "m.jsonl", 1)
+    proc = rescue_cli("run", str(manifest), "--config", str(config), "--study", str(tmp_path / "study"), check=False)
+    out = _one_clean_line(proc)
+    assert proc.returncode == EXIT_BAD_INPUT and named in out and len(out.splitlines()) == 1, out
+    assert not (tmp_path / "study").exists()
+
+
+def test_a_dead_policy_server_stops_the_study_before_it_consumes_the_queue(tmp_path):
+    """The server dies mid-study: no further case is claimed, the run exits 3, resume after a restart runs the rest."""
+    port = _free_port()
+    manifest = write_cases(tmp_path / "m.jsonl", 6, horizon=48)
+    study = tmp_path / "study"
+    server = _serve(["serve-policy", "--policy", "rescue.policy.scripted:make_policy"], port)
+    url = f"ws://127.0.0.1:{port}"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study), "--policy-url", url,
+         "--simulators", "1", "--cases-in-flight", "1"],
+        cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if (study / "journal.sqlite").exists() and "finished" in case_states(study).values():
+                break
+            time.sleep(0.05)
+        _stop(server)
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == EXIT_STOPPED, out + err
+    assert "Traceback" not in out + err and "unreachable" in err
+    states = list(case_states(study).values())
+    # At most the case in flight when the server died is lost; the rest were never claimed.
+    assert states.count("pending") >= 3 and states.count("claimed") == 0
+    # The study is resumable once the server is back: the never-claimed cases run.
+    server = _serve(["serve-policy", "--policy", "rescue.policy.scripted:make_policy"], port)
+    try:
+        proc = rescue_cli("resume", str(study), check=False, timeout=600)
+    finally:
+        _stop(server)
+    assert proc.returncode in (0, 4), proc.stdout + proc.stderr
+    assert set(case_states(study).values()) <= {"finished", "interrupted"}
+    assert rescue_cli("verify", str(study)).returncode == 0
+
+
+def test_an_observation_mismatch_stops_after_k_arms_naming_the_key(tmp_path):
+    """A policy that reads openpi's LIBERO keys behind the real openpi server, sent privileged observations."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from openpi_libero_policy import openpi_server
+
+    config = tmp_path / "study.toml"
+    config.write_text('[policy]\nreplan_interval = 5\nobservation = "privileged"\n')
+    manifest = write_cases(tmp_path / "m.jsonl", 6, horizon=40)
+    study = tmp_path / "study"
+    with openpi_server() as url:
+        proc = rescue_cli("run", str(manifest), "--study", str(study), "--config", str(config), "--policy-url", url,
+                          "--simulators", "1", "--cases-in-flight", "1", check=False, timeout=600)
+    out = _one_clean_line(proc)
+    assert proc.returncode == EXIT_STOPPED, out
+    assert "observation/image" in out and "first 3 arms" in out and "observation" in out
+    states = list(case_states(study).values())
+    assert states.count("finished") == 2 and states.count("pending") == 4  # 2 cases x 2 arms, then no claim
+    export = rescue_cli("export", str(study), check=False)
+    assert export.returncode == EXIT_UNFINISHED and "unfinished" in export.stderr
+    assert not (study / "export.json").exists()
+    assert rescue_cli("export", str(study), "--partial").returncode == 0
+    cases = json.loads((study / "export.json").read_text())["cases"]
+    finished = [c for c in cases if c["state"] == "finished"]
+    assert all(c["label"] == "unknown" and "observation/image" in c["reason"] for c in finished)
+    assert all("\n" not in c["reason"] for c in finished)  # one line; the server's traceback is kept apart
+
+
+def test_a_rejected_vlm_key_stops_the_study_the_same_way(tmp_path):
+    port = _free_port()
+    endpoint = _serve(["serve-vlm", "--api-key-env", "RIGHT_KEY"], port, env={"RIGHT_KEY": "the-right-key"})
+    manifest = write_cases(tmp_path / "m.jsonl", 6, horizon=48)
+    study = tmp_path / "study"
+    try:
+        env = {**cli_env(), "OPENAI_API_KEY": "a-wrong-key"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study),
+             "--vlm-url", f"http://127.0.0.1:{port}/v1", "--simulators", "2", "--cases-in-flight", "1"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        )
+    finally:
+        _stop(endpoint)
+    out = _one_clean_line(proc)
+    assert proc.returncode == EXIT_STOPPED, out
+    assert "VLM auth" in out and "api_key_env" in out
+    states = list(case_states(study).values())
+    assert states.count("finished") == 3 and states.count("pending") == 3
+
+
+def test_a_second_owner_is_refused_and_the_live_run_is_untouched(tmp_path):
+    manifest = write_cases(tmp_path / "m.jsonl", 3, horizon=48)
+    study = tmp_path / "study"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study), "--simulators", "1",
+         "--cases-in-flight", "1"],
+        cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if (study / "journal.sqlite").exists() and "claimed" in case_states(study).values():
+                break
+            time.sleep(0.05)
+        second = rescue_cli("resume", str(study), check=False)
+        assert second.returncode == EXIT_BAD_INPUT and f"in use by process {run.pid}" in second.stderr, second.stderr
+        out, err = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, out + err
+    assert set(case_states(study).values()) == {"finished"}
