@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rescue.export import StudyExport, export_study
-from rescue.layout import LayoutError, StudyLayout, report_files
+from rescue.layout import LayoutError, StudyLayout, report_files, safe_part
 from rescue.manifest import Case
 from rescue.proofs import check_evidence, prefix_match
 from rescue.report_html import plots
@@ -100,6 +100,7 @@ def _receipt_line(layout: StudyLayout, ref, cache: dict[str, list[bytes]]) -> tu
 def _case_view(study: Path, records: StudyRecords, case: Case, entry, assets: Assets, video: bool,
                cache: dict[str, list[bytes]]) -> CaseView:
     layout = StudyLayout.of(study)
+    safe_part(case.case_id, "case id")  # it names files of the report's folder
     arms = records.arms.get(case.case_id, {})
     v = CaseView(entry=entry, horizon=case.horizon, arms=arms)
     for name, arm in arms.items():
@@ -238,11 +239,15 @@ def _partitions(study: Path, export: StudyExport, meta: dict) -> str:
 
 def _evaluation(export: StudyExport) -> str:
     ep = export.episodes or {}
-    rows = "".join(
-        f"<tr><td>{esc(task)}</td><td class=num>{r.get('n')}</td><td class=num>{r.get('success')}</td><td class=num>{pct(r.get('rate'))}</td></tr>"
-        for task, r in sorted((ep.get("per_task") or {}).items())
+    cols = ("n", "success", "failure", "unknown", "unexecuted")
+    rows = [*sorted((ep.get("per_task") or {}).items()), ("overall", ep.get("overall") or {})]
+    body = "".join(
+        f"<tr><td>{esc(task)}</td>" + "".join(f"<td class=num>{esc(r.get(c))}</td>" for c in cols)
+        + f"<td class=num>{pct(r.get('rate'))}</td></tr>"
+        for task, r in rows
     )
-    return f"<h2>Episodes</h2><table><tr><th>task</th><th>episodes</th><th>success</th><th>rate</th></tr>{rows}</table>"
+    head = "<tr><th>task</th>" + "".join(f"<th class=num>{c}</th>" for c in ("episodes", *cols[1:])) + "<th class=num>success rate</th></tr>"
+    return f"<h2>Episodes (baseline evaluation)</h2><table>{head}{body}</table>"
 
 
 def _write_atomic(path: Path, text: str) -> None:
