@@ -61,6 +61,12 @@ def test_reading_with_many_discordant_pairs_says_little_power_not_impossible():
     assert "little power" in text and "cannot reach" not in text
 
 
+def test_keyframes_are_shown_in_episode_order():
+    from rescue.report_html.cases import keyframe_order
+
+    assert sorted(["end", "q112", "s0016", "q48"], key=keyframe_order) == ["s0016", "q48", "q112", "end"]
+
+
 def test_reading_when_p_is_small_but_the_interval_includes_zero():
     assert "borderline" in significance_reading(9, 1, 0.0215, (-0.01, 0.4))
 
@@ -312,7 +318,7 @@ def test_a_study_run_with_default_settings_has_images_in_its_report(tmp_path):
         assert len(re.findall("<img ", views)) >= 1, case.case_id
         assert "rendered prompt" in panel and "raw answer" in panel and "raw receipt line" in panel
         assert "receipt line: matches the arm&#x27;s reference" in panel
-        # Both arms at q and at the end, on by default, and an mp4 of each.
+        # Both arms at q and at the end (StudyConfig.keyframes is on by default), and an mp4 of each.
         for arm in ("control", "assisted"):
             frames = panel.split(f'data-arm="{arm}"')[1].split('class="arm"')[0]
             assert len(re.findall("<img ", frames)) == 2, f"{case.case_id} {arm}: keyframes at q and at the end"

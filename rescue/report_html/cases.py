@@ -38,8 +38,8 @@ class CaseView:
 
 
 def keyframe_order(name: str) -> tuple[int, str]:
-    """Keyframes in episode order: `q112` by its step, then `end`."""
-    m = re.fullmatch(r"q(\d+)", name)
+    """Keyframes in episode order: by the step in the name (`q112`, `s0048`), then `end`."""
+    m = re.fullmatch(r"[A-Za-z_]*(\d+)", name)
     return (int(m.group(1)), name) if m else (1 << 30, name)
 
 
