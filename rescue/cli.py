@@ -254,7 +254,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from rescue.htmlreport import write_report
 
-    console.print(f"wrote {write_report(Path(args.study), args.out)}")
+    console.print(f"wrote {write_report(Path(args.study), args.out, video=args.video)}")
     return 0
 
 
@@ -411,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="an HTML page: figures, and per case both arms' keyframes, the subgoal, the verdict")
     p.add_argument("study")
     p.add_argument("--out", help=f"default: STUDY/{layout.REPORT}")
+    p.add_argument("--video", action="store_true", help="an mp4 per arm from the stored frames (needs imageio and imageio-ffmpeg)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("manifest", help="check or produce failure manifests")

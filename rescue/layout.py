@@ -25,6 +25,14 @@ EXPORT_JSON = "export.json"
 EXPORT_CSV = "export.csv"
 REPORT = "report.html"
 LOCK = ".owner.lock"
+# The report's images, videos and raw records live beside it in one folder that travels with it.
+REPORT_FILES_SUFFIX = "_files"
+
+
+def report_files(report: str | os.PathLike[str]) -> Path:
+    """The folder of a report's assets: `report.html` -> `report_files/` beside it."""
+    path = Path(report)
+    return path.with_name(path.stem + REPORT_FILES_SUFFIX)
 
 # What a name derived from a case id, an arm or a keyframe may contain.
 _SAFE_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
