@@ -60,7 +60,7 @@ class StudyConfig(BaseModel):
     # Opt-in: run the common prefix once and both arms from one snapshot at q (a disclosed mode).
     fork_at_q: bool = False
     # Render one view of each arm at q and at its end into the study's frames/ (for `rescue report`).
-    keyframes: bool = False
+    keyframes: bool = True
     keepalive_s: float = 120.0
     # Stop claiming when the first K arms (or the first K assisted arms' VLM calls) all fail with
     # the same infrastructure error; 0 turns it off.

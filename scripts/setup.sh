@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SYSTEM_PACKAGES=(libegl1 libegl-mesa0 libgl1 libosmesa6)
+# chromium: the report's browser test loads the page headless.
+SYSTEM_PACKAGES=(libegl1 libegl-mesa0 libgl1 libosmesa6 chromium)
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
@@ -28,4 +29,4 @@ fi
 # would pull a multi-GB CUDA build.
 .venv/bin/python -m pip install -q "torch==2.13.0"
 # The project's pins; --upgrade-strategy only-if-needed keeps this fast on a re-run.
-.venv/bin/python -m pip install -q -e ".[libero,test,learned]"
+.venv/bin/python -m pip install -q -e ".[libero,test,learned,video]"
