@@ -164,7 +164,7 @@ class ArmRun:
                 self.q_state = await self._state_digest()
             if self.step >= self.q and not any(k.startswith("q") for k in self.keyframes):
                 await self.keyframe(f"q{self.step}")
-            if self.spec.arm == "assisted" and self.step >= self.q and self.assistance.status == "not_reached":
+            if self.spec.arm != "control" and self.step >= self.q and self.assistance.status == "not_reached":
                 self.assistance = await _assist(self.case, self.spec, self.sim, self.policy, self.advisor, self.original, self.horizon - self.step, self.step)
                 if self.assistance.status == "applied":
                     self.instruction = self.assistance.instruction
@@ -261,36 +261,43 @@ async def run_arm(
     return arm.result()
 
 
+# A forked arm after the prefix: its name, how it gets a simulator at q, its policy connection, its advisor.
+Follower = tuple[ArmName, Callable[[], Awaitable[Simulator]], "PolicyConnection", "Advisor | None"]
+
+
 async def run_forked(
     case: Case,
     interval: int,
     spec_kwargs: dict,
     control: tuple[Simulator, PolicyConnection],
-    assisted: tuple[Callable[[], Awaitable[Simulator]], PolicyConnection],
-    advisor: Advisor | None,
+    followers: list[Follower],
     control_done: Callable[[], None] = lambda: None,
-) -> tuple[ArmResult, ArmResult]:
-    """Fork at q: run the common prefix once, snapshot the simulator at q, finish both arms from it.
+) -> list[ArmResult]:
+    """Fork at q: run the common prefix once, snapshot the simulator at q, finish every arm from it.
 
-    The assisted arm's simulator restores the snapshot (its state digest must equal the
-    control arm's at q) and its policy connection replays the prefix queries, which must
-    give the same action chunks: the policy then stands where the control arm's does.
+    Each follower (the assisted arm, and the sham arm when there is one) restores the
+    snapshot (its state digest must equal the control arm's at q) and its policy
+    connection replays the prefix queries, which must give the same action chunks: the
+    policy then stands where the control arm's does. Results: control first, then the followers.
     """
-    # The assisted arm takes its simulator only at q, and the control arm gives its own back
+    # Followers take their simulator only at q, and the control arm gives its own back
     # when done (`control_done`), so forked cases never wait on each other for simulators.
-    acquire_assisted, assisted_policy = assisted
     ctrl = ArmRun(case, ArmSpec(arm="control", interval=interval, **spec_kwargs), *control)
-    asst = ArmRun(case, ArmSpec(arm="assisted", interval=interval, **spec_kwargs), None, assisted_policy, advisor)
+    runs = [
+        (ArmRun(case, ArmSpec(arm=name, interval=interval, **spec_kwargs), None, policy, advisor), acquire)
+        for name, acquire, policy, advisor in followers
+    ]
     try:
         await ctrl.start()
         await ctrl.run_until(ctrl.q)
     except Exception as exc:
         control_done()
-        # The prefix is shared: its failure is both arms' failure.
-        asst.fingerprint, asst.fingerprint_parts = ctrl.fingerprint, ctrl.fingerprint_parts
-        asst.python_hash_seed = ctrl.python_hash_seed
-        asst.trace, asst.step = list(ctrl.trace), ctrl.step
-        return ctrl.result(exc, "fork"), asst.result(exc, "fork")
+        # The prefix is shared: its failure is every arm's failure.
+        for run, _ in runs:
+            run.fingerprint, run.fingerprint_parts = ctrl.fingerprint, ctrl.fingerprint_parts
+            run.python_hash_seed = ctrl.python_hash_seed
+            run.trace, run.step = list(ctrl.trace), ctrl.step
+        return [ctrl.result(exc, "fork")] + [run.result(exc, "fork") for run, _ in runs]
 
     async def finish_control() -> ArmResult:
         try:
@@ -301,39 +308,39 @@ async def run_forked(
             control_done()
         return ctrl.result(mode="fork")
 
-    # The assisted arm starts where the shared prefix ends (copied before the control arm goes on).
-    asst.fingerprint, asst.fingerprint_parts = ctrl.fingerprint, ctrl.fingerprint_parts
-    asst.python_hash_seed = ctrl.python_hash_seed
-    asst.trace, asst.step, asst.obs = list(ctrl.trace), ctrl.step, ctrl.obs
-    asst.original = asst.instruction = ctrl.original
-    asst.success = asst.done = ctrl.done and ctrl.success
+    # The followers start where the shared prefix ends (copied before the control arm goes on).
+    for run, _ in runs:
+        run.fingerprint, run.fingerprint_parts = ctrl.fingerprint, ctrl.fingerprint_parts
+        run.python_hash_seed = ctrl.python_hash_seed
+        run.trace, run.step, run.obs = list(ctrl.trace), ctrl.step, ctrl.obs
+        run.original = run.instruction = ctrl.original
+        run.success = run.done = ctrl.done and ctrl.success
 
-    async def finish_assisted() -> ArmResult:
+    async def finish(run: ArmRun, acquire: Callable[[], Awaitable[Simulator]]) -> ArmResult:
         try:
-            await asst.start_policy()
-            for (step, policy_input), row in zip(ctrl.queries, asst.trace):
-                reply = await _query(asst.policy, policy_input, step, asst.firings)
+            await run.start_policy()
+            for (step, policy_input), row in zip(ctrl.queries, run.trace):
+                reply = await _query(run.policy, policy_input, step, run.firings)
                 chunk = as_float_chunk(reply["actions"])[:interval]
                 if digest_array(chunk) != row.actions:
                     raise RuntimeError(f"fork replay: the policy answered step {step} differently (not deterministic under its seed)")
-            asst.queries = list(ctrl.queries)
-            if not asst.done:
-                asst.sim = await acquire_assisted()
-                await asst.sim.restore(snapshot)
-                asst.q_state = await asst._state_digest()
-                if asst.q_state != ctrl.q_state:
+            run.queries = list(ctrl.queries)
+            if not run.done:
+                run.sim = await acquire()
+                await run.sim.restore(snapshot)
+                run.q_state = await run._state_digest()
+                if run.q_state != ctrl.q_state:
                     raise RuntimeError("fork: the restored simulator state differs from the state at q")
-                await asst.run_until(asst.horizon)
+                await run.run_until(run.horizon)
         except Exception as exc:
-            return asst.result(exc, "fork")
-        return asst.result(mode="fork")
+            return run.result(exc, "fork")
+        return run.result(mode="fork")
 
     snapshot = None
     if not ctrl.done:
         ctrl.q_state = await ctrl._state_digest()
         snapshot = await ctrl.sim.snapshot()
-    results = await asyncio.gather(finish_control(), finish_assisted())
-    return results[0], results[1]
+    return list(await asyncio.gather(finish_control(), *(finish(run, acquire) for run, acquire in runs)))
 
 
 async def _assist(
@@ -352,7 +359,9 @@ async def _assist(
     views = await sim.render(list(VLM_VIEWS), spec.image_size)
     # While the VLM thinks, the simulator is not ours to hold: a lease snapshots it and lets
     # another arm step it; the simulated clock does not move for this arm either way.
-    release = spec.release_while_waiting and isinstance(sim, SimLease)
+    # A sham arm may wait on its donor's VLM answer: it always gives its simulator back meanwhile,
+    # so donors can never be starved of simulators by the arms waiting for them.
+    release = (spec.release_while_waiting or spec.arm == "sham") and isinstance(sim, SimLease)
     if release:
         await sim.suspend()
     try:
@@ -362,7 +371,13 @@ async def _assist(
     finally:
         if release:
             await sim.resume()
-    common = dict(query_step=step, call_id=answer.call_id, request_id=answer.request_id, receipt=answer.receipt_ref)
+    common = dict(
+        query_step=step, call_id=answer.call_id, request_id=answer.request_id, receipt=answer.receipt_ref,
+        # The assisted arm's subgoal comes from the VLM; a sham arm's answer says where its came from.
+        source=getattr(answer, "source", "vlm"),
+        source_sha256=getattr(answer, "source_sha256", None),
+        donor_case_id=getattr(answer, "donor_case_id", None),
+    )
     if answer.status != "ok":
         status = _FAILED_ASSISTANCE.get(answer.status, "broker_error")
         return Assistance(status=status, error_kind=answer.error_kind, error=answer.error, **common)

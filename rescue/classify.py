@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from rescue.proofs import check_evidence, prefix_match, q_state_match
-from rescue.records import ArmResult, CaseRecord, Verdict
+from collections.abc import Callable
+
+from rescue.proofs import check_evidence, check_sham_evidence, prefix_match, q_state_match
+from rescue.records import ArmResult, CaseRecord, ShamVerdict, Verdict
 
 # Assistance statuses that mean the VLM request failed (rule 3).
 ASSISTANCE_FAILURES = frozenset({"broker_error", "invalid_response", "timeout"})
@@ -58,21 +60,23 @@ def _arm_problem(rec: CaseRecord, arm: ArmResult | None, name: str) -> str | Non
     return None
 
 
-def invalid_reason(rec: CaseRecord) -> str | None:
+def invalid_reason(rec: CaseRecord, second: str = "assisted") -> str | None:
     """Why the pair is missing, interrupted or invalid (rule 2), or None when it is sound."""
     if rec.interrupted:
         return "case interrupted"
-    for name, arm in (("control", rec.control), ("assisted", rec.assisted)):
+    for name, arm in (("control", rec.control), (second, rec.assisted)):
         problem = _arm_problem(rec, arm, name)
         if problem is not None:
             return problem
     return None
 
 
-def classify(rec: CaseRecord) -> Verdict:
-    """Classify one case by DESIGN §3 and record membership of M and E."""
+def _judge(
+    rec: CaseRecord, second: str, evidence: Callable[[CaseRecord], tuple[bool, str]]
+) -> tuple[str, int, str, bool, bool]:
+    """DESIGN §3 for the control arm against the arm in the `assisted` slot: label, rule, reason, in M, in E."""
     deviation = deviation_reason(rec)
-    invalid = invalid_reason(rec)
+    invalid = invalid_reason(rec, second)
     in_m = False
     prefix_ok, prefix_why = False, "not checked"
     if invalid is None:
@@ -81,33 +85,40 @@ def classify(rec: CaseRecord) -> Verdict:
         if prefix_ok:
             prefix_ok, prefix_why = q_state_match(rec.control, rec.assisted, prefix_why)
         in_m = deviation is None and prefix_ok
-    evidence_ok, evidence_why = check_evidence(rec) if in_m else (False, "not checked")
-    # check_evidence demands status 'applied', so E is "M with the subgoal applied and valid evidence".
+    evidence_ok, evidence_why = evidence(rec) if in_m else (False, "not checked")
+    # The evidence checks demand status 'applied', so E is "M with the subgoal applied and valid evidence".
     in_e = in_m and evidence_ok
 
-    def verdict(label: str, rule: int, reason: str) -> Verdict:
-        return Verdict(
-            case_id=rec.case_id, label=label, rule=rule, reason=reason, in_m=in_m, in_e=in_e
-        )
-
     if deviation is not None:
-        return verdict("initial_state_deviation", 1, deviation)
+        return "initial_state_deviation", 1, deviation, in_m, in_e
     if invalid is not None:
-        return verdict("unknown", 2, invalid)
+        return "unknown", 2, invalid, in_m, in_e
     assert rec.control is not None and rec.assisted is not None
     status = rec.assisted.assistance.status
     if status in ASSISTANCE_FAILURES:
         kind = rec.assisted.assistance.error_kind
-        return verdict("unknown", 3, f"assistance {status}" + (f" ({kind})" if kind else ""))
+        what = "assistance" if second == "assisted" else f"{second} subgoal"
+        return "unknown", 3, f"{what} {status}" + (f" ({kind})" if kind else ""), in_m, in_e
     if status == "not_reached":
-        ended = f"assisted arm ended at step {rec.assisted.steps}, before the query point {rec.query_step}"
-        return verdict("not_rescued", 4, ended)
+        ended = f"{second} arm ended at step {rec.assisted.steps}, before the query point {rec.query_step}"
+        return "not_rescued", 4, ended, in_m, in_e
     if not prefix_ok:
-        return verdict("unknown", 5, prefix_why)
+        return "unknown", 5, prefix_why, in_m, in_e
     if not evidence_ok:
-        return verdict("unknown", 6, f"evidence invalid: {evidence_why}")
+        return "unknown", 6, f"evidence invalid: {evidence_why}", in_m, in_e
     if rec.control.success:
-        return verdict("not_rescued", 7, "control arm succeeded")
+        return "not_rescued", 7, "control arm succeeded", in_m, in_e
     if not rec.assisted.success:
-        return verdict("not_rescued", 8, "assisted arm failed")
-    return verdict("rescued", 9, "control failed, assisted succeeded, prefix and evidence hold")
+        return "not_rescued", 8, f"{second} arm failed", in_m, in_e
+    return "rescued", 9, f"control failed, {second} succeeded, prefix and evidence hold", in_m, in_e
+
+
+def classify(rec: CaseRecord) -> Verdict:
+    """Classify one case by DESIGN §3 (assisted against control), and its sham arm when the study has one."""
+    label, rule, reason, in_m, in_e = _judge(rec, "assisted", check_evidence)
+    sham = None
+    if rec.sham_source is not None:
+        as_pair = rec.model_copy(update={"assisted": rec.sham, "receipt": rec.sham_receipt})
+        s_label, s_rule, s_reason, s_m, s_e = _judge(as_pair, "sham", check_sham_evidence)
+        sham = ShamVerdict(label=s_label, rule=s_rule, reason=s_reason, in_m=s_m, in_e=s_e)
+    return Verdict(case_id=rec.case_id, label=label, rule=rule, reason=reason, in_m=in_m, in_e=in_e, sham=sham)

@@ -6,9 +6,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rescue.digest import canonical_json, digest_text
+from rescue.sham import ShamConfig
 from rescue.vlm.settings import VLMConfig
 from wrappers.async_rules import RulesConfig
 
@@ -68,8 +69,19 @@ class StudyConfig(BaseModel):
     arms: tuple[str, ...] = ("control", "assisted")
     # Correction rules between the policy and the simulator; all off unless named in rules.enabled.
     rules: RulesConfig = Field(default_factory=RulesConfig)
+    # The sham (placebo) arm, off by default: DESIGN §8 and rescue/sham.py.
+    sham: ShamConfig = Field(default_factory=ShamConfig)
     # The query point: the first regular policy query at or after half the horizon (DESIGN §2).
     query_rule: Literal["ceil(H/2/C)*C"] = "ceil(H/2/C)*C"
+
+    @model_validator(mode="after")
+    def _sham_arm(self) -> "StudyConfig":
+        # A rescue study with a sham source runs the sham arm as its third arm.
+        if self.sham.on and "assisted" in self.arms and "sham" not in self.arms:
+            self.arms = (*self.arms, "sham")
+        if "sham" in self.arms and not self.sham.on:
+            raise ValueError("arms lists 'sham' but [sham] source is off")
+        return self
 
     @property
     def is_evaluation(self) -> bool:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,7 +21,7 @@ import structlog
 
 from rescue.arm import ArmSpec, run_arm, run_forked
 from rescue.config import StudyConfig
-from rescue.digest import digest_bytes
+from rescue.digest import digest_bytes, digest_text
 from rescue.env.pool import SimLease
 from rescue.failfast import FailFast, one_line
 from rescue.journal import Journal
@@ -28,9 +29,10 @@ from rescue.layout import StudyLayout
 from rescue.manifest import Case
 from rescue.observation import get_profile
 from rescue.policy.ws_client import WebsocketPolicyClient
-from rescue.records import ArmResult, Assistance, Verdict
+from rescue.records import ArmResult, Assistance, ReceiptRef, Verdict
 from rescue.services import Services, start_services
-from rescue.study import classify_case, load_study_config, outcome_receipts, store_summary
+from rescue.sham import donor_group
+from rescue.study import SHAM_DONORS_KEY, classify_case, load_study_config, outcome_receipts, store_summary
 from rescue.vlm.client import SubgoalRequest
 from rescue.vlm.receipts import OutcomeIndex
 from wrappers.async_rules import AsyncRuleWrapper
@@ -39,6 +41,22 @@ log = structlog.get_logger()
 
 # Journal meta key: why a study stopped claiming before its queue was empty.
 STOP_REASON_KEY = "stop_reason"
+
+
+@dataclass
+class ShamAnswer:
+    """What a sham arm's source answers at q, shaped like a VLM answer for the arm runner."""
+
+    status: str
+    subgoal: str | None = None
+    source: str = "permuted"
+    source_sha256: str | None = None
+    donor_case_id: str | None = None
+    call_id: str | None = None
+    request_id: str | None = None
+    receipt_ref: ReceiptRef | None = None
+    error_kind: str | None = None
+    error: str | None = None
 
 
 class RunObserver:
@@ -99,6 +117,10 @@ class Engine:
         self.observer = as_observer(on_case)
         self.profile = get_profile(config.policy.observation or "privileged")
         self._failfast = FailFast(config.fail_fast_arms)
+        # The sham arm's declared donors, and the VLM answers of this run by case (for donors' waiters).
+        self.donors: dict[str, str] = dict(self.journal.meta().get(SHAM_DONORS_KEY) or {})
+        self._answers: dict[str, Any] = {}
+        self._answer_events: dict[str, asyncio.Event] = {}
         self._stop = asyncio.Event()
         # The outcome lines the VLM client wrote, read back by the one receipts reader.
         self._outcomes = OutcomeIndex(self.layout.receipts)
@@ -165,12 +187,40 @@ class Engine:
                     return
                 log.info("case.claimed", case_id=case.case_id, worker=name)
                 held, lease, policy = (lease, policy), None, None  # the case's first arm owns them now
+                # A permuted sham arm waits for its donor's answer: the donor group starts together.
+                partners = [
+                    asyncio.create_task(self._run_partner(member, name, services))
+                    for member in donor_group(self.donors, case.case_id)[1:]
+                    if self.config.sham.source == "permuted"
+                ]
                 await self._run_case(case, services, held)
+                await asyncio.gather(*partners)
             finally:
                 if policy is not None:
                     await policy.close()
                 if lease is not None:
                     lease.release()
+
+    async def _run_partner(self, case_id: str, worker: str, services: Services) -> None:
+        """Claim and run a donor-group member if nobody has: a simulator and a connection in hand first."""
+        if self.journal.state(case_id) != "pending":
+            return
+        lease = await SimLease(services.pool).acquire()
+        policy = None
+        try:
+            policy = await self._connect(services)
+            if self._stopping() or not self.journal.claim(case_id, worker):
+                return
+            log.info("case.claimed", case_id=case_id, worker=worker, with_donor_group=True)
+            held, lease, policy = (lease, policy), None, None
+            await self._run_case(self.journal.case(case_id), services, held)
+        except Exception as exc:  # the member stays pending (never claimed); its waiters learn it when the study stops
+            log.warning("case.partner_not_started", case_id=case_id, error=one_line(str(exc)))
+        finally:
+            if policy is not None:
+                await policy.close()
+            if lease is not None:
+                lease.release()
 
     async def _run_case(self, case: Case, services: Services, held: tuple[SimLease, AsyncRuleWrapper]) -> None:
         if self.config.fork_at_q and not self.config.is_evaluation:
@@ -186,14 +236,18 @@ class Engine:
             self.stop_study(f"case {case.case_id}: the policy connection or its RNG changed during a VLM wait; "
                             "check the policy server (rescue preflight), then `rescue resume`")
         index, receipts = None, {}
-        assisted = by_arm.get("assisted")
-        ref = assisted.assistance.receipt if assisted is not None else None
-        if ref is not None:
-            line = self._outcomes.outcome(assisted.assistance.call_id or "")
+        for name in ("assisted", "sham"):
+            arm = by_arm.get(name)
+            ref = arm.assistance.receipt if arm is not None else None
+            if ref is None:
+                continue
+            # The outcome line this arm's reference names, read back by the one receipts reader.
+            line = self._outcomes.outcome(arm.assistance.call_id or "")
             if line is not None and (line.lineno, line.sha256) == (ref.lineno, ref.sha256):
                 receipts[line.receipt.call_id] = line.receipt
-            index = (assisted.assistance.call_id, ref.path, ref.sha256)
-        verdict = classify_case(self.config, case, by_arm, receipts, interrupted=False)
+            if name == "assisted":
+                index = (arm.assistance.call_id, ref.path, ref.sha256)
+        verdict = classify_case(self.config, case, by_arm, receipts, interrupted=False, donors=self.donors)
         # Arms, receipt index and verdict land in one transaction: a crash leaves the case
         # claimed with nothing recorded (resume makes it unknown), never half-finished.
         self.journal.finish_case(case.case_id, arms, verdict, index)
@@ -237,7 +291,7 @@ class Engine:
                 lease = await SimLease(services.pool).acquire()
             if policy is None:
                 policy = await self._connect(services)
-            advisor = self._advisor(services) if arm == "assisted" else None
+            advisor = self._advisor_for(arm, services)
             self.observer.arm_started(arm)
             try:
                 return await run_arm(case, spec, lease, policy, advisor)
@@ -253,37 +307,88 @@ class Engine:
 
     async def _run_forked(
         self, case: Case, services: Services, held: tuple[SimLease, AsyncRuleWrapper]
-    ) -> tuple[ArmResult, ArmResult]:
+    ) -> list[ArmResult]:
         leases: list[SimLease] = [held[0]]
         policies: list[AsyncRuleWrapper] = [held[1]]
+        names = [arm for arm in self.config.arms if arm != "control"]
 
-        async def assisted_sim() -> SimLease:
+        async def sim_at_q() -> SimLease:
             leases.append(await SimLease(services.pool).acquire())
             return leases[-1]
 
         try:
-            policies.append(await self._connect(services))
-            for arm in ("control", "assisted"):
+            followers = []
+            for name in names:
+                policies.append(await self._connect(services))
+                followers.append((name, sim_at_q, policies[-1], self._advisor_for(name, services)))
+            for arm in self.config.arms:
                 self.observer.arm_started(arm)
             return await run_forked(
-                case,
-                services.interval,
-                self._spec_kwargs(),
-                (leases[0], policies[0]),
-                (assisted_sim, policies[1]),
-                self._advisor(services),
+                case, services.interval, self._spec_kwargs(), (leases[0], policies[0]), followers,
                 control_done=leases[0].release,
             )
         except Exception as exc:
-            return _infrastructure_error(case, "control", exc), _infrastructure_error(case, "assisted", exc)
+            return [_infrastructure_error(case, arm, exc) for arm in self.config.arms]
         finally:
-            if len(policies) == 2:
-                for arm in ("control", "assisted"):
+            if len(policies) == len(self.config.arms):
+                for arm in self.config.arms:
                     self.observer.arm_finished(arm)
             for policy in policies:
                 await policy.close()
             for lease in leases:
                 lease.release()
+
+    def _advisor_for(self, arm: str, services: Services):
+        """Who answers an arm at q: the VLM (assisted), the sham's declared source (sham), nobody (control)."""
+        if arm == "assisted":
+            return self._advisor(services)
+        if arm == "sham":
+            return self._sham_advisor()
+        return None
+
+    def _sham_advisor(self):
+        sham = self.config.sham
+
+        async def ask(case_id: str, instruction: str, remaining: int, views: dict) -> ShamAnswer:
+            if sham.source == "fixed":
+                return ShamAnswer(status="ok", subgoal=sham.text, source="fixed", source_sha256=digest_text(sham.text))
+            donor = self.donors.get(case_id)
+            if donor is None:
+                return ShamAnswer(status="broker_error", error_kind="no_donor", error="no donor declared for the case")
+            return await self._donor_answer(donor)
+
+        return ask
+
+    async def _donor_answer(self, donor: str) -> ShamAnswer:
+        """The donor's VLM answer: as it arrives in this process, else from its recorded assisted arm.
+
+        No retry and no substitute: a donor whose call failed, was interrupted or never ran
+        makes this sham arm's subgoal fail, and the case's sham verdict unknown (rule 3).
+        """
+        event = self._answer_events.setdefault(donor, asyncio.Event())
+        while True:
+            answer = self._answers.get(donor)
+            if answer is not None:
+                if answer.status != "ok":
+                    return ShamAnswer(status="broker_error", donor_case_id=donor, error_kind="donor_failed",
+                                      error=f"donor {donor}'s VLM call ended {answer.status} ({answer.error_kind})")
+                return ShamAnswer(status="ok", subgoal=answer.subgoal, call_id=answer.call_id, request_id=answer.request_id,
+                                  receipt_ref=answer.receipt_ref, donor_case_id=donor)
+            state = self.journal.state(donor)
+            if state in ("finished", "interrupted"):
+                arm = self.journal.arms(donor).get("assisted")
+                a = arm.assistance if arm is not None else None
+                if a is None or a.status != "applied":
+                    why = "was interrupted" if a is None else f"had assistance {a.status}"
+                    return ShamAnswer(status="broker_error", donor_case_id=donor, error_kind="donor_failed",
+                                      error=f"donor {donor} {why}")
+                return ShamAnswer(status="ok", subgoal=a.subgoal, call_id=a.call_id, request_id=a.request_id,
+                                  receipt_ref=a.receipt, donor_case_id=donor)
+            if state == "pending" and self._stopping():
+                return ShamAnswer(status="broker_error", donor_case_id=donor, error_kind="donor_never_ran",
+                                  error=f"donor {donor} never ran: the study stopped claiming")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(event.wait(), 1.0)
 
     def _advisor(self, services: Services):
         vlm = services.vlm
@@ -291,9 +396,13 @@ class Engine:
         async def ask(case_id: str, instruction: str, remaining: int, views: dict) -> Any:
             self.observer.vlm_waiting(+1)
             try:
-                return await vlm.ask(SubgoalRequest(case_id=case_id, instruction=instruction, remaining_steps=remaining, views=views))
+                answer = await vlm.ask(SubgoalRequest(case_id=case_id, instruction=instruction, remaining_steps=remaining, views=views))
             finally:
                 self.observer.vlm_waiting(-1)
+            # A sham arm whose donor this case is may be waiting for exactly this answer.
+            self._answers[case_id] = answer
+            self._answer_events.setdefault(case_id, asyncio.Event()).set()
+            return answer
 
         return ask if vlm is not None else None
 
@@ -319,7 +428,8 @@ def recover(study_dir: Path) -> list[str]:
         receipts = outcome_receipts(layout.receipts)
         for case_id in ids:
             case = journal.case(case_id)
-            verdict = classify_case(config, case, journal.arms(case_id), receipts, interrupted=True)
+            donors = dict(journal.meta().get(SHAM_DONORS_KEY) or {})
+            verdict = classify_case(config, case, journal.arms(case_id), receipts, interrupted=True, donors=donors)
             journal.set_verdict(case_id, verdict)
             log.info("case.classified", case_id=case_id, label=verdict.label, rule=verdict.rule, reason="interrupted")
         return ids

@@ -38,7 +38,8 @@ from rescue.vlm.receipts import read_receipts
 from rescue.vlm.usage import UsageSummary, usage_summary
 
 # 2: cases name the fingerprint parts of a deviation; the study names its observation profile.
-EXPORT_SCHEMA = "rescue-export/2"
+# 3: the sham arm (DESIGN §8): per case its arm and verdict, in the summary its comparisons.
+EXPORT_SCHEMA = "rescue-export/3"
 
 
 class ExportError(StudyError):
@@ -71,6 +72,8 @@ class ArmEntry(BaseModel):
     assistance: str
     query_step: int | None = None
     subgoal: str | None = None
+    source: str | None = None  # where the subgoal came from: vlm, or a sham arm's fixed text or donor
+    donor_case_id: str | None = None
     call_id: str | None = None
     request_id: str | None = None
     trace_rows: int
@@ -95,6 +98,11 @@ class CaseEntry(BaseModel):
     call_id: str | None = None
     control: ArmEntry | None = None
     assisted: ArmEntry | None = None
+    sham: ArmEntry | None = None
+    # The sham arm against control (DESIGN §8); None when the study has no sham arm.
+    sham_label: str | None = None
+    sham_rule: int | None = None
+    sham_reason: str | None = None
 
 
 class EpisodeRow(BaseModel):
@@ -134,7 +142,7 @@ class Coverage(BaseModel):
 class StudyExport(BaseModel):
     """A study's whole result in one document (what `rescue export` writes as JSON)."""
 
-    schema_version: Literal["rescue-export/2"] = EXPORT_SCHEMA
+    schema_version: Literal["rescue-export/3"] = EXPORT_SCHEMA
     study: StudyInfo
     # The summary counts finished and interrupted cases only; `coverage` says
     # how many manifest cases that is, so a partial study cannot pass for a whole one.
@@ -180,6 +188,8 @@ def _arm_entry(arm: ArmResult | None) -> ArmEntry | None:
         assistance=a.status,
         query_step=a.query_step,
         subgoal=a.subgoal,
+        source=a.source,
+        donor_case_id=a.donor_case_id,
         call_id=a.call_id,
         request_id=a.request_id,
         trace_rows=len(arm.trace),
@@ -207,6 +217,10 @@ def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
         call_id=assisted.assistance.call_id if assisted else None,
         control=_arm_entry(arms.get("control")),
         assisted=_arm_entry(assisted),
+        sham=_arm_entry(arms.get("sham")),
+        sham_label=v.sham.label if v and v.sham else None,
+        sham_rule=v.sham.rule if v and v.sham else None,
+        sham_reason=v.sham.reason if v and v.sham else None,
     )
 
 
@@ -281,14 +295,14 @@ def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
 
 ARM_COLUMNS = (
     "status", "success", "steps", "fingerprint", "assistance", "query_step",
-    "subgoal", "call_id", "request_id", "trace_rows", "digest", "error",
+    "subgoal", "source", "donor_case_id", "call_id", "request_id", "trace_rows", "digest", "error",
 )
 CASE_COLUMNS = (
     "case_id", "group", "task", "pilot", "state", "label", "rule", "reason",
-    "in_m", "in_e", "deviation", "query_step", "call_id",
+    "in_m", "in_e", "deviation", "query_step", "call_id", "sham_label", "sham_rule", "sham_reason",
 )
 CSV_COLUMNS = CASE_COLUMNS + tuple(
-    f"{arm}_{col}" for arm in ("control", "assisted") for col in ARM_COLUMNS
+    f"{arm}_{col}" for arm in ("control", "assisted", "sham") for col in ARM_COLUMNS
 )
 
 
@@ -306,7 +320,7 @@ def csv_rows(export: StudyExport) -> list[dict[str, str]]:
     rows = []
     for entry in export.cases:
         row = {col: _cell(getattr(entry, col)) for col in CASE_COLUMNS}
-        for name in ("control", "assisted"):
+        for name in ("control", "assisted", "sham"):
             arm = getattr(entry, name)
             for col in ARM_COLUMNS:
                 row[f"{name}_{col}"] = _cell(getattr(arm, col) if arm else None)

@@ -508,6 +508,15 @@ class Journal:
         )
         return {(bool(pilot), label): n for pilot, label, n in rows}
 
+    def sham_label_counts(self) -> dict[str, int]:
+        """The sham arms' verdict labels of main-cohort cases, counted by SQLite (empty without a sham arm)."""
+        rows = self._read(
+            "SELECT json_extract(v.data, '$.sham.label'), COUNT(*) FROM verdicts v JOIN cases c USING (case_id) "
+            "WHERE json_extract(v.data, '$.sham.label') IS NOT NULL "
+            "AND NOT COALESCE(json_extract(c.data, '$.pilot'), 0) GROUP BY 1"
+        )
+        return dict(rows)
+
     def pilot_count(self) -> int:
         """How many cases the manifest declared pilot."""
         return self._read("SELECT COUNT(*) FROM cases WHERE COALESCE(json_extract(data, '$.pilot'), 0)")[0][0]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rescue.digest import digest_text
-from rescue.records import ArmResult, CaseRecord, TraceRow
+from rescue.records import ArmResult, Assistance, CaseRecord, Receipt, TraceRow
 
 
 def trace_is_regular(trace: Sequence[TraceRow], interval: int) -> bool:
@@ -71,6 +71,47 @@ def q_state_match(control: ArmResult, assisted: ArmResult, prefix_why: str) -> t
     return True, f"{prefix_why}; one simulator state at q"
 
 
+def _receipt_problem(a: Assistance, r: Receipt | None, names: str) -> str | None:
+    """Why an applied subgoal is not the answer a valid outcome receipt gave the request (None: it is)."""
+    if r is None:
+        return "no receipt"
+    if r.kind != "outcome":
+        return f"receipt kind is {r.kind!r}, not 'outcome'"
+    if r.status != "ok":
+        return f"receipt status is {r.status!r}"
+    if names not in r.case_ids:
+        return f"receipt does not name case {names!r}"
+    if a.call_id != r.call_id:
+        return f"assistance call id {a.call_id!r} != receipt call id {r.call_id!r}"
+    if a.request_id is None or a.request_id not in r.request_ids:
+        return f"request id {a.request_id!r} not in the receipt"
+    # A batched call can be ok overall while rejecting this one request.
+    if a.request_id in getattr(r, "request_errors", {}):
+        return f"receipt rejected request {a.request_id!r}: {r.request_errors[a.request_id]}"
+    if r.subgoals.get(a.request_id) != a.subgoal:
+        return "applied subgoal differs from the receipt's subgoal for this request"
+    return None
+
+
+def _applied_problem(rec: CaseRecord, arm: ArmResult) -> str | None:
+    """Why the applied instruction is not what the arm queried with from q on (None: it is)."""
+    a = arm.assistance
+    if a.query_step != rec.query_step:
+        return f"assistance at step {a.query_step}, query point is {rec.query_step}"
+    if a.instruction is None or a.instruction_digest is None:
+        return "applied instruction or its digest is missing"
+    if digest_text(a.instruction) != a.instruction_digest:
+        return "applied instruction does not hash to its recorded digest"
+    if a.subgoal is None or a.subgoal.strip() not in a.instruction:
+        return "applied instruction does not carry the subgoal"
+    rows = [row for row in arm.trace if row.step == rec.query_step]
+    if len(rows) != 1:
+        return f"{len(rows)} {arm.arm} trace rows at step {rec.query_step}, expected 1"
+    if rows[0].instruction != a.instruction_digest:
+        return f"trace row at step {rec.query_step} was not queried with the applied instruction"
+    return None
+
+
 def check_evidence(rec: CaseRecord) -> tuple[bool, str]:
     """Whether the assisted arm's applied subgoal is tied to a valid receipt and its trace."""
     arm = rec.assisted
@@ -79,37 +120,38 @@ def check_evidence(rec: CaseRecord) -> tuple[bool, str]:
     a = arm.assistance
     if a.status != "applied":
         return False, f"assistance status is {a.status!r}, not 'applied'"
-    r = rec.receipt
-    if r is None:
-        return False, "no receipt"
-    if r.kind != "outcome":
-        return False, f"receipt kind is {r.kind!r}, not 'outcome'"
-    if r.status != "ok":
-        return False, f"receipt status is {r.status!r}"
-    if rec.case_id not in r.case_ids:
-        return False, f"receipt does not name case {rec.case_id!r}"
-    if a.call_id != r.call_id:
-        return False, f"assistance call id {a.call_id!r} != receipt call id {r.call_id!r}"
-    if a.request_id is None or a.request_id not in r.request_ids:
-        return False, f"request id {a.request_id!r} not in the receipt"
-    # A batched call can be ok overall while rejecting this one request.
-    if a.request_id in getattr(r, "request_errors", {}):
-        return False, f"receipt rejected request {a.request_id!r}: {r.request_errors[a.request_id]}"
     if a.subgoal is None or not a.subgoal.strip():
         return False, "applied subgoal is empty"
-    if r.subgoals.get(a.request_id) != a.subgoal:
-        return False, "applied subgoal differs from the receipt's subgoal for this request"
-    if a.query_step != rec.query_step:
-        return False, f"assistance at step {a.query_step}, query point is {rec.query_step}"
-    if a.instruction is None or a.instruction_digest is None:
-        return False, "applied instruction or its digest is missing"
-    if digest_text(a.instruction) != a.instruction_digest:
-        return False, "applied instruction does not hash to its recorded digest"
-    if a.subgoal.strip() not in a.instruction:
-        return False, "applied instruction does not carry the subgoal"
-    rows = [row for row in arm.trace if row.step == rec.query_step]
-    if len(rows) != 1:
-        return False, f"{len(rows)} assisted trace rows at step {rec.query_step}, expected 1"
-    if rows[0].instruction != a.instruction_digest:
-        return False, f"trace row at step {rec.query_step} was not queried with the applied instruction"
+    problem = _receipt_problem(a, rec.receipt, rec.case_id) or _applied_problem(rec, arm)
+    if problem is not None:
+        return False, problem
+    r = rec.receipt
     return True, f"receipt {r.call_id}/{a.request_id} applied at step {rec.query_step}"
+
+
+def check_sham_evidence(rec: CaseRecord) -> tuple[bool, str]:
+    """Whether the sham arm (in the record's assisted slot) applied what it was declared to: the fixed
+    text, or its declared donor's answer as the donor's outcome receipt (in the receipt slot) holds it."""
+    arm = rec.assisted
+    if arm is None:
+        return False, "no sham arm"
+    a = arm.assistance
+    if a.status != "applied":
+        return False, f"sham subgoal status is {a.status!r}, not 'applied'"
+    if a.source != rec.sham_source:
+        return False, f"sham subgoal came from {a.source!r}, the study declared {rec.sham_source!r}"
+    if rec.sham_source == "fixed":
+        if rec.sham_text is None or a.subgoal != rec.sham_text or a.source_sha256 != digest_text(rec.sham_text):
+            return False, "sham subgoal is not the study's fixed text"
+        where = "the fixed text"
+    else:
+        if a.donor_case_id is None or a.donor_case_id != rec.sham_donor:
+            return False, f"sham donor {a.donor_case_id!r} is not the declared donor {rec.sham_donor!r}"
+        problem = _receipt_problem(a, rec.receipt, rec.sham_donor)
+        if problem is not None:
+            return False, f"donor receipt: {problem}"
+        where = f"donor {rec.sham_donor}'s receipt {a.call_id}/{a.request_id}"
+    problem = _applied_problem(rec, arm)
+    if problem is not None:
+        return False, problem
+    return True, f"{where} applied at step {rec.query_step}"

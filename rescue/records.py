@@ -11,7 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-ArmName = Literal["control", "assisted"]
+# `sham`: a placebo arm (DESIGN §8): same q, same pause, same injection, a subgoal not from
+# the VLM looking at this case.
+ArmName = Literal["control", "assisted", "sham"]
 
 # How an arm ended. `complete`: ran to success or to its horizon.
 # `interrupted`: started but never finished (crash, kill, lost worker).
@@ -75,6 +77,10 @@ class Assistance(BaseModel):
     instruction: str | None = None  # the applied instruction, verbatim
     instruction_digest: str | None = None
     call_id: str | None = None  # the receipt's call id
+    # Where the subgoal came from: the VLM on this case, or (sham arm) a fixed text or a donor case's answer.
+    source: Literal["vlm", "fixed", "permuted"] | None = None
+    source_sha256: str | None = None  # a fixed sham text's sha256
+    donor_case_id: str | None = None  # a permuted sham arm's donor
     receipt: ReceiptRef | None = None  # the outcome line of that call (file, line, sha256 of its bytes)
     request_id: str | None = None  # our request id within that call
     error_kind: str | None = None
@@ -177,6 +183,22 @@ class CaseRecord(BaseModel):
     control: ArmResult | None = None
     assisted: ArmResult | None = None
     receipt: Receipt | None = None  # the outcome receipt of the assisted arm's call
+    # The sham arm (None: the study has none), what it was declared to use, and its donor's receipt.
+    sham: ArmResult | None = None
+    sham_source: Literal["fixed", "permuted"] | None = None
+    sham_text: str | None = None
+    sham_donor: str | None = None
+    sham_receipt: Receipt | None = None
+
+
+class ShamVerdict(BaseModel):
+    """The sham arm against the control arm, by the same DESIGN §3 rules as the assisted arm."""
+
+    label: Label
+    rule: int
+    reason: str
+    in_m: bool = False
+    in_e: bool = False
 
 
 class Verdict(BaseModel):
@@ -188,3 +210,4 @@ class Verdict(BaseModel):
     reason: str
     in_m: bool = False
     in_e: bool = False
+    sham: ShamVerdict | None = None  # when the study has a sham arm

@@ -18,10 +18,12 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.2f}%"
 
 
-def summary_table(summary: Summary, title: str) -> Table:
+def summary_table(summary: Summary, title: str, n_fixed: int | None = None) -> Table:
     """DESIGN §3 summary: counts, R/N, R/M, R/E, the 2x2 of M, McNemar and the paired CI."""
     t = Table(title=title, show_header=False)
-    t.add_row("cases (N, fixed)", str(summary.n))
+    t.add_row("cases (N, fixed)", str(summary.n if n_fixed is None else n_fixed))
+    if n_fixed is not None and n_fixed != summary.n:
+        t.add_row("of which have a verdict", f"{summary.n} (the figures below cover these only)")
     for label in LABEL_ORDER:
         t.add_row(label, str(summary.counts.get(label, 0)))
     t.add_row("M (valid, complete, no deviation, exact prefix)", str(summary.m))
@@ -36,6 +38,24 @@ def summary_table(summary: Summary, title: str) -> Table:
     if summary.diff is not None and summary.diff_ci is not None:
         lo, hi = summary.diff_ci
         t.add_row(f"paired difference, {int(summary.confidence * 100)}% CI", f"{_pct(summary.diff)} [{_pct(lo)}, {_pct(hi)}]")
+    return t
+
+
+def sham_table(summary: Summary) -> Table:
+    """The placebo comparison: the sham arm's own labels against control, and assisted against sham over K."""
+    sham = summary.sham
+    t = Table(title="sham arm (placebo)", show_header=False)
+    t.add_row("sham vs control", "  ".join(f"{k} {sham.counts.get(k, 0)}" for k in LABEL_ORDER))
+    t.add_row("sham M / E", f"{sham.m} / {sham.e}")
+    p = sham.pairs
+    t.add_row(
+        f"assisted vs sham, K = {sham.k} (both subgoals applied, three arms valid)",
+        f"assisted-only {p.assisted_only}, sham-only {p.sham_only}, both success {p.both_success}, both fail {p.both_fail}",
+    )
+    t.add_row("exact McNemar p (assisted vs sham)", f"{sham.mcnemar_p:.4f}")
+    if sham.diff is not None and sham.diff_ci is not None:
+        lo, hi = sham.diff_ci
+        t.add_row("effect of the VLM's content, 95% CI", f"{_pct(sham.diff)} [{_pct(lo)}, {_pct(hi)}]")
     return t
 
 
@@ -65,9 +85,13 @@ def usage_table(usage: Any) -> Table:
 def render_summary(export: Any) -> Group:
     """A rescue study's export as tables: summary, per group, pilot apart, usage."""
     parts: list[Any] = []
-    if getattr(export, "n_pending", 0):
-        parts.append(Text(f"{export.n_pending} case(s) never started (pending); they are outside these figures until run"))
-    parts += [summary_table(export.summary, "rescue study"), group_table(export.summary)]
+    main = export.coverage["main"]
+    if not main.complete:
+        parts.append(Text(f"{main.n_pending} case(s) never started and {main.n_in_flight} in flight: "
+                          "they stay in N and outside these figures until run"))
+    parts += [summary_table(export.summary, "rescue study", main.n_manifest), group_table(export.summary)]
+    if export.summary.sham is not None:
+        parts.append(sham_table(export.summary))
     if export.summary.pilot is not None:
         parts.append(Text(f"pilot cases (not in N): {', '.join(export.summary.pilot_ids)}"))
         parts.append(summary_table(export.summary.pilot, "pilot"))

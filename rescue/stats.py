@@ -130,6 +130,29 @@ class PairTable(BaseModel):
     both_fail: int = 0
 
 
+class ShamPairTable(BaseModel):
+    """The raw 2x2 of assisted against sham over K: cases whose three arms are valid with both subgoals applied."""
+
+    assisted_only: int = 0
+    sham_only: int = 0
+    both_success: int = 0
+    both_fail: int = 0
+
+
+class ShamSummary(BaseModel):
+    """The placebo comparison (DESIGN §8): the sham arm against control, and assisted against sham."""
+
+    counts: dict[str, int]  # the sham arm's own DESIGN §3 labels against control, over N
+    r: int  # cases the sham "rescued"
+    m: int  # sham pairs in M (valid, matched prefix, no deviation)
+    e: int  # of those, with the sham subgoal applied and its source proven
+    k: int  # cases where assisted and sham are both in E: the paired comparison's n
+    pairs: ShamPairTable
+    mcnemar_p: float
+    diff: float | None  # assisted minus sham success rate over K: the effect of the VLM's content
+    diff_ci: tuple[float, float] | None
+
+
 class Summary(BaseModel):
     """The fixed-denominator summary of a study's main cohort (DESIGN §3)."""
 
@@ -150,6 +173,7 @@ class Summary(BaseModel):
     per_task: dict[str, Breakdown] = Field(default_factory=dict)
     pilot_ids: list[str] = Field(default_factory=list)
     pilot: Summary | None = None
+    sham: ShamSummary | None = None  # when the study has a sham arm
 
 
 def _ratio(x: int, n: int) -> float | None:
@@ -195,6 +219,44 @@ def _pair_table(cases: Sequence[tuple[CaseRecord, Verdict]]) -> PairTable:
     return table
 
 
+def sham_summary(cases: Sequence[tuple[CaseRecord, Verdict]], confidence: float = 0.95) -> ShamSummary | None:
+    """The sham arm's own labels and the assisted-vs-sham paired comparison, or None without a sham arm."""
+    judged = [(rec, v) for rec, v in cases if v.sham is not None]
+    if not judged:
+        return None
+    if len(judged) != len(cases):
+        raise ValueError("some cases of a sham study have no sham verdict")
+    counts = _label_counts(v.sham.label for _, v in judged)
+    table = ShamPairTable()
+    for rec, v in judged:
+        if v.sham.in_e and not v.sham.in_m:
+            raise ValueError(f"case {rec.case_id}'s sham arm is in E but not in M")
+        if not (v.in_e and v.sham.in_e):
+            continue
+        a_ok, s_ok = bool(rec.assisted.success), bool(rec.sham.success)
+        if a_ok and not s_ok:
+            table.assisted_only += 1
+        elif s_ok and not a_ok:
+            table.sham_only += 1
+        elif a_ok and s_ok:
+            table.both_success += 1
+        else:
+            table.both_fail += 1
+    k = table.assisted_only + table.sham_only + table.both_success + table.both_fail
+    b, c = table.assisted_only, table.sham_only
+    return ShamSummary(
+        counts=counts,
+        r=counts["rescued"],
+        m=sum(v.sham.in_m for _, v in judged),
+        e=sum(v.sham.in_e for _, v in judged),
+        k=k,
+        pairs=table,
+        mcnemar_p=mcnemar_exact(b, c),
+        diff=_ratio(b - c, k),
+        diff_ci=paired_diff_ci(b, c, k, confidence, both_success=table.both_success) if k else None,
+    )
+
+
 def _summarize_cohort(cases: Sequence[tuple[CaseRecord, Verdict]], confidence: float) -> Summary:
     for rec, v in cases:
         if v.in_e and not v.in_m:
@@ -224,6 +286,7 @@ def _summarize_cohort(cases: Sequence[tuple[CaseRecord, Verdict]], confidence: f
         confidence=confidence,
         per_group=_breakdowns(cases, "group"),
         per_task=_breakdowns(cases, "task"),
+        sham=sham_summary(cases, confidence),
     )
 
 

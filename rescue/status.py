@@ -34,6 +34,7 @@ class StudyStatus(BaseModel):
     states: dict[str, int] = Field(default_factory=dict)
     labels: dict[str, int] = Field(default_factory=dict)  # main cohort, verdicts so far
     pilot_labels: dict[str, int] = Field(default_factory=dict)
+    sham_labels: dict[str, int] = Field(default_factory=dict)  # the sham arm against control, main cohort
     usage: UsageSummary = Field(default_factory=UsageSummary)
     receipts_note: str | None = None  # a receipts file that could not be read fully
 
@@ -47,6 +48,7 @@ def study_status(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         counts = journal.counts()
         by_cohort = journal.label_counts()  # counted by SQLite: no case is parsed
         n_pilot = journal.pilot_count()
+        sham_labels = journal.sham_label_counts()
         paths = list(receipt_files(StudyLayout.of(study_dir), journal).values())
     main_labels = Counter({label: n for (pilot, label), n in by_cohort.items() if not pilot})
     pilot_labels = Counter({label: n for (pilot, label), n in by_cohort.items() if pilot})
@@ -75,6 +77,7 @@ def study_status(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         states={s: counts.get(s, 0) for s in STATES},
         labels={label: main_labels.get(label, 0) for label in order},
         pilot_labels={label: pilot_labels.get(label, 0) for label in order} if n_pilot else {},
+        sham_labels={label: sham_labels.get(label, 0) for label in LABELS} if config.sham.on else {},
         usage=usage_summary(receipts),
         receipts_note="; ".join(notes) or None,
     )
@@ -97,6 +100,8 @@ def render_status(status: StudyStatus) -> str:
     ]
     if status.pilot_labels:
         lines.append("labels (pilot): " + "  ".join(f"{k} {n}" for k, n in status.pilot_labels.items()))
+    if status.sham_labels:
+        lines.append("sham vs control: " + "  ".join(f"{k} {n}" for k, n in status.sham_labels.items()))
     u = status.usage
     tokens = "  ".join(
         f"{name} {t.total if t.total is not None else f'{t.known_sum}+? ({t.calls_without} unreported)'}"

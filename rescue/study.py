@@ -26,9 +26,13 @@ from rescue.layout import RECEIPTS, StudyLayout
 from rescue.manifest import Case, Manifest, write_manifest
 from rescue.querypoint import query_point
 from rescue.records import ArmResult, CaseRecord, Receipt, Verdict
+from rescue.sham import ShamConfig, sham_donors
 from rescue.stats import Summary, summarize
 from rescue.vlm.receipts import outcomes_by_call, read_receipt_file
 
+
+# Journal meta key: the sham arm's donor of each case (permuted source), fixed at creation.
+SHAM_DONORS_KEY = "sham_donors"
 
 # The states whose cases carry a verdict and so enter the summary.
 SUMMARIZED_STATES: tuple[CaseState, ...] = ("finished", "interrupted")
@@ -78,6 +82,9 @@ def create_study(study_dir: Path, manifest: Manifest, config: StudyConfig, extra
             "manifest_source": str(manifest.source) if manifest.source else None,
             **(extra_meta or {}),
         }
+        if config.sham.source == "permuted" and not config.is_evaluation:
+            # Declared before anything runs; `rescue verify` derives it again from manifest and seed.
+            meta[SHAM_DONORS_KEY] = sham_donors(manifest.cases, config.sham.seed)
         Journal.create(tmp, manifest.cases, meta).close()
         if study_dir.exists():
             study_dir.rmdir()  # empty (checked above); rename cannot replace a folder that has files
@@ -117,12 +124,24 @@ def load_study_config(study_dir: str | os.PathLike[str]) -> StudyConfig:
         raise StudyError(f"{path}: not a study configuration ({exc.errors()[0]['msg']})") from None
 
 
-def case_record(case: Case, arms: dict[str, ArmResult], receipts: dict[str, Receipt], interval: int, interrupted: bool) -> CaseRecord:
-    """Gather what DESIGN §3 classification needs for one case."""
-    assisted = arms.get("assisted")
+def case_record(
+    case: Case,
+    arms: dict[str, ArmResult],
+    receipts: dict[str, Receipt],
+    interval: int,
+    interrupted: bool,
+    sham: ShamConfig | None = None,
+    donors: dict[str, str] | None = None,
+) -> CaseRecord:
+    """Gather what DESIGN §3 classification needs for one case (and its sham arm's declaration)."""
+    assisted, sham_arm = arms.get("assisted"), arms.get("sham")
     receipt = None
     if assisted is not None and assisted.assistance.call_id:
         receipt = receipts.get(assisted.assistance.call_id)
+    sham_on = sham is not None and sham.on
+    sham_receipt = None
+    if sham_on and sham_arm is not None and sham_arm.assistance.call_id:
+        sham_receipt = receipts.get(sham_arm.assistance.call_id)
     return CaseRecord(
         case_id=case.case_id,
         group=case.group,
@@ -135,16 +154,26 @@ def case_record(case: Case, arms: dict[str, ArmResult], receipts: dict[str, Rece
         control=arms.get("control"),
         assisted=assisted,
         receipt=receipt,
+        sham=sham_arm,
+        sham_source=sham.source if sham_on else None,
+        sham_text=sham.text if sham_on and sham.source == "fixed" else None,
+        sham_donor=(donors or {}).get(case.case_id) if sham_on and sham.source == "permuted" else None,
+        sham_receipt=sham_receipt,
     )
 
 
 def classify_case(
-    config: StudyConfig, case: Case, arms: dict[str, ArmResult], receipts: dict[str, Receipt], interrupted: bool
+    config: StudyConfig,
+    case: Case,
+    arms: dict[str, ArmResult],
+    receipts: dict[str, Receipt],
+    interrupted: bool,
+    donors: dict[str, str] | None = None,
 ) -> Verdict:
     """A case's verdict under its study's rules: an episode label in an evaluation, DESIGN §3 otherwise."""
     if config.is_evaluation:
         return classify_episode(case.case_id, arms.get("control"), interrupted)
-    return classify(case_record(case, arms, receipts, config.interval, interrupted))
+    return classify(case_record(case, arms, receipts, config.interval, interrupted, config.sham, donors))
 
 
 def receipt_files(layout: StudyLayout, journal: Journal) -> dict[str, Path]:
@@ -183,15 +212,24 @@ class StudyRecords(BaseModel):
         """C, as the study's configuration fixed it."""
         return self.config.interval
 
+    @property
+    def donors(self) -> dict[str, str]:
+        """The sham arm's declared donor of each case (permuted source), as stored at creation."""
+        return dict(self.meta.get(SHAM_DONORS_KEY) or {})
+
     def record(self, case: Case) -> CaseRecord:
         """The DESIGN §3 classification input of one case."""
         interrupted = self.states[case.case_id] == "interrupted"
-        return case_record(case, self.arms.get(case.case_id, {}), self.receipts, self.interval, interrupted)
+        return case_record(
+            case, self.arms.get(case.case_id, {}), self.receipts, self.interval, interrupted, self.config.sham, self.donors
+        )
 
     def classify(self, case: Case) -> Verdict:
         """The verdict a case's records classify to now."""
         interrupted = self.states[case.case_id] == "interrupted"
-        return classify_case(self.config, case, self.arms.get(case.case_id, {}), self.receipts, interrupted)
+        return classify_case(
+            self.config, case, self.arms.get(case.case_id, {}), self.receipts, interrupted, self.donors
+        )
 
 
 def open_journal(study_dir: str | os.PathLike[str], readonly: bool = True, case_type: type[Case] = Case) -> Journal:

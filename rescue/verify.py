@@ -36,7 +36,8 @@ from rescue.vlm.receipts import (
     unfinished_calls,
 )
 from rescue.stats import Summary
-from rescue.study import StudyError, StudyRecords, SummaryError, load_study_config, open_journal, receipt_files, study_summary
+from rescue.sham import sham_donors
+from rescue.study import SHAM_DONORS_KEY, StudyError, StudyRecords, SummaryError, load_study_config, open_journal, receipt_files, study_summary
 from wrappers.injection import inject, parse_injection
 
 
@@ -240,21 +241,37 @@ class _Verifier:
                 self.problem("artifacts", case_id, f"call {receipt.call_id}: {problem}")
 
     def check_assisted_refs(self, arms: dict[str, dict[str, ArmResult]]) -> None:
-        """Each assisted arm's receipt reference points at unchanged bytes of its call's outcome line."""
+        """Each assisted (or permuted sham) arm's receipt reference points at unchanged bytes of its call's outcome line."""
         for case_id, by_arm in arms.items():
-            a = by_arm.get("assisted")
-            ref = a.assistance.receipt if a is not None else None
-            if ref is None:
-                continue
-            self.checked["receipt references"] += 1
-            problem = check_ref(ref, self.lines.get(ref.path, []))
-            if problem is not None:
-                self.problem("receipt", case_id, f"assisted arm's receipt reference: {problem}")
-                continue
-            line = next(l for l in self.lines[ref.path] if l.lineno == ref.lineno)
-            if line.receipt is None or line.receipt.kind != "outcome" or line.receipt.call_id != a.assistance.call_id:
-                self.problem("receipt", case_id, f"assisted arm's receipt reference ({ref.path} line {ref.lineno}) "
-                             f"is not the outcome line of call {a.assistance.call_id}")
+            for name in ("assisted", "sham"):
+                a = by_arm.get(name)
+                ref = a.assistance.receipt if a is not None else None
+                if ref is None:
+                    continue
+                self.checked["receipt references"] += 1
+                problem = check_ref(ref, self.lines.get(ref.path, []))
+                if problem is not None:
+                    self.problem("receipt", case_id, f"{name} arm's receipt reference: {problem}")
+                    continue
+                line = next(l for l in self.lines[ref.path] if l.lineno == ref.lineno)
+                if line.receipt is None or line.receipt.kind != "outcome" or line.receipt.call_id != a.assistance.call_id:
+                    self.problem("receipt", case_id, f"{name} arm's receipt reference ({ref.path} line {ref.lineno}) "
+                                 f"is not the outcome line of call {a.assistance.call_id}")
+
+    def check_sham_declaration(self, config: StudyConfig, cases: list[Case], meta: dict[str, Any]) -> None:
+        """The permuted sham arm's donors are the ones its manifest and seed declare (DESIGN §8)."""
+        stored = meta.get(SHAM_DONORS_KEY)
+        if config.sham.source != "permuted":
+            if stored is not None:
+                self.problem("sham", None, "the journal declares sham donors, but the study's sham source is "
+                             f"{config.sham.source!r}")
+            return
+        self.checked["sham declarations"] = 1
+        expected = sham_donors(cases, config.sham.seed)
+        if stored != expected:
+            changed = sorted(k for k in set(expected) | set(stored or {}) if (stored or {}).get(k) != expected.get(k))
+            self.problem("sham", None, f"the declared sham donors differ from those the manifest and seed "
+                         f"{config.sham.seed} give, for {len(changed)} case(s): {', '.join(changed[:5])}")
 
     def check_receipt_index(
         self, outcomes: dict[tuple[str, str], list[ReceiptLine]], arms: dict[str, dict[str, ArmResult]]
@@ -355,7 +372,7 @@ class _Verifier:
     def check_instructions(self, case: Case, arms: dict[str, ArmResult], interval: int) -> None:
         case_id = case.case_id
         q = query_point(case.horizon, interval)
-        control, assisted = arms.get("control"), arms.get("assisted")
+        control = arms.get("control")
         # The original instruction's digest: the manifest's text when given, else
         # the one the control arm queried with.
         original_text = case.instruction
@@ -368,17 +385,24 @@ class _Verifier:
                 original = next(iter(seen))
             elif original not in seen:
                 self.problem("injection", case_id, "control arm did not query with the case's instruction")
-        if assisted is None or not assisted.trace:
-            return
-        a = assisted.assistance
+        for name in ("assisted", "sham"):
+            arm_rec = arms.get(name)
+            if arm_rec is not None and arm_rec.trace:
+                self.check_injection(case_id, name, arm_rec, q, original_text, original)
+
+    def check_injection(
+        self, case_id: str, name: str, arm_rec: ArmResult, q: int, original_text: str | None, original: str | None
+    ) -> None:
+        """An arm that injects a subgoal at q: before q the original instruction, from q exactly inject(original, subgoal)."""
+        a = arm_rec.assistance
         if a.status != "applied":
-            if original is not None and any(row.instruction != original for row in assisted.trace):
-                self.problem("injection", case_id, f"assistance {a.status}, yet the assisted arm "
+            if original is not None and any(row.instruction != original for row in arm_rec.trace):
+                self.problem("injection", case_id, f"{name} subgoal {a.status}, yet the {name} arm "
                              "queried with another instruction than the original")
             return
         self.checked["injections"] += 1
         if a.instruction is None or a.subgoal is None or not a.subgoal.strip():
-            self.problem("injection", case_id, "applied assistance lacks its instruction or subgoal")
+            self.problem("injection", case_id, f"applied {name} subgoal lacks its instruction or subgoal")
             return
         if original_text is None:
             # The original text is not stored; the applied instruction carries it,
@@ -392,9 +416,9 @@ class _Verifier:
             elif digest_text(original_text) != original:
                 self.problem("injection", case_id, "the original inside the applied instruction is not "
                              "the instruction the control arm queried with")
-        before = [row for row in assisted.trace if row.step < q]
+        before = [row for row in arm_rec.trace if row.step < q]
         if any(row.instruction != original for row in before):
-            self.problem("injection", case_id, f"assisted rows before step {q} carry another instruction "
+            self.problem("injection", case_id, f"{name} rows before step {q} carry another instruction "
                          "than the control arm's")
         expected = inject(original_text, a.subgoal)
         injected = digest_text(expected)
@@ -403,15 +427,15 @@ class _Verifier:
         if a.instruction_digest != injected:
             self.problem("injection", case_id, "applied instruction digest is not the digest of "
                          "inject(original, subgoal)")
-        at_q = [row for row in assisted.trace if row.step == q]
+        at_q = [row for row in arm_rec.trace if row.step == q]
         # An arm whose policy server failed right after the answer was applied has no row at q;
         # that is its infrastructure error (the case is unknown), not a broken injection.
-        ended_early = assisted.status != "complete" and not any(row.step >= q for row in assisted.trace)
+        ended_early = arm_rec.status != "complete" and not any(row.step >= q for row in arm_rec.trace)
         if not ended_early and (len(at_q) != 1 or at_q[0].instruction != injected):
-            self.problem("injection", case_id, f"assisted trace row at step {q} was not queried with "
+            self.problem("injection", case_id, f"{name} trace row at step {q} was not queried with "
                          "inject(original, subgoal)")
-        if any(row.instruction != injected for row in assisted.trace if row.step > q):
-            self.problem("injection", case_id, f"assisted rows after step {q} leave the injected instruction")
+        if any(row.instruction != injected for row in arm_rec.trace if row.step > q):
+            self.problem("injection", case_id, f"{name} rows after step {q} leave the injected instruction")
 
     # --- (f) summary, (g) invariant --------------------------------------------
 
@@ -450,6 +474,14 @@ class _Verifier:
         if not r <= e <= m <= len(main):
             self.problem("invariant", None, f"{which} verdicts break R <= E <= M <= N: "
                          f"R={r} E={e} M={m} N={len(main)}")
+        shams = [v.sham for v in mine if v.sham is not None]
+        if shams:
+            r = sum(s.label == "rescued" for s in shams)
+            e = sum(s.in_e for s in shams)
+            m = sum(s.in_m for s in shams)
+            if not r <= e <= m <= len(main) or any(s.in_e and not s.in_m for s in shams):
+                self.problem("invariant", None, f"{which} sham verdicts break R <= E <= M <= N: "
+                             f"R={r} E={e} M={m} N={len(main)}")
 
     def check_counts(self, cases: list[Case], states: dict[str, str]) -> None:
         counts = self.journal.counts()
@@ -481,6 +513,8 @@ def verify_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         receipts, outcomes = v.load_receipts()
         v.check_receipt_index(outcomes, arms)
         v.check_assisted_refs(arms)
+        if config is not None and not config.is_evaluation:
+            v.check_sham_declaration(config, cases, meta)
         stored = v.stored_verdicts()
         if config is not None:
             records = StudyRecords(
