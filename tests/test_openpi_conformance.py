@@ -224,3 +224,33 @@ def test_the_privileged_profile_fails_with_the_missing_key_named(tmp_path):
     assert arm.status == "error" and arm.success is None
     assert "PolicyServerError" in arm.error and "KeyError" in arm.error and "'observation/image'" in arm.error
     assert arm.trace == [] and received == []
+
+
+def test_the_own_vla_walkthrough_against_the_real_openpi_server(tmp_path):
+    # docs/own-vla.md, command by command: eval, manifest from-eval, preflight, run.
+    config = tmp_path / "vla.toml"
+    config.write_text(f"[policy]\nreplan_interval = {FULL_ARM_C}\n\n[env]\nsimulators = 2\n")
+    base, rescue, failures = tmp_path / "eval", tmp_path / "rescue", tmp_path / "failures.jsonl"
+    received = tmp_path / "received"
+    received.mkdir()
+    with openpi_server(received_dir=received) as url:
+        rescue_cli("eval", "--suite", "libero_object", "--tasks", "0", "--episodes", "1", "--horizon",
+                   str(FULL_ARM_HORIZON), "--policy-url", url, "--config", str(config), "--study", str(base))
+        made = rescue_cli("manifest", "from-eval", str(base), "--out", str(failures)).stdout
+        assert "wrote 1 failure case(s)" in made
+        pre = rescue_cli("preflight", str(failures), "--cases", "1", "--clients", "2", "--idle-s", "1",
+                         "--policy-url", url, "--config", str(config)).stdout.splitlines()
+        rescue_cli("run", str(failures), "--policy-url", url, "--config", str(config), "--study", str(rescue))
+    assert pre[1].startswith("PASS  policy query: profile 'openpi-libero'")
+    assert pre[2].startswith("PASS  vlm call:")
+    assert any(line.startswith("WARN  rng extension: the server lacks the RNG extension") for line in pre)
+    assert any(line.startswith("PASS  determinism object-0-ep0: 2 clients agree") for line in pre)
+    assert pre[-1] == "preflight: ok"
+    with Journal.open(rescue) as journal:
+        arms = journal.all_arms()["object-0-ep0"]
+    assert {a: r.status for a, r in arms.items()} == {"control": "complete", "assisted": "complete"}
+    assert arms["assisted"].assistance.status == "applied"
+    assert not arms["control"].policy_rng_control  # openpi's server has no RNG extension, and the record says so
+    # The assisted arm's policy saw the injected instruction from q on.
+    prompts = {str(obs["prompt"]) for obs in load_received(received)}
+    assert arms["assisted"].assistance.instruction in prompts
