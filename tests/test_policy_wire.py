@@ -24,7 +24,7 @@ from openpi_server import WebsocketPolicyServer
 from rescue.policy import msgpack_numpy
 from rescue.policy.protocol import EPISODE_EXTENSION, Policy, SeededPolicy
 from rescue.policy.ws_client import PolicyConnectionClosed, PolicyServerError, WebsocketPolicyClient
-from rescue.policy.ws_server import PolicyServer, load_factory
+from rescue.policy.ws_server import PolicyServer, load_factory, policy_metadata
 
 pytestmark = pytest.mark.fast
 
@@ -506,6 +506,38 @@ def test_episode_frames_are_not_sent_to_a_plain_openpi_server():
                 await task
 
     asyncio.run(main())
+
+
+class LerobotShaped:
+    """A wrapped LeRobot policy as docs/own-vla.md describes it: announces its profile and chunk length."""
+
+    observation = "lerobot-libero"
+    action_horizon = CHUNK
+
+    def infer(self, obs: dict) -> dict:
+        return {"actions": np.zeros((CHUNK, DIM), dtype=np.float32)}
+
+    def reset(self) -> None:
+        pass
+
+
+def test_a_served_policy_announces_its_profile_and_chunk_and_the_study_takes_them():
+    from rescue.config import load_config
+    from rescue.services import resolve_config
+
+    async def main():
+        server = PolicyServer(LerobotShaped, policy_metadata(LerobotShaped, "mine:make_policy"))
+        url = await server.start()
+        try:
+            async with await WebsocketPolicyClient.connect(url) as client:
+                return dict(client.metadata)
+        finally:
+            await server.stop()
+
+    metadata = asyncio.run(main())
+    assert metadata["observation"] == "lerobot-libero" and metadata["action_horizon"] == CHUNK
+    config = resolve_config(load_config(None, {"policy.url": "ws://127.0.0.1:1/"}), metadata)
+    assert config.policy.observation == "lerobot-libero" and config.policy.replan_interval == CHUNK
 
 
 # --- the CLI entry -------------------------------------------------------------------
