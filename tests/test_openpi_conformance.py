@@ -234,6 +234,11 @@ def test_the_own_vla_walkthrough_against_the_real_openpi_server(tmp_path):
     received = tmp_path / "received"
     received.mkdir()
     with openpi_server(received_dir=received) as url:
+        # Without C in the config, openpi's empty metadata leaves it unknown: refused, nothing created.
+        refused = rescue_cli("eval", "--suite", "libero_object", "--tasks", "0", "--episodes", "1",
+                             "--policy-url", url, "--study", str(base), check=False)
+        assert refused.returncode == 2 and not base.exists()
+        assert "announces no action_horizon (openpi's servers usually don't); set [policy] replan_interval" in refused.stderr
         rescue_cli("eval", "--suite", "libero_object", "--tasks", "0", "--episodes", "1", "--horizon",
                    str(FULL_ARM_HORIZON), "--policy-url", url, "--config", str(config), "--study", str(base))
         made = rescue_cli("manifest", "from-eval", str(base), "--out", str(failures)).stdout
