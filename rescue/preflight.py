@@ -1,6 +1,11 @@
-"""Preflight: check determinism and keepalive before a study is run (DESIGN §4).
+"""Preflight: check the peers, determinism and keepalive before a study is run (DESIGN §4).
 
-Three checks, each with a verdict:
+First two real calls with the study's settings, so a systematic failure shows
+before any case is claimed: one policy query with the chosen observation
+profile (a policy reading other keys fails here, naming the key), and, when
+the study has an assisted arm, one VLM call (auth, model, structured output)
+with the three views of a reset simulator. If either fails, nothing else runs.
+Then three checks, each with a verdict:
 - the policy server's RNG extension (without it the server does not make the
   two arms' prefixes equal; any equality is observed, not enforced);
 - determinism: the first k cases' control arms, each run at once on n
@@ -24,12 +29,16 @@ from pydantic import BaseModel
 
 from rescue.arm import ArmSpec, KeepaliveError, run_arm, wait_with_keepalive
 from rescue.config import StudyConfig
+from rescue.env.protocol import VLM_VIEWS
 from rescue.layout import StudyLayout
 from rescue.services import Services, resolved_config, start_services
 from rescue.manifest import Case, load_manifest
 from rescue.observation import get_profile
 from rescue.policy.ws_client import PolicyConnectionClosed, PolicyServerError, WebsocketPolicyClient
 from rescue.records import ArmResult
+from rescue.vlm.client import SubgoalRequest, VLMClient
+from rescue.vlm.receipts import ReceiptLog
+from rescue.vlm.settings import MissingAPIKey
 from wrappers.async_rules import AsyncRuleWrapper
 
 log = structlog.get_logger()
@@ -130,6 +139,111 @@ async def check_determinism(case: Case, config: StudyConfig, services: Services,
         detail=f"{clients} clients agree: fingerprint and all {len(ref.trace)} trace rows (last at step {last}), "
         f"{ref.steps} steps, success {ref.success}",
     )
+
+
+def _last_line(text: str) -> str:
+    """The last non-empty line of an error (a server traceback ends with the exception)."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[-1] if lines else str(text)
+
+
+async def check_policy_query(case: Case, config: StudyConfig, services: Services) -> Check:
+    """One policy query with the study's observation profile; the chunk must cover C steps."""
+    name = "policy query"
+    profile = config.policy.observation or "privileged"
+    obs: dict = {}
+    try:
+        obs = await _first_obs(case, config, services)
+        client = await _connect(services)
+        try:
+            await client.reset()
+            reply = await client.infer(obs)
+        finally:
+            await client.close()
+        actions = np.asarray(reply["actions"])
+    except PolicyServerError as exc:
+        return Check(
+            name=name,
+            verdict="fail",
+            detail=f"the policy server refused an observation of profile {profile!r} ({_last_line(exc)}); "
+            f"it sent keys {sorted(obs)}: set [policy] observation to the profile the policy reads "
+            "(openpi-libero, lerobot-libero, privileged)",
+        )
+    except Exception as exc:
+        return Check(name=name, verdict="fail", detail=f"{type(exc).__name__}: {_last_line(exc)}")
+    interval = services.interval
+    if actions.ndim != 2 or actions.shape[0] < interval:
+        return Check(
+            name=name,
+            verdict="fail",
+            detail=f"the policy answered actions of shape {actions.shape}: a chunk needs at least C = {interval} rows "
+            "(set [policy] replan_interval to at most the policy's chunk length)",
+        )
+    return Check(
+        name=name, verdict="pass",
+        detail=f"profile {profile!r}: the policy answered a ({actions.shape[0]}, {actions.shape[1]}) chunk; C = {interval}",
+    )
+
+
+async def _vlm_views(case: Case, config: StudyConfig, services: Services) -> tuple[str, dict]:
+    profile = get_profile(config.policy.observation or "privileged")
+    sim = await services.pool.acquire()
+    try:
+        reset = await sim.reset(case, profile)
+        views = await sim.render(list(VLM_VIEWS), config.env.image_size)
+    finally:
+        services.pool.release(sim)
+    return reset.instruction, views
+
+
+def _vlm_hint(kind: str | None, error: str, key_env: str) -> str:
+    text = error.lower()
+    if "401" in text or "403" in text or "api key" in text or "api_key" in text:
+        return f"the VLM refused the API key: put a valid key in ${key_env} (vlm.api_key_env)"
+    if kind == "quota" or "quota" in text:
+        return "the VLM account is out of quota"
+    if "404" in text or ("model" in text and "not found" in text):
+        return "the VLM does not serve this model: check vlm.model and vlm.base_url"
+    if kind == "connection":
+        return "the VLM endpoint is not reachable: check vlm.base_url"
+    return "fix the VLM settings before running the study"
+
+
+async def check_vlm_call(case: Case, config: StudyConfig, services: Services, workdir: Path) -> Check:
+    """One real VLM call with the study's settings on a reset simulator's views; any failure fails it."""
+    name = "vlm call"
+    vlm = config.vlm.model_copy(update={"batch_size": 1})  # no batch window to wait for
+    closers = []
+    client = None
+    key = ""
+    try:
+        if vlm.base_url == "local":
+            from rescue.vlm.endpoint import start_endpoint
+
+            runner, base_url = await start_endpoint()
+            closers.append(runner.cleanup)
+            vlm = vlm.model_copy(update={"base_url": base_url})
+        key = vlm.resolved_api_key()
+        instruction, views = await _vlm_views(case, config, services)
+        client = VLMClient(vlm, ReceiptLog(workdir / "preflight-receipts.jsonl"), artifacts_dir=workdir / "vlm")
+        answer = await client.ask(SubgoalRequest(case.case_id, instruction, case.horizon // 2, views))
+    except MissingAPIKey as exc:
+        return Check(name=name, verdict="fail", detail=str(exc))
+    except Exception as exc:
+        return Check(name=name, verdict="fail", detail=f"{type(exc).__name__}: {_last_line(exc)}")
+    finally:
+        if client is not None:
+            await client.aclose()
+        for close in closers:
+            await close()
+    where = f"model {vlm.model!r} at {config.vlm.base_url} ({vlm.api} API, structured output {'on' if vlm.structured else 'off'})"
+    if answer.status != "ok":
+        error = _last_line(answer.error or answer.status)
+        if len(key) >= 4 and key != "none":
+            error = error.replace(key, "[redacted]")  # some providers echo the key
+        hint = _vlm_hint(answer.error_kind, error, vlm.api_key_env)
+        return Check(name=name, verdict="fail", detail=f"{hint} ({where}: {answer.error_kind or answer.status}: {error})")
+    return Check(name=name, verdict="pass", detail=f"{where} answered a subgoal of {len(answer.subgoal or '')} characters")
 
 
 async def _first_obs(case: Case, config: StudyConfig, services: Services) -> dict:
@@ -274,6 +388,15 @@ async def run_preflight(
             config = config.model_copy(update={"policy": run_config.policy})
             async with start_services(run_config, StudyLayout.of(workdir or tmp)) as services:
                 url = services.policy_url
+                # The real calls first: a wrong profile or VLM key ends the preflight in one line.
+                calls = [await check_policy_query(cases[0], config, services)]
+                if "assisted" in config.arms:
+                    calls.append(await check_vlm_call(cases[0], config, services, Path(tmp)))
+                checks.extend(calls)
+                for check in calls:
+                    log.info("preflight.check", **check.model_dump())
+                if any(c.verdict == "fail" for c in calls):
+                    return PreflightReport(checks=checks, policy_url=url, policy_rng_control=rng_control)
                 rng_check, rng_control = await check_rng_extension(services)
                 checks.append(rng_check)
                 for case in cases[:k]:

@@ -8,7 +8,9 @@ generous, and answers with a deterministic (10, 7) action chunk.
 Run as a script it serves the policy with `openpi_server.WebsocketPolicyServer`
 and openpi's empty metadata (no `action_horizon`): `python
 tests/openpi_libero_policy.py --port 8123`. `openpi_server()` starts that in its
-own process on a free port and yields the URL.
+own process on a free port and yields the URL. With `received_dir`, the
+policy saves every observation it received there (`0001.npz`, ...), so a test
+can compare what the server's policy saw with what the client recorded.
 """
 
 from __future__ import annotations
@@ -29,13 +31,16 @@ import numpy as np
 CHUNK = 10
 IMAGE_SHAPE = (224, 224, 3)
 HERE = Path(__file__).resolve().parent
+# Where the served policy saves what it received (unset: nothing is saved).
+RECEIVED_DIR_ENV = "OPENPI_TEST_RECEIVED_DIR"
 
 
 class OpenpiLiberoPolicy:
     """Checks openpi's LIBERO inputs; replies with small deterministic motions."""
 
-    def __init__(self) -> None:
+    def __init__(self, received_dir: str | Path | None = None) -> None:
         self.requests = 0
+        self.received_dir = Path(received_dir) if received_dir else None
 
     def infer(self, obs: dict) -> dict:
         """Validate one observation as LiberoInputs would need it; return {"actions": (10, 7)}."""
@@ -55,6 +60,12 @@ class OpenpiLiberoPolicy:
         if not isinstance(obs["prompt"], str):
             raise ValueError(f"prompt must be str, got {type(obs['prompt']).__name__}")
         self.requests += 1
+        if self.received_dir is not None:
+            np.savez(
+                self.received_dir / f"{self.requests:04d}.npz",
+                **{key.replace("/", "__"): np.asarray(obs[key]) for key in ("observation/image", "observation/wrist_image", "observation/state")},
+                prompt=np.array(obs["prompt"]),
+            )
         t = np.arange(CHUNK, dtype=np.float64)[:, None]
         actions = np.zeros((CHUNK, 7))
         actions[:, :3] = 0.2 * np.sin(0.3 * t + np.array([0.0, 1.0, 2.0]))
@@ -75,6 +86,17 @@ def received_sha256(obs: dict) -> str:
     return h.hexdigest()
 
 
+def load_received(received_dir: Path) -> list[dict]:
+    """The observations the served policy saved, in the order it received them."""
+    out = []
+    for path in sorted(Path(received_dir).glob("*.npz")):
+        with np.load(path) as data:
+            obs = {key.replace("__", "/"): data[key] for key in data.files if key != "prompt"}
+            obs["prompt"] = str(data["prompt"])
+        out.append(obs)
+    return out
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""
     with socket.socket() as s:
@@ -83,8 +105,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def openpi_server(timeout_s: float = 60.0) -> Iterator[str]:
-    """Serve OpenpiLiberoPolicy with the real openpi server in its own process; yield its ws:// URL."""
+def openpi_server(timeout_s: float = 60.0, received_dir: Path | None = None) -> Iterator[str]:
+    """Serve OpenpiLiberoPolicy with the real openpi server in its own process; yield its ws:// URL.
+
+    With `received_dir`, the policy saves each observation it receives there (see `load_received`).
+    """
     import urllib.request
 
     port = free_port()
@@ -92,7 +117,7 @@ def openpi_server(timeout_s: float = 60.0) -> Iterator[str]:
         [sys.executable, str(HERE / "openpi_libero_policy.py"), "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", RECEIVED_DIR_ENV: str(received_dir or "")},
     )
     try:
         deadline = time.monotonic() + timeout_s
@@ -126,7 +151,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    WebsocketPolicyServer(OpenpiLiberoPolicy(), host="127.0.0.1", port=args.port, metadata={}).serve_forever()
+    policy = OpenpiLiberoPolicy(os.environ.get(RECEIVED_DIR_ENV) or None)
+    WebsocketPolicyServer(policy, host="127.0.0.1", port=args.port, metadata={}).serve_forever()
 
 
 if __name__ == "__main__":

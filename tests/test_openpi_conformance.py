@@ -6,7 +6,8 @@ camera image `[::-1, ::-1]` through `openpi_client.image_tools.resize_with_pad`,
 state = eef_pos + quat2axisangle(eef_quat) + gripper_qpos); our side is the
 adapter in a simulator process under the `openpi-libero` profile. Then a policy
 checking exactly openpi's LIBERO inputs, behind the real `openpi_server` in its
-own process, answers our client's queries with those observations.
+own process, answers our client's queries with those observations, and a whole
+`rescue eval` study runs against it through the CLI.
 """
 
 from __future__ import annotations
@@ -20,11 +21,15 @@ import textwrap
 import numpy as np
 import pytest
 
-from openpi_libero_policy import openpi_server, received_sha256
+from conftest import rescue_cli
+from openpi_libero_policy import load_received, openpi_server, received_sha256
+from rescue.digest import digest_array, digest_obs, digest_text
 from rescue.env.pool import SimProcess
+from rescue.journal import Journal
 from rescue.manifest import Case
 from rescue.observation import get_profile
 from rescue.policy.ws_client import PolicyServerError, WebsocketPolicyClient
+from rescue.study import load_study_config
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
@@ -140,6 +145,10 @@ def test_real_openpi_server_accepts_our_observations(ours):
         client = await WebsocketPolicyClient.connect(url, connect_timeout_s=20)
         try:
             assert client.metadata == {}  # openpi's server announces nothing: C comes from config
+            # openpi's server does not know the episode frames: the client must not send them
+            # (the policy would get one as an observation and fail; `requests` below would count it).
+            assert not client.supports_episode_control
+            assert await client.episode_start("conformance", reset.instruction, CASE.case_id) is None
             replies = []
             for obs in (reset.obs, chunk.obs):
                 request = profile.policy_input(obs, reset.instruction)
@@ -158,3 +167,95 @@ def test_real_openpi_server_accepts_our_observations(ours):
         assert np.asarray(reply["actions"]).shape == (10, 7)
         assert reply["requests"] == i
         assert reply["received_sha256"] == received_sha256(request)
+
+
+FULL_ARM_HORIZON = 40
+FULL_ARM_C = 5
+
+
+def _eval_against_openpi(tmp_path, name: str, policy_toml: str):
+    """`rescue eval` of one libero_object episode against the real openpi server; (process, study, received)."""
+    config = tmp_path / f"{name}.toml"
+    config.write_text(f"[policy]\n{policy_toml}\n")
+    study, received = tmp_path / name, tmp_path / f"{name}-received"
+    received.mkdir()
+    with openpi_server(received_dir=received) as url:
+        proc = rescue_cli(
+            "eval", "--suite", "libero_object", "--tasks", "0", "--episodes", "1",
+            "--horizon", str(FULL_ARM_HORIZON), "--simulators", "1", "--cases-in-flight", "1",
+            "--policy-url", url, "--config", str(config), "--study", str(study), check=False,
+        )
+    with Journal.open(study) as journal:
+        arms = journal.all_arms()
+    return proc, study, arms, load_received(received)
+
+
+def test_a_full_arm_runs_against_the_real_openpi_server(tmp_path):
+    # openpi's metadata is empty, so C comes from the config; the profile is left to the default.
+    proc, study, arms, received = _eval_against_openpi(tmp_path, "openpi", f"replan_interval = {FULL_ARM_C}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    config = load_study_config(study)
+    assert config.policy.observation == "openpi-libero"
+    assert config.policy.replan_interval == FULL_ARM_C
+    assert config.policy.announced == {}
+    arm = arms["object-0-ep0"]["control"]
+    assert arm.status == "complete", arm.error
+    assert arm.steps == FULL_ARM_HORIZON and arm.success is False
+    assert [row.step for row in arm.trace] == list(range(0, FULL_ARM_HORIZON, FULL_ARM_C))
+    # Every query reached the server's policy, and what it received is what the trace proves.
+    assert len(received) == len(arm.trace)
+    for row, obs in zip(arm.trace, received):
+        assert set(row.images) == {"observation/image", "observation/wrist_image"}
+        for key, digest in row.images.items():
+            assert obs[key].dtype == np.uint8 and obs[key].shape == (224, 224, 3)
+            assert digest == digest_array(obs[key]), (row.step, key)
+        assert row.state == digest_obs({"observation/state": obs["observation/state"]}), row.step
+        assert row.instruction == digest_text(obs["prompt"]), row.step
+    # The robot moved under the policy's actions: the frames are not one image repeated.
+    assert len({row.images["observation/image"] for row in arm.trace}) == len(arm.trace)
+    assert len({row.images["observation/wrist_image"] for row in arm.trace}) > 1
+
+
+def test_the_privileged_profile_fails_with_the_missing_key_named(tmp_path):
+    _, _, arms, received = _eval_against_openpi(
+        tmp_path, "privileged", f'replan_interval = {FULL_ARM_C}\nobservation = "privileged"'
+    )
+    arm = arms["object-0-ep0"]["control"]
+    assert arm.status == "error" and arm.success is None
+    assert "PolicyServerError" in arm.error and "KeyError" in arm.error and "'observation/image'" in arm.error
+    assert arm.trace == [] and received == []
+
+
+def test_the_own_vla_walkthrough_against_the_real_openpi_server(tmp_path):
+    # docs/own-vla.md, command by command: eval, manifest from-eval, preflight, run.
+    config = tmp_path / "vla.toml"
+    config.write_text(f"[policy]\nreplan_interval = {FULL_ARM_C}\n\n[env]\nsimulators = 2\n")
+    base, rescue, failures = tmp_path / "eval", tmp_path / "rescue", tmp_path / "failures.jsonl"
+    received = tmp_path / "received"
+    received.mkdir()
+    with openpi_server(received_dir=received) as url:
+        # Without C in the config, openpi's empty metadata leaves it unknown: refused, nothing created.
+        refused = rescue_cli("eval", "--suite", "libero_object", "--tasks", "0", "--episodes", "1",
+                             "--policy-url", url, "--study", str(base), check=False)
+        assert refused.returncode == 2 and not base.exists()
+        assert "announces no action_horizon (openpi's servers usually don't); set [policy] replan_interval" in refused.stderr
+        rescue_cli("eval", "--suite", "libero_object", "--tasks", "0", "--episodes", "1", "--horizon",
+                   str(FULL_ARM_HORIZON), "--policy-url", url, "--config", str(config), "--study", str(base))
+        made = rescue_cli("manifest", "from-eval", str(base), "--out", str(failures)).stdout
+        assert "wrote 1 failure case(s)" in made
+        pre = rescue_cli("preflight", str(failures), "--cases", "1", "--clients", "2", "--idle-s", "1",
+                         "--policy-url", url, "--config", str(config)).stdout.splitlines()
+        rescue_cli("run", str(failures), "--policy-url", url, "--config", str(config), "--study", str(rescue))
+    assert pre[1].startswith("PASS  policy query: profile 'openpi-libero'")
+    assert pre[2].startswith("PASS  vlm call:")
+    assert any(line.startswith("WARN  rng extension: the server lacks the RNG extension") for line in pre)
+    assert any(line.startswith("PASS  determinism object-0-ep0: 2 clients agree") for line in pre)
+    assert pre[-1] == "preflight: ok"
+    with Journal.open(rescue) as journal:
+        arms = journal.all_arms()["object-0-ep0"]
+    assert {a: r.status for a, r in arms.items()} == {"control": "complete", "assisted": "complete"}
+    assert arms["assisted"].assistance.status == "applied"
+    assert not arms["control"].policy_rng_control  # openpi's server has no RNG extension, and the record says so
+    # The assisted arm's policy saw the injected instruction from q on.
+    prompts = {str(obs["prompt"]) for obs in load_received(received)}
+    assert arms["assisted"].assistance.instruction in prompts

@@ -22,9 +22,9 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from openpi_server import WebsocketPolicyServer
 
 from rescue.policy import msgpack_numpy
-from rescue.policy.protocol import Policy, SeededPolicy
+from rescue.policy.protocol import EPISODE_EXTENSION, Policy, SeededPolicy
 from rescue.policy.ws_client import PolicyConnectionClosed, PolicyServerError, WebsocketPolicyClient
-from rescue.policy.ws_server import PolicyServer, load_factory
+from rescue.policy.ws_server import PolicyServer, load_factory, policy_metadata
 
 pytestmark = pytest.mark.fast
 
@@ -422,6 +422,122 @@ def test_our_client_against_openpi_server():
                 await task
 
     asyncio.run(main())
+
+
+# --- openpi's episode control frames -------------------------------------------------
+
+
+class RecordingPolicy:
+    """Records every request handed to infer (class-level, shared by the connections of a test)."""
+
+    seen: list[dict] = []
+
+    def infer(self, obs: dict) -> dict:
+        RecordingPolicy.seen.append(dict(obs))
+        return {"actions": np.zeros((CHUNK, DIM), dtype=np.float32)}
+
+    def reset(self) -> None:
+        pass
+
+
+def _ctrl_frames() -> list[dict]:
+    # As a newer openpi client sends them: plain msgpack dicts on the inference socket.
+    return [
+        {"__ctrl__": "episode_start", "__experiment__": "exp", "__task__": "pick up the cup", "__episode_id__": "ep-1"},
+        {"__ctrl__": "episode_end", "__success__": True},
+    ]
+
+
+def test_our_server_answers_episode_frames_without_feeding_the_policy():
+    async def main():
+        RecordingPolicy.seen = []
+        server = PolicyServer(RecordingPolicy, {"name": "rec"})
+        url = await server.start()
+        try:
+            async with await WebsocketPolicyClient.connect(url) as client:
+                assert client.metadata[EPISODE_EXTENSION] == 1 and client.supports_episode_control
+                start = await client.episode_start("exp", "pick up the cup", "ep-1")
+                assert start == {"ok": True, "ctrl": "episode_start", "episodes": 1, "requests": 0}
+                await client.infer(_obs())
+                end = await client.episode_end(False)
+                assert end == {"ok": True, "ctrl": "episode_end", "episodes": 1, "requests": 1}
+            # The frames exactly as openpi's client packs them, on a raw socket.
+            async with aiohttp.ClientSession() as session:
+                async with session.ws_connect(url) as ws:
+                    await ws.receive(timeout=5)  # metadata
+                    for frame in _ctrl_frames():
+                        await ws.send_bytes(openpi_msgpack.packb(frame))
+                        reply = await ws.receive(timeout=5)
+                        assert reply.type is aiohttp.WSMsgType.BINARY
+                        answer = openpi_msgpack.unpackb(reply.data)
+                        assert isinstance(answer, dict) and answer["ok"] is True and answer["ctrl"] == frame["__ctrl__"]
+                    # An unknown control op is an error, still never an observation.
+                    await ws.send_bytes(openpi_msgpack.packb({"__ctrl__": "episode_pause"}))
+                    reply = await ws.receive(timeout=5)
+                    assert reply.type is aiohttp.WSMsgType.TEXT and "unknown __ctrl__ message 'episode_pause'" in reply.data
+        finally:
+            await server.stop()
+        assert len(RecordingPolicy.seen) == 1
+        assert not any("__ctrl__" in obs for obs in RecordingPolicy.seen)
+
+    asyncio.run(main())
+
+
+def test_episode_frames_are_not_sent_to_a_plain_openpi_server():
+    async def main():
+        RecordingPolicy.seen = []
+        port = _free_port()
+        openpi = WebsocketPolicyServer(RecordingPolicy(), host="127.0.0.1", port=port, metadata={})
+        task = asyncio.create_task(openpi.run())
+        try:
+            async with await WebsocketPolicyClient.connect(f"ws://127.0.0.1:{port}", connect_timeout_s=10) as client:
+                assert not client.supports_episode_control
+                assert await client.episode_start("exp", "pick up the cup", "ep-1") is None
+                await client.infer(_obs())
+                assert await client.episode_end(True) is None
+            assert [obs["prompt"] for obs in RecordingPolicy.seen] == ["pick up the cup"]
+            # Why the client must hold back: openpi's server hands such a frame to the policy.
+            async with await WebsocketPolicyClient.connect(f"ws://127.0.0.1:{port}", connect_timeout_s=10) as client:
+                await client._request(_ctrl_frames()[0])
+            assert RecordingPolicy.seen[-1]["__ctrl__"] == "episode_start"
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+
+
+class LerobotShaped:
+    """A wrapped LeRobot policy as docs/own-vla.md describes it: announces its profile and chunk length."""
+
+    observation = "lerobot-libero"
+    action_horizon = CHUNK
+
+    def infer(self, obs: dict) -> dict:
+        return {"actions": np.zeros((CHUNK, DIM), dtype=np.float32)}
+
+    def reset(self) -> None:
+        pass
+
+
+def test_a_served_policy_announces_its_profile_and_chunk_and_the_study_takes_them():
+    from rescue.config import load_config
+    from rescue.services import resolve_config
+
+    async def main():
+        server = PolicyServer(LerobotShaped, policy_metadata(LerobotShaped, "mine:make_policy"))
+        url = await server.start()
+        try:
+            async with await WebsocketPolicyClient.connect(url) as client:
+                return dict(client.metadata)
+        finally:
+            await server.stop()
+
+    metadata = asyncio.run(main())
+    assert metadata["observation"] == "lerobot-libero" and metadata["action_horizon"] == CHUNK
+    config = resolve_config(load_config(None, {"policy.url": "ws://127.0.0.1:1/"}), metadata)
+    assert config.policy.observation == "lerobot-libero" and config.policy.replan_interval == CHUNK
 
 
 # --- the CLI entry -------------------------------------------------------------------

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from conftest import ROOT, cli_env, rescue_cli, write_cases
+from openpi_libero_policy import openpi_server
 from rescue.config import load_config
 from rescue.layout import StudyLayout
 from rescue.services import resolved_config, start_services
@@ -20,7 +21,8 @@ from rescue.manifest import load_manifest
 from rescue.policy.bundled import policy_metadata
 from rescue.policy.scripted import make_policy
 from rescue.policy.ws_server import PolicyServer
-from rescue.preflight import agreement, check_idle_hold
+from rescue.preflight import agreement, check_idle_hold, run_preflight
+from rescue.vlm.endpoint import STATE as ENDPOINT_STATE, EndpointOptions, start_endpoint
 from rescue.records import ArmResult, Assistance, TraceRow
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
@@ -33,6 +35,8 @@ class IgnoresResetRng:
 
     Its stream starts from an unseeded (OS-random) state, so two connections never agree.
     """
+
+    observation = "privileged"  # announced like the scripted policy it wraps (it reads privileged keys)
 
     def __init__(self) -> None:
         self._inner = make_policy()
@@ -98,7 +102,9 @@ def test_preflight_fails_when_the_policy_ignores_reset_rng(tmp_path):
         server.wait(timeout=30)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    # The server claims the extension, so only running the arms can reveal the broken determinism.
+    # The profile it announces passes the real query; the server claims the extension,
+    # so only running the arms can reveal the broken determinism.
+    assert lines[1].startswith("PASS  policy query: profile 'privileged'")
     assert any(line.startswith("PASS  rng extension") for line in lines)
     determinism = next(line for line in lines if "determinism" in line)
     assert determinism.startswith("FAIL  determinism object-3-ep0: 2 clients disagree")
@@ -146,3 +152,78 @@ def test_agreement_names_the_first_difference():
     )
     assert agreement([_arm(same), _arm(same[:2], steps=16)]) == "client 1: 2 trace rows, client 0 has 3"
     assert "fingerprint" in agreement([_arm(same), _arm(same, fingerprint="f1")])
+
+
+# --- the real calls: one policy query with the profile, one VLM call with the study's settings ----
+
+VLM_KEY_ENV = "PREFLIGHT_TEST_VLM_KEY"
+VLM_KEY = "sk-right-key-0123"
+
+
+def _preflight_with_vlm(tmp_path, monkeypatch, presented_key: str):
+    """Preflight (idle hold only) of one case with the local VLM endpoint demanding VLM_KEY."""
+    monkeypatch.setenv(VLM_KEY_ENV, presented_key)
+    manifest = load_manifest(write_cases(tmp_path / "m.jsonl", 1, horizon=HORIZON))
+
+    async def main():
+        runner, base_url = await start_endpoint(EndpointOptions(expected_api_key=VLM_KEY))
+        try:
+            config = load_config(None, {
+                "policy.factory": "rescue.policy.scripted:make_policy",
+                "vlm.base_url": base_url, "vlm.api_key_env": VLM_KEY_ENV, "vlm.max_attempts": 2,
+            })
+            report = await run_preflight(list(manifest.cases), config, k=0, clients=1, idle_s=0.5)
+            return report, list(runner.app[ENDPOINT_STATE].requests)
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(main())
+
+
+def test_preflight_makes_a_real_vlm_call_with_the_studys_settings(tmp_path, monkeypatch):
+    report, requests = _preflight_with_vlm(tmp_path, monkeypatch, VLM_KEY)
+    assert report.ok, report.render()
+    names = [c.name for c in report.checks]
+    assert names[:2] == ["policy query", "vlm call"]
+    assert "the policy answered a (" in report.checks[0].detail
+    assert "rescue-advisor-v0" in report.checks[1].detail and "structured output on" in report.checks[1].detail
+    # One call, structured, carrying the three rendered views, with the right key.
+    assert len(requests) == 1
+    assert requests[0].structured and requests[0].key_matched and requests[0].outcome == "ok"
+    assert requests[0].n_images >= 1
+
+
+def test_preflight_fails_early_on_a_wrong_vlm_key(tmp_path, monkeypatch):
+    report, requests = _preflight_with_vlm(tmp_path, monkeypatch, "sk-wrong-key-9876")
+    assert not report.ok
+    text = report.render()
+    fails = [line for line in text.splitlines() if line.startswith("FAIL")]
+    assert len(fails) == 1 and fails[0].startswith("FAIL  vlm call: the VLM refused the API key")
+    assert f"put a valid key in ${VLM_KEY_ENV} (vlm.api_key_env)" in fails[0] and "401" in fails[0]
+    assert "sk-wrong-key-9876" not in text  # the endpoint echoes the key; the report does not
+    # Nothing else ran: no determinism, no idle hold.
+    assert [c.name for c in report.checks] == ["policy query", "vlm call"]
+    assert text.splitlines()[-1] == "preflight: FAILED"
+    # A 401 is not retried.
+    assert [r.outcome for r in requests] == ["401"]
+
+
+def test_preflight_fails_early_when_the_policy_reads_other_keys(tmp_path):
+    manifest = load_manifest(write_cases(tmp_path / "m.jsonl", 1, horizon=HORIZON))
+
+    def run(observation: str):
+        config = load_config(None, {
+            "policy.url": url, "policy.replan_interval": 5, "policy.observation": observation, "arms": ["control"],
+        })
+        return asyncio.run(run_preflight(list(manifest.cases), config, k=0, clients=1, idle_s=0.5))
+
+    with openpi_server() as url:
+        wrong = run("privileged")
+        right = run("openpi-libero")
+    assert [c.name for c in wrong.checks] == ["policy query"]
+    line = wrong.render().splitlines()[1]
+    assert line.startswith("FAIL  policy query: the policy server refused an observation of profile 'privileged'")
+    assert "KeyError" in line and "'observation/image'" in line and "set [policy] observation" in line
+    assert right.ok, right.render()
+    assert right.checks[0].detail == "profile 'openpi-libero': the policy answered a (10, 7) chunk; C = 5"
+    assert [c.name for c in right.checks] == ["policy query", "rng extension", "idle hold"]

@@ -19,6 +19,15 @@ CONTROL_KEY = "__rescue__"
 CONTROL_EXTENSION = "rescue_control"  # accepts "reset"
 RNG_EXTENSION = "rescue_rng"  # accepts "reset_rng" and "rng_state"
 
+# Newer openpi clients' episode markers, sent on the inference socket:
+# {"__ctrl__": "episode_start", "__experiment__", "__task__", "__episode_id__"} and
+# {"__ctrl__": "episode_end", "__success__"}, each answered with a msgpack dict. A server
+# that does not know them passes them to its policy as an observation, so a client sends
+# them only to a server whose metadata announces EPISODE_EXTENSION.
+EPISODE_CONTROL_KEY = "__ctrl__"
+EPISODE_EXTENSION = "episode_control"
+EPISODE_OPS = ("episode_start", "episode_end")
+
 
 @runtime_checkable
 class Policy(Protocol):
@@ -88,6 +97,14 @@ class AsyncPolicyClient(Protocol):
 
     async def keepalive(self) -> RngState | None:
         """Keep the connection alive without inference; returns the RNG probe when supported."""
+        ...
+
+    async def episode_start(self, experiment: str, task: str, episode_id: str) -> dict | None:
+        """Mark an episode's start to a server that announced EPISODE_EXTENSION; else do nothing (None)."""
+        ...
+
+    async def episode_end(self, success: bool | None) -> dict | None:
+        """Mark an episode's end to a server that announced EPISODE_EXTENSION; else do nothing (None)."""
         ...
 
     async def close(self) -> None:

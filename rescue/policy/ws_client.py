@@ -18,7 +18,14 @@ import structlog
 from aiohttp import WSMsgType
 
 from rescue.policy import msgpack_numpy
-from rescue.policy.protocol import CONTROL_EXTENSION, CONTROL_KEY, RNG_EXTENSION, RngState
+from rescue.policy.protocol import (
+    CONTROL_EXTENSION,
+    CONTROL_KEY,
+    EPISODE_CONTROL_KEY,
+    EPISODE_EXTENSION,
+    RNG_EXTENSION,
+    RngState,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -107,6 +114,11 @@ class WebsocketPolicyClient:
         return bool(self._metadata.get(RNG_EXTENSION))
 
     @property
+    def supports_episode_control(self) -> bool:
+        """Whether the server announced that it answers openpi's episode_start/episode_end frames."""
+        return bool(self._metadata.get(EPISODE_EXTENSION))
+
+    @property
     def closed(self) -> bool:
         """True once the connection is gone (closed by either side)."""
         return self._closed_reason is not None or self._ws.closed
@@ -131,6 +143,28 @@ class WebsocketPolicyClient:
         if not self.supports_rng:
             return None
         return RngState.model_validate(await self._request({CONTROL_KEY: "rng_state"}))
+
+    async def episode_start(self, experiment: str, task: str, episode_id: str) -> dict | None:
+        """Send openpi's episode_start frame when the server announced it; else nothing (returns None).
+
+        A plain openpi server would hand the frame to its policy as an observation.
+        """
+        if not self.supports_episode_control:
+            return None
+        return await self._request(
+            {
+                EPISODE_CONTROL_KEY: "episode_start",
+                "__experiment__": str(experiment),
+                "__task__": str(task),
+                "__episode_id__": str(episode_id),
+            }
+        )
+
+    async def episode_end(self, success: bool | None) -> dict | None:
+        """Send openpi's episode_end frame when the server announced it; else nothing (returns None)."""
+        if not self.supports_episode_control:
+            return None
+        return await self._request({EPISODE_CONTROL_KEY: "episode_end", "__success__": success})
 
     async def keepalive(self, pong_timeout_s: float = 10.0) -> RngState | None:
         """Prove the connection alive without inference: an RNG probe when supported, else a ping."""

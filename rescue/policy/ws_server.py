@@ -28,6 +28,9 @@ from rescue.policy import msgpack_numpy
 from rescue.policy.protocol import (
     CONTROL_EXTENSION,
     CONTROL_KEY,
+    EPISODE_CONTROL_KEY,
+    EPISODE_EXTENSION,
+    EPISODE_OPS,
     RNG_EXTENSION,
     Policy,
     SeededPolicy,
@@ -47,6 +50,9 @@ class _Connection:
         self.server_instance = server_instance
         self.requests = 0  # inference requests since the last reset_rng
         self.prev_total_s: float | None = None
+        self.episode: dict[str, Any] | None = None  # the open episode_start's fields
+        self.episodes = 0  # episode_start frames received
+
 
     def rng_reply(self) -> dict[str, Any]:
         return {
@@ -133,7 +139,7 @@ class PolicyServer:
         return ws
 
     def _metadata_for(self, policy: Policy) -> dict[str, Any]:
-        meta = {**self._metadata, CONTROL_EXTENSION: 1}
+        meta = {**self._metadata, CONTROL_EXTENSION: 1, EPISODE_EXTENSION: 1}
         if isinstance(policy, SeededPolicy):
             meta[RNG_EXTENSION] = 1
         return meta
@@ -167,6 +173,9 @@ class PolicyServer:
     async def _answer(self, conn: _Connection, request: Any) -> dict[str, Any]:
         if isinstance(request, dict) and CONTROL_KEY in request:
             return await self._control(conn, request)
+        if isinstance(request, dict) and EPISODE_CONTROL_KEY in request:
+            # An episode marker is never an observation: the policy does not see it.
+            return self._episode(conn, request)
         start = time.monotonic()
         # A thread keeps the loop answering pings and other connections meanwhile.
         result = await asyncio.to_thread(conn.policy.infer, request)
@@ -177,6 +186,29 @@ class PolicyServer:
             # Like openpi: the previous round trip, since this one's send is not done yet.
             reply["server_timing"]["prev_total_ms"] = conn.prev_total_s * 1000
         return reply
+
+    def _episode(self, conn: _Connection, request: dict) -> dict[str, Any]:
+        """Answer openpi's episode_start / episode_end frames (logged, not passed to the policy)."""
+        op = request[EPISODE_CONTROL_KEY]
+        if op not in EPISODE_OPS:
+            raise ValueError(f"unknown {EPISODE_CONTROL_KEY} message {op!r} (known: {', '.join(EPISODE_OPS)})")
+        if op == "episode_start":
+            conn.episodes += 1
+            conn.episode = {
+                "experiment": request.get("__experiment__"),
+                "task": request.get("__task__"),
+                "episode_id": request.get("__episode_id__"),
+            }
+            log.info("policy_server.episode_start", connection_id=conn.connection_id, **conn.episode)
+            return {"ok": True, "ctrl": op, "episodes": conn.episodes, "requests": conn.requests}
+        episode, conn.episode = conn.episode, None
+        log.info(
+            "policy_server.episode_end",
+            connection_id=conn.connection_id,
+            success=request.get("__success__"),
+            episode_id=(episode or {}).get("episode_id"),
+        )
+        return {"ok": True, "ctrl": op, "episodes": conn.episodes, "requests": conn.requests}
 
     async def _control(self, conn: _Connection, request: dict) -> dict[str, Any]:
         op = request[CONTROL_KEY]
