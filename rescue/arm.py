@@ -49,6 +49,10 @@ class PolicyConnection(Protocol):
 
     async def keepalive(self) -> Any: ...
 
+    async def episode_start(self, experiment: str, task: str, episode_id: str) -> Any: ...
+
+    async def episode_end(self, success: bool | None) -> Any: ...
+
 
 # ask(case_id, instruction, remaining_steps, views) -> an answer with status, subgoal, call_id, request_id, error...
 Advisor = Callable[[str, str, int, dict[str, np.ndarray]], Awaitable[Any]]
@@ -73,6 +77,8 @@ class ArmSpec:
     keyframe_size: int = 128
     # What the policy receives (DESIGN §7): cameras, keys, state layout, instruction key.
     profile: ObservationProfile = PRIVILEGED
+    # Named in openpi's episode-start message, for servers that accept it.
+    experiment: str = "rescue"
 
 
 async def _query(policy: PolicyConnection, obs: dict, step: int, firings: list | None) -> dict:
@@ -156,6 +162,14 @@ class ArmRun:
         else:
             # Recorded on the arm (policy_rng_control) so the study shows it.
             self.log.warning("arm.no_rng_control", reason="no RNG extension: prefix equality not guaranteed by the server")
+        await self.policy.episode_start(self.spec.experiment, self.original, f"{self.case.case_id}/{self.spec.arm}")
+
+    async def end_policy(self, success: bool | None) -> None:
+        """Tell a server that accepts it the episode ended; best effort (the record is already complete)."""
+        try:
+            await self.policy.episode_end(success)
+        except Exception as exc:
+            self.log.warning("arm.episode_end_failed", error=one_line(str(exc)))
 
     async def run_until(self, limit: int) -> None:
         """Query and step until `limit` steps (or the horizon, or success)."""
@@ -257,7 +271,9 @@ async def run_arm(
         await arm.start()
         await arm.run_until(arm.horizon)
     except Exception as exc:  # the arm's record carries the failure; the case stays in the denominator
+        await arm.end_policy(None)
         return arm.result(exc)
+    await arm.end_policy(arm.success)
     return arm.result()
 
 
@@ -306,6 +322,7 @@ async def run_forked(
             return ctrl.result(exc, "fork")
         finally:
             control_done()
+        await ctrl.end_policy(ctrl.success)
         return ctrl.result(mode="fork")
 
     # The followers start where the shared prefix ends (copied before the control arm goes on).
@@ -334,6 +351,7 @@ async def run_forked(
                 await run.run_until(run.horizon)
         except Exception as exc:
             return run.result(exc, "fork")
+        await run.end_policy(run.success)
         return run.result(mode="fork")
 
     snapshot = None

@@ -116,6 +116,7 @@ class Engine:
         self.journal = Journal.open(self.layout.root)
         self.observer = as_observer(on_case)
         self.profile = get_profile(config.policy.observation or "privileged")
+        self.study_id = str(self.journal.meta().get("study_id") or "rescue")
         self._failfast = FailFast(config.fail_fast_arms)
         # The sham arm's declared donors, and the VLM answers of this run by case (for donors' waiters).
         self.donors: dict[str, str] = dict(self.journal.meta().get(SHAM_DONORS_KEY) or {})
@@ -260,6 +261,7 @@ class Engine:
     def _spec_kwargs(self) -> dict:
         return dict(
             profile=self.profile,
+            experiment=self.study_id,
             image_size=self.config.env.image_size,
             keepalive_s=self.config.keepalive_s,
             release_while_waiting=self.config.release_simulator_while_waiting,

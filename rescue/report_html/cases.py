@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from rescue.export import CaseEntry
 from rescue.records import ArmResult, Receipt
