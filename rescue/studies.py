@@ -18,6 +18,7 @@ from rescue.layout import StudyLayout
 from rescue.manifest import Case, Manifest, load_manifest, parse_manifest, write_manifest
 from rescue.owner import own_study
 from rescue.records import Verdict
+from rescue.sham import ShamConfig
 from rescue.services import check_live_identity, resolved_config
 from rescue.study import StudyError, create_study, load_study_config, new_study_dir, open_journal
 
@@ -126,7 +127,7 @@ def evaluate(
 
     horizon = horizon or OFFICIAL_HORIZON[suite]
     cases = episode_cases(suite, tasks, episodes, horizon, first_init)
-    config = config.model_copy(update={"arms": ("control",)})
+    config = config.model_copy(update={"arms": ("control",), "sham": ShamConfig()})  # episodes: one arm
     study_dir = new_study(study_dir, _manifest_of(cases, f"{suite} x{episodes}"), config)
     _run(study_dir, on_case, verbose)
     return study_dir
@@ -168,7 +169,8 @@ def demo(
 ) -> dict[str, Path]:
     """Evaluate the embedded default, collect its real failures, and run the rescue study over them."""
     base = Path(root) / f"demo-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
-    config = StudyConfig(keyframes=True)
+    # The rescue study runs the sham arm too: each case's subgoal is also tried on another case.
+    config = StudyConfig(keyframes=True, sham={"source": "permuted"})
     baseline = evaluate("libero_object", list(tasks), episodes, None, base / "baseline", config, on_case, verbose)
     manifest = base / "failures.jsonl"
     cases = manifest_from_eval(baseline, manifest, limit=max_cases)
