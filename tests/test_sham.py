@@ -161,12 +161,22 @@ def test_a_three_arm_study_killed_and_resumed_verifies_with_its_sham_table(tmp_p
     assert all(after[k] == v for k, v in before.items())  # nothing that ran before the kill ran again
     cases = {c["case_id"]: c for c in export["cases"]}
     assert any(c["state"] == "interrupted" and c["sham_label"] == "unknown" for c in cases.values())
+    from rescue.vlm.receipts import outcomes_by_call, read_receipt_file
+
+    outcomes = outcomes_by_call(read_receipt_file(study / "receipts" / "receipts.jsonl"))
+    applied = 0
     for cid, c in cases.items():
         sham, donor = c["sham"], cases[donors[cid]]
         if sham and sham["assistance"] == "applied":
-            # The sham arm applied its declared donor's answer, from the donor's own call.
+            applied += 1
+            # The sham arm applied its declared donor's answer, from the donor's own call's receipt
+            # (the donor case itself may have been interrupted after its answer arrived).
             assert sham["source"] == "permuted" and sham["donor_case_id"] == donors[cid]
-            assert sham["call_id"] == donor["assisted"]["call_id"] and sham["subgoal"] == donor["assisted"]["subgoal"]
+            receipt = outcomes[sham["call_id"]].receipt
+            assert donors[cid] in receipt.case_ids and receipt.subgoals[sham["request_id"]] == sham["subgoal"]
+            if donor["assisted"] is not None:
+                assert sham["call_id"] == donor["assisted"]["call_id"]
+    assert applied >= 2
     table = export["summary"]["sham"]
     assert table is not None and table["k"] == sum(
         1 for c in cases.values()
