@@ -26,9 +26,16 @@ def configure(events_path: Path | None = None, verbose: bool = False) -> None:
     threshold = 20 if verbose else 30
 
     def tee(_logger: Any, method: str, event: dict) -> dict:
+        global _sink
         if _sink is not None:
-            _sink.write(json.dumps(event, default=str, sort_keys=True) + "\n")
-            _sink.flush()
+            try:
+                _sink.write(json.dumps(event, default=str, sort_keys=True) + "\n")
+                _sink.flush()
+            except OSError as exc:
+                # A full disk must not turn every log call into a failure of the code that logs:
+                # the events file stops, once, with one line; the journal decides what is lost.
+                print(f"rescue: {events_path} is no longer written ({exc.strerror or exc})", file=sys.stderr)
+                _sink = None
         if _LEVELS.get(method, 20) < threshold:
             raise structlog.DropEvent
         return event

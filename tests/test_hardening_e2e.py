@@ -191,3 +191,72 @@ def test_a_second_owner_is_refused_and_the_live_run_is_untouched(tmp_path):
             run.kill()
     assert run.returncode == 0, out + err
     assert set(case_states(study).values()) == {"finished"}
+
+
+def _fill(path) -> None:
+    """Write zeros until the file system is full."""
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_a_full_disk_fails_cleanly_and_the_study_resumes_after_space_is_freed(tmp_path):
+    """A real, small tmpfs: creation on a full disk leaves nothing; a disk filling mid-run stops the
+    run with one line; after space is freed, resume finishes the study and the journal is sound."""
+    import sqlite3
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], check=True)
+    try:
+        manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=48)
+        study, filler = disk / "study", disk / "filler"
+        _fill(filler)
+        proc = rescue_cli("run", str(manifest), "--study", str(study), check=False)
+        out = _one_clean_line(proc)
+        assert proc.returncode != 0 and "No space left" in out, out
+        assert sorted(p.name for p in disk.iterdir()) == ["filler"]  # no study, no half-made folder
+        filler.unlink()
+
+        run = subprocess.Popen(
+            [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study),
+             "--simulators", "1", "--cases-in-flight", "1"],
+            cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            deadline = time.time() + 300
+            while time.time() < deadline and "finished" not in (case_states(study).values() if (study / "journal.sqlite").exists() else ()):
+                time.sleep(0.05)
+            _fill(filler)
+            out, err = run.communicate(timeout=300)
+        finally:
+            if run.poll() is None:
+                run.kill()
+        assert run.returncode != 0, out + err
+        assert "Traceback" not in out + err and ("full" in err or "No space" in err), err
+        filler.unlink()
+        proc = rescue_cli("resume", str(study), check=False)
+        assert proc.returncode in (0, 4), proc.stdout + proc.stderr
+        assert set(case_states(study).values()) <= {"finished", "interrupted"}
+        con = sqlite3.connect(study / "journal.sqlite")
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        con.close()
+        assert rescue_cli("verify", str(study)).returncode == 0
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_cases_are_claimed_only_with_a_simulator_in_hand(tmp_path):
+    """More cases in flight than simulators: a kill leaves at most one case per simulator started."""
+    from conftest import kill_mid_study
+
+    manifest = write_cases(tmp_path / "m.jsonl", 6, horizon=48)
+    study = tmp_path / "study"
+    kill_mid_study(["run", str(manifest), "--study", str(study), "--simulators", "1", "--cases-in-flight", "4"], study)
+    states = list(case_states(study).values())
+    # One simulator: the case on it is claimed; the other workers wait for the simulator unclaimed.
+    assert states.count("claimed") == 1 and states.count("pending") >= 3

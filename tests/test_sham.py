@@ -185,6 +185,13 @@ def test_a_three_arm_study_killed_and_resumed_verifies_with_its_sham_table(tmp_p
     )
     pairs = table["pairs"]
     assert pairs["assisted_only"] + pairs["sham_only"] + pairs["both_success"] + pairs["both_fail"] == table["k"]
+    # The report shows the same table, figure for figure.
+    rescue_cli("report", str(study))
+    page = (study / "report.html").read_text()
+    assert "assisted vs sham" in page
+    for name in ("k", "assisted_only", "sham_only", "both_fail"):
+        value = table[name] if name == "k" else pairs[name]
+        assert f'.sham.{name}" data-value="{value}"' in page, name
 
 
 @pytest.mark.sim

@@ -86,24 +86,28 @@ def _ci_text(ci: tuple[float, float] | None) -> str:
     return "n/a" if ci is None else f"[{pct(ci[0])}, {pct(ci[1])}]"
 
 
-def paired_block(prefix: str, title: str, pairs: Any, p: float, diff: float | None, ci: tuple[float, float] | None, confidence: float) -> str:
-    """The raw 2x2 over M, the exact McNemar p, the paired CI, and their reading together."""
+def paired_block(
+    prefix: str, title: str, pairs: Any, p: float, diff: float | None, ci: tuple[float, float] | None, confidence: float,
+    other: str = "control",
+) -> str:
+    """The raw 2x2, the exact McNemar p, the paired CI, and their reading together (assisted vs `other`)."""
     level = f"{round(confidence * 100)}%"
+    other_only = getattr(pairs, f"{other}_only")
     rows = [
-        ("assisted succeeded, control failed (assisted-only)", "assisted_only", pairs.assisted_only),
-        ("control succeeded, assisted failed (control-only)", "control_only", pairs.control_only),
+        (f"assisted succeeded, {other} failed (assisted-only)", "assisted_only", pairs.assisted_only),
+        (f"{other} succeeded, assisted failed ({other}-only)", f"{other}_only", other_only),
         ("both succeeded", "both_success", pairs.both_success),
         ("both failed", "both_fail", pairs.both_fail),
     ]
     body = "".join(f"<tr><th>{esc(k)}</th>{figure(f'{prefix}.{n}', v)}</tr>" for k, n, v in rows)
     body += f"<tr><th>exact McNemar p (discordant pairs)</th>{figure(f'{prefix}.mcnemar_p', p, f'{p:.4f}')}</tr>"
-    body += f"<tr><th>paired difference, assisted - control</th>{figure(f'{prefix}.diff', diff, pct(diff))}</tr>"
+    body += f"<tr><th>paired difference, assisted - {other}</th>{figure(f'{prefix}.diff', diff, pct(diff))}</tr>"
     body += (
         f"<tr><th>{level} CI (Newcombe)</th>"
         + figure(f"{prefix}.diff_ci", list(ci) if ci else None, _ci_text(ci))
         + "</tr>"
     )
-    reading = significance_reading(pairs.assisted_only, pairs.control_only, p, ci, 1 - confidence)
+    reading = significance_reading(pairs.assisted_only, other_only, p, ci, 1 - confidence, other)
     return f"<h3>{esc(title)}</h3><table>{body}</table><p class=\"reading\" data-reading=\"{esc(prefix)}\">{esc(reading)}</p>"
 
 
@@ -133,8 +137,16 @@ def summary_block(prefix: str, s: Summary) -> str:
     out += paired_block(prefix, "assisted vs control over M", s.pairs, s.mcnemar_p, s.diff, s.diff_ci, s.confidence)
     sham = getattr(s, "sham", None)  # the placebo comparison (DESIGN §8), when the summary carries one
     if sham is not None:
-        out += paired_block(f"{prefix}.sham", "assisted vs sham (all three arms valid)", sham.pairs, sham.mcnemar_p,
-                            sham.diff, sham.diff_ci, s.confidence)
+        counts = "".join(
+            f"<tr><th>sham vs control: {esc(k)}</th>{figure(f'{prefix}.sham.counts.{k}', v)}</tr>" for k, v in sham.counts.items()
+        )
+        out += (
+            f"<h3>sham arm against control</h3><table>{counts}"
+            f"<tr><th>sham M / E</th><td>{sham.m} / {sham.e}</td></tr>"
+            f"<tr><th>K: both subgoals applied, three arms valid</th>{figure(f'{prefix}.sham.k', sham.k)}</tr></table>"
+        )
+        out += paired_block(f"{prefix}.sham", "assisted vs sham: the effect of the VLM's content", sham.pairs,
+                            sham.mcnemar_p, sham.diff, sham.diff_ci, s.confidence, other="sham")
     return out + "</div></div>"
 
 

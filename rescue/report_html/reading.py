@@ -15,8 +15,10 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f} pp"
 
 
-def significance_reading(b: int, c: int, p: float, ci: tuple[float, float] | None, alpha: float = 0.05) -> str:
-    """One sentence reading McNemar's p (discordant pairs b, c) and the paired CI of assisted - control together."""
+def significance_reading(
+    b: int, c: int, p: float, ci: tuple[float, float] | None, alpha: float = 0.05, other: str = "control"
+) -> str:
+    """One sentence reading McNemar's p (discordant pairs b, c) and the paired CI of assisted - `other` together."""
     if ci is None or any(math.isnan(x) for x in ci):
         return "No pair is in M, so neither the test nor the interval says anything yet."
     lo, hi = ci
@@ -45,8 +47,8 @@ def significance_reading(b: int, c: int, p: float, ci: tuple[float, float] | Non
         power = f"cannot reach p < {alpha:g} with so few" if floor >= alpha else "has little power with so few"
         return (
             f"p = {p:.3g} and an interval excluding 0 disagree because only {b + c} pair(s) are discordant "
-            f"({b} assisted-only, {c} control-only): the exact test {power}, "
-            "while the interval is an approximation over all M pairs; read it as a hint the assisted arm "
+            f"({b} assisted-only, {c} {other}-only): the exact test {power}, "
+            "while the interval is an approximation over all the pairs; read it as a hint the assisted arm "
             f"{direction}, not yet established — more cases are needed."
         )
     return (
