@@ -168,7 +168,7 @@ class Engine:
         # before its first reset: a crash never leaves a case that had not begun marked started,
         # and an unreachable policy server stops the study instead of consuming its queue.
         while not self._stopping():
-            lease = await SimLease(services.pool).acquire()
+            lease = await SimLease(services.pool).acquire(urgent=False)
             policy = None
             try:
                 if self._stopping():
@@ -206,6 +206,7 @@ class Engine:
         """Claim and run a donor-group member if nobody has: a simulator and a connection in hand first."""
         if self.journal.state(case_id) != "pending":
             return
+        # Urgent: a sham arm of a started case waits for this donor's answer.
         lease = await SimLease(services.pool).acquire()
         policy = None
         try:

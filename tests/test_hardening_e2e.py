@@ -256,7 +256,10 @@ def test_cases_are_claimed_only_with_a_simulator_in_hand(tmp_path):
 
     manifest = write_cases(tmp_path / "m.jsonl", 6, horizon=48)
     study = tmp_path / "study"
-    kill_mid_study(["run", str(manifest), "--study", str(study), "--simulators", "1", "--cases-in-flight", "4"], study)
+    config = tmp_path / "study.toml"
+    config.write_text("release_simulator_while_waiting = false\n")  # no simulator is lent during a VLM wait
+    kill_mid_study(["run", str(manifest), "--study", str(study), "--simulators", "1", "--cases-in-flight", "4",
+                    "--config", str(config)], study)
     states = list(case_states(study).values())
     # One simulator: the case on it is claimed; the other workers wait for the simulator unclaimed.
     assert states.count("claimed") == 1 and states.count("pending") >= 3

@@ -209,6 +209,7 @@ class SimPool:
         self._sims = [self._spawn(f"sim-{i}", adapter_spec, adapter_kwargs) for i in range(size)]
         self._free: list[SimProcess] = list(self._sims)
         self._changed = asyncio.Condition()
+        self._urgent = 0  # waiters for arms of cases already started: they go before new cases
         self._spec, self._kwargs = adapter_spec, adapter_kwargs
         # Who held each simulator last (by process name): a lease that comes back to the
         # simulator it left finds its state untouched and needs no restore.
@@ -227,11 +228,23 @@ class SimPool:
         sim, _ = await self.take(prefer)
         return sim
 
-    async def take(self, prefer: Callable[[SimProcess], int] | None = None, holder: object | None = None) -> tuple[SimProcess, bool]:
+    async def take(
+        self, prefer: Callable[[SimProcess], int] | None = None, holder: object | None = None, urgent: bool = True
+    ) -> tuple[SimProcess, bool]:
         """Like acquire, for a named holder; also says whether the holder had this simulator last
-        (so its state is exactly as the holder left it: nobody acquired it in between)."""
+        (so its state is exactly as the holder left it: nobody acquired it in between).
+
+        A non-urgent taker (a worker about to claim a new case) waits while any urgent one (an
+        arm of a case already started) does: started cases finish before new ones begin."""
         async with self._changed:
-            await self._changed.wait_for(lambda: bool(self._free))
+            if urgent:
+                self._urgent += 1
+            try:
+                await self._changed.wait_for(lambda: bool(self._free) and (urgent or self._urgent == 0))
+            finally:
+                if urgent:
+                    self._urgent -= 1
+                    self._changed.notify_all()
             sim = max(self._free, key=prefer) if prefer else self._free[0]
             self._free.remove(sim)
         previous = self._last_holder.get(sim.name)
@@ -254,7 +267,7 @@ class SimPool:
 
     async def _notify(self) -> None:
         async with self._changed:
-            self._changed.notify()
+            self._changed.notify_all()
 
     def close(self) -> None:
         """Stop every simulator process."""
@@ -277,9 +290,9 @@ class SimLease(Simulator):
         self._snapshot: dict | None = None
         self._key: tuple[str, int] | None = None
 
-    async def acquire(self) -> "SimLease":
-        """Take a simulator, preferring one that has this lease's task loaded."""
-        self.sim, _ = await self._pool.take(self._rank, holder=self)
+    async def acquire(self, urgent: bool = True) -> "SimLease":
+        """Take a simulator, preferring one that has this lease's task loaded (urgent: for a started case)."""
+        self.sim, _ = await self._pool.take(self._rank, holder=self, urgent=urgent)
         return self
 
     def _rank(self, sim: SimProcess) -> int:
