@@ -10,12 +10,16 @@ import numpy as np
 import pytest
 
 from conftest import rescue_cli, write_cases
+from rescue.arm import ArmSpec, run_arm
+from rescue.env.pool import SimPool
+from rescue.manifest import load_manifest
+from rescue.policy.bundled import serve_factory
 from rescue.config import load_config
 from rescue.digest import digest_array
 from rescue.journal import Journal
 from rescue.policy.ws_client import WebsocketPolicyClient
 from rescue.policy.ws_server import PolicyServer
-from wrappers.async_rules import AsyncRuleWrapper, RulesConfig
+from wrappers.async_rules import AsyncRuleWrapper, RulesConfig, rule_inputs_problems
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
@@ -23,7 +27,7 @@ CHUNK = 10
 
 
 class StagedPolicy:
-    """Replies with a fixed-gripper chunk and a stage: the stage it was handed back, else 5."""
+    """Replies with a fixed-gripper chunk and a stage (under "phase"): the stage it was handed back, else 5."""
 
     def __init__(self) -> None:
         self.action_horizon = CHUNK
@@ -33,7 +37,7 @@ class StagedPolicy:
         actions = np.zeros((CHUNK, 7))
         actions[:, :3] = self._rng.uniform(-0.5, 0.5, (CHUNK, 3))
         actions[:, 6] = 1.0
-        return {"actions": actions, "stage": int(obs.get("wrapper_stage", 5))}
+        return {"actions": actions, "phase": int(obs.get("wrapper_stage", 5))}
 
     def reset(self) -> None:
         pass
@@ -52,7 +56,7 @@ def _obs() -> dict:
 RULE_ALONE = {
     "stage_rollback": {},
     "gripper_recovery": {},
-    "chunk_compression": {"keep": 6, "of": 8},
+    "chunk_compression": {},  # the defaults compress 8 of the 10 actions into 6
 }
 
 
@@ -122,7 +126,7 @@ def test_stage_rollback_hands_the_stage_back_to_the_policy():
         try:
             wrapped = AsyncRuleWrapper(await WebsocketPolicyClient.connect(url), rules)
             try:
-                stages = [(await wrapped.infer(_obs(), step=s))["stage"] for s in (0, 10)]
+                stages = [(await wrapped.infer(_obs(), step=s))["phase"] for s in (0, 10)]
                 return stages, list(wrapped.firings)
             finally:
                 await wrapped.close()
@@ -200,3 +204,100 @@ def test_chunk_compression_in_a_real_arm_replanning_within_the_compressed_chunk(
     steps = [row["step"] for row in arm["trace"]]
     assert steps == list(range(0, HORIZON, 4))
     assert [(f["rule"], f["step"]) for f in arm["rule_firings"]] == [("chunk_compression", s) for s in steps]
+
+
+# --- the three rules on the embedded default (the learned policy), direct real arms ----
+
+EMBEDDED = "rescue.policy.learned:make_policy"
+
+
+class RecordingRules(AsyncRuleWrapper):
+    """The real rule wrapper, keeping each query's view of the rules (what an arm's query record reads)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[dict] = []
+
+    async def infer(self, obs: dict, step: int | None = None) -> dict:
+        reply = await super().infer(obs, step=step)
+        self.seen.append(dict(self.last_query))
+        return reply
+
+
+def test_each_rule_fires_on_the_embedded_default_in_real_arms(tmp_path):
+    case = load_manifest(write_cases(tmp_path / "m.jsonl", 1, horizon=120)).cases[0]
+    all_on = RulesConfig(enabled=["stage_rollback", "gripper_recovery", "chunk_compression"])
+    # With the default thresholds, gripper recovery fires only on a missed grasp (fingers fully
+    # closed), which the embedded policy did not make on this task; here a grasp on the object
+    # (fingers ~0.015 apart) counts as closed.
+    grasp_counts = RulesConfig(enabled=["gripper_recovery"], params={"gripper_recovery": {"closed_at": 0.025}})
+
+    async def main():
+        pool = SimPool(1, "rescue.env.libero:LiberoAdapter", log_path=str(tmp_path / "sim.log"))
+        server = await serve_factory(EMBEDDED)
+        try:
+            sim = await pool.acquire()
+            probe = await WebsocketPolicyClient.connect(server.url)
+            first = await probe.infer({**_first_input(), "prompt": "pick up the cup"})
+            await probe.close()
+            runs = {}
+            for name, rules, interval in (("all_on", all_on, 6), ("grasp", grasp_counts, 8), ("plain", RulesConfig(), 8)):
+                policy = RecordingRules(await WebsocketPolicyClient.connect(server.url), rules)
+                try:
+                    runs[name] = (await run_arm(case, ArmSpec(arm="control", interval=interval), sim, policy), policy)
+                finally:
+                    await policy.close()
+            return first, runs
+        finally:
+            await server.stop()
+            pool.close()
+
+    first, runs = asyncio.run(main())
+    # The embedded policy's reply has what every rule needs, once the interval fits the compressed chunk.
+    assert rule_inputs_problems(all_on, first, interval=6, obs_sample=_first_input()) == []
+    assert "replan_interval <= 6" in rule_inputs_problems(all_on, first, interval=8)[0]
+
+    result, wrapper = runs["all_on"]
+    assert result.status == "complete", result.error
+    assert result.rule_firings == wrapper.firings
+    fired = {f["rule"] for f in result.rule_firings}
+    assert {"stage_rollback", "chunk_compression"} <= fired
+    by_step = {row.step: row for row in result.trace}
+    for f in result.rule_firings:
+        if f["rule"] == "chunk_compression":  # 8 actions into 6, all of which run
+            assert f["before"] != f["after"] and by_step[f["step"]].actions == f["after"]
+    # Rollbacks act on the voted stage and persist: the query after one runs under stage 2,
+    # although the policy still reports carrying (4) or later.
+    seen = wrapper.seen
+    rolled = [i for i, q in enumerate(seen) if "stage_rollback" in q["fired"]]
+    assert rolled
+    for i in rolled:
+        assert seen[i]["stage"] >= 4 and seen[i]["stage_after"] == 2
+        if i + 1 < len(seen):
+            assert seen[i + 1]["stage"] == 2 and seen[i + 1]["vote"] >= 4
+
+    grasp, plain = runs["grasp"][0], runs["plain"][0]
+    assert plain.rule_firings == [] and grasp.status == "complete"
+    firings = grasp.rule_firings
+    assert firings and {f["rule"] for f in firings} == {"gripper_recovery"}
+    hold_open = np.zeros((8, 7))
+    hold_open[:, 6] = -1.0
+    grasp_steps = {row.step: row for row in grasp.trace}
+    for f in firings:
+        assert f["after"] == digest_array(hold_open) == grasp_steps[f["step"]].actions
+    # Until the first firing nothing differed: the chunk it rewrote is the one the plain arm ran.
+    plain_steps = {row.step: row for row in plain.trace}
+    assert firings[0]["before"] == plain_steps[firings[0]["step"]].actions
+    # The rewritten chunk ran: from the next query on, the arm is elsewhere.
+    nxt = firings[0]["step"] + 8
+    assert grasp_steps[nxt].state != plain_steps[nxt].state
+
+
+def _first_input() -> dict:
+    """A privileged observation of LIBERO's shape: the gripper open above the table."""
+    return {
+        "robot0_eef_pos": np.array([-0.1, 0.0, 1.0]),
+        "robot0_gripper_qpos": np.array([0.039, -0.039]),
+        "task/object_pos": np.array([0.0, 0.0, 0.9]),
+        "task/target_pos": np.array([0.1, 0.1, 0.9]),
+    }

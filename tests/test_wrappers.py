@@ -125,7 +125,7 @@ class StagePolicy:
         self.seen_obs.append(obs)
         reply = {"actions": self._chunk.copy()}
         if self._stages:
-            reply["stage"] = self._stages.pop(0)
+            reply["phase"] = self._stages.pop(0)  # the embedded policies' stage key
         return reply
 
     def reset(self) -> None:
@@ -173,21 +173,35 @@ def test_ruleset_refuses_unknown_names():
         RuleSet(enabled=["gripper_recovery", "no_such_rule"]).rules()
 
 
-def test_stage_rollback_alone():
+def test_stage_rollback_alone_on_the_voted_stage_and_persisting():
     chunk = _smooth_chunk()
-    inner = StagePolicy(chunk, stages=[1, 2, 4, 3])
+    votes = [1, 2, 2, 4, 4, 4, 4, 3]
+    inner = StagePolicy(chunk, stages=list(votes))
     log: list[dict] = []
     wrapper = RuleWrapper(inner, RuleSet(enabled=["stage_rollback"]).rules(), log=log, stage_obs_key="stage")
-    for step in (0, 16, 32):
-        out = wrapper.infer(_obs(gripper_opening=0.0), step=step)
+    seen, after = [], []
+    for i in range(len(votes)):
+        out = wrapper.infer(_obs(gripper_opening=0.0), step=16 * i)
         np.testing.assert_array_equal(out["actions"], chunk)  # rollback does not rewrite actions
-    assert wrapper.stage == 2 and wrapper.votes == []
-    assert log is wrapper.firings and len(log) == 1
-    _assert_firing(log[0], "stage_rollback", 32, chunk, chunk)
-    # The next query is conditioned on the rolled-back stage.
-    wrapper.infer(_obs(), step=48)
-    assert inner.seen_obs[-1]["stage"] == 2
+        seen.append(wrapper.last_query["stage"])
+        after.append(wrapper.stage)
+    # A stage moves when 2 of the last 3 votes agree; the first vote sets it.
+    assert seen == [1, 1, 2, 2, 4, 2, 4, 2]
+    # Each rollback clears the votes, so the stage stays 2 until two new votes agree on 4.
+    assert after == [1, 1, 2, 2, 2, 2, 2, 2]
+    assert [f["step"] for f in log] == [64, 96] and log is wrapper.firings
+    _assert_firing(log[0], "stage_rollback", 64, chunk, chunk)
+    # The query after a rollback is conditioned on the rolled-back stage.
+    assert inner.seen_obs[5]["stage"] == 2
     assert wrapper.votes == [3]
+
+
+def test_votes_must_be_a_strict_majority():
+    for window, quorum in ((3, 1), (4, 2), (2, 3), (0, 0)):
+        with pytest.raises(ValueError, match="strict majority"):
+            RuleWrapper(StagePolicy(_smooth_chunk()), [], vote_window=window, votes_to_change=quorum)
+    raw = RuleWrapper(StagePolicy(_smooth_chunk(), stages=[0, 3, 1]), [], vote_window=1, votes_to_change=1)
+    assert [(raw.infer(_obs()), raw.stage)[1] for _ in range(3)] == [0, 3, 1]  # a window of one: the raw report
 
 
 def test_gripper_recovery_alone_overwrites_whole_chunk():
@@ -227,8 +241,10 @@ def test_gripper_recovery_respects_stage_gate_and_absolute_layout():
 
 
 def test_chunk_compression_alone():
+    # The seed's 26 -> 20 of a 30-step chunk (the defaults fit 8-action chunks: 8 -> 6).
     chunk = np.concatenate([_smooth_chunk(26), _smooth_chunk(4)])
-    wrapper = RuleWrapper(StagePolicy(chunk), RuleSet(enabled=["chunk_compression"]).rules())
+    rules = RuleSet(enabled=["chunk_compression"], params={"chunk_compression": {"keep": 20, "of": 26}}).rules()
+    wrapper = RuleWrapper(StagePolicy(chunk), rules)
     out = wrapper.infer(_obs())["actions"]
     assert out.shape == (20 + 4, 7) and out.dtype == chunk.dtype
     # Relative actions: the compressed steps cover the same displacement.
@@ -250,3 +266,64 @@ def test_ruleset_params_reach_the_rule():
     rules = RuleSet(enabled=["chunk_compression"], params={"chunk_compression": {"keep": 5, "of": 10}}).rules()
     wrapper = RuleWrapper(StagePolicy(_smooth_chunk(10)), rules)
     assert wrapper.infer(_obs())["actions"].shape == (5, 7)
+
+
+# --- inputs a study checks before it starts ----------------------------------------
+
+from wrappers.async_rules import RulesConfig, ablation_configs, rule_inputs_problems  # noqa: E402
+
+ALL_RULES = ["stage_rollback", "gripper_recovery", "chunk_compression"]
+
+
+def _reply(n: int = 8, **extra) -> dict:
+    return {"actions": np.zeros((n, 7)), **extra}
+
+
+def test_embedded_replies_satisfy_the_default_rules():
+    rules = RulesConfig(enabled=ALL_RULES)
+    obs = {"robot0_gripper_qpos": np.array([0.04, -0.04])}
+    assert rules.stage_key == "phase"
+    assert rule_inputs_problems(rules, _reply(phase=0), interval=6, obs_sample=obs) == []
+    assert rule_inputs_problems(RulesConfig(), _reply(), interval=8) == []  # nothing enabled, nothing needed
+
+
+def test_rule_inputs_problems_names_each_missing_input():
+    rules = RulesConfig(enabled=ALL_RULES)
+    # No stage in the reply: both stage-gated rules are named, with the key to set.
+    (problem,) = rule_inputs_problems(rules, _reply(stage=3), interval=6)
+    assert "stage_rollback, gripper_recovery" in problem and "'phase'" in problem and "['actions', 'stage']" in problem
+    assert rule_inputs_problems(rules.model_copy(update={"stage_key": "stage"}), _reply(stage=3), interval=6) == []
+    # Without a stage gate, gripper recovery needs no stage.
+    ungated = RulesConfig(enabled=["gripper_recovery"], params={"gripper_recovery": {"min_stage": None}})
+    assert rule_inputs_problems(ungated, _reply(), interval=8) == []
+    assert "not an integer" in rule_inputs_problems(rules, _reply(phase="carry"), interval=6)[0]
+    # Chunks shorter than the compression's length, or a compressed chunk shorter than the interval.
+    assert "can never fire" in rule_inputs_problems(rules, _reply(5, phase=0), interval=4)[0]
+    (short,) = rule_inputs_problems(rules, _reply(8, phase=0), interval=8)
+    assert "leaves 6 of 8" in short and "replan_interval <= 6" in short
+    seed = RulesConfig(enabled=["chunk_compression"], params={"chunk_compression": {"keep": 20, "of": 26}})
+    assert rule_inputs_problems(seed, _reply(30), interval=20) == []
+    assert "can never fire" in rule_inputs_problems(seed, _reply(8), interval=8)[0]
+    # The gripper opening must be in what the wrapper sees (an openpi-libero input has no robot0_gripper_qpos).
+    (grip,) = rule_inputs_problems(rules, _reply(phase=0), interval=6, obs_sample={"observation/state": np.zeros(8)})
+    assert "robot0_gripper_qpos" in grip and "rules.layout" in grip
+    assert "2-D 'actions'" in rule_inputs_problems(rules, {"phase": 1}, interval=6)[-1]
+
+
+def test_ablation_configs_differ_by_one_switch():
+    base = RulesConfig(enabled=["stage_rollback"], params={"chunk_compression": {"keep": 5}}, vote_window=5, votes_to_change=3)
+    configs = ablation_configs(base, ["gripper_recovery", "chunk_compression"])
+    assert {k: v.enabled for k, v in configs.items()} == {
+        "all_on": ["stage_rollback", "gripper_recovery", "chunk_compression"],
+        "no_gripper_recovery": ["stage_rollback", "chunk_compression"],
+        "no_chunk_compression": ["stage_rollback", "gripper_recovery"],
+        "all_off": ["stage_rollback"],  # an unlisted rule keeps its base state
+    }
+    for config in configs.values():
+        assert config.model_dump(exclude={"enabled"}) == base.model_dump(exclude={"enabled"})
+    full = ablation_configs(RulesConfig(), ALL_RULES)
+    assert list(full) == ["all_on", *(f"no_{r}" for r in ALL_RULES), "all_off"]
+    assert full["all_off"].enabled == [] and full["all_on"].enabled == ALL_RULES
+    for bad in ([], ["stage_rollback", "stage_rollback"], ["gripper_rescue"]):
+        with pytest.raises(ValueError):
+            ablation_configs(base, bad)

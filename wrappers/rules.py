@@ -5,6 +5,26 @@ rollback, a gripper recovery that overwrites the whole chunk, and a chunk
 compression gated by the predicted gripper span. Every rule is off unless
 switched on, each can be switched alone (so an ablation changes one rule),
 and each firing is logged with the step and the chunk digests before/after.
+
+The stage the rules see, against the seed's description
+-------------------------------------------------------
+The seed says (in paraphrase): the inference stage is an internal condition
+variable of the wrapper, updated from the model's predictions by voting, not
+advanced by elapsed time; on reaching stage 4 the wrapper unconditionally sets
+its internal stage back to 2 and clears the stage-vote history, and the next
+inference runs under the modified stage. Here:
+
+* every reply votes with the stage it reports under `stage_key` (the embedded
+  learned and scripted policies report their phase index under "phase", which
+  is the default key);
+* the wrapper keeps the last `vote_window` votes; its stage is the first vote
+  of an episode, and afterwards changes only when at least `votes_to_change`
+  of the kept votes name one other stage (a strict majority, so no ties);
+* a rollback sets the stage and clears the votes, so it persists until
+  `votes_to_change` new votes agree on another stage (a policy stuck in stage
+  4 is rolled back every `votes_to_change` queries, as the seed's counts of
+  repeated rollbacks per episode suggest); with `stage_obs_key` set the
+  policy is handed the wrapper's stage on its next query, as in the seed.
 """
 
 from __future__ import annotations
@@ -131,11 +151,17 @@ class ChunkCompression(Rule):
     The span gate (max - min of a gripper dim over the chunk) keeps a grasp or
     release from being squeezed. Relative actions are integrated, resampled and
     differenced so the compressed chunk covers the same displacement.
+
+    The seed compresses 26 of 30 predicted steps into 20 (and runs 20 per
+    query). The defaults here keep its ratio (6/8 = 0.75, seed 20/26 = 0.77)
+    for the 8-action chunks of the embedded policies; the compressed chunk
+    has keep + (len - of) actions, so the replan interval must not exceed that
+    (6 for 8-action chunks; `rule_inputs_problems` says so before a study).
     """
 
     name: ClassVar[str] = "chunk_compression"
-    keep: int = 20
-    of: int = 26
+    keep: int = 6
+    of: int = 8
     span_threshold: float = 0.2
 
     def trigger(self, ctx: RuleContext) -> bool:
@@ -170,6 +196,9 @@ def _interp_rows(t: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return out
 
 
+# The reply key the embedded policies report their stage (phase index) under.
+STAGE_KEY = "phase"
+
 RULES: dict[str, type[Rule]] = {r.name: r for r in (StageRollback, GripperRecovery, ChunkCompression)}
 
 
@@ -200,9 +229,12 @@ class RuleWrapper:
         rules: list[Rule],
         log: list[dict] | None = None,
         layout: ActionLayout = ActionLayout(),
-        stage_key: str = "stage",
+        stage_key: str = STAGE_KEY,
         stage_obs_key: str | None = None,
+        vote_window: int = 3,
+        votes_to_change: int = 2,
     ) -> None:
+        check_votes(vote_window, votes_to_change)
         self._policy = policy
         self.rules = list(rules)
         self.firings: list[dict] = log if log is not None else []
@@ -210,9 +242,23 @@ class RuleWrapper:
         self._stage_key = stage_key
         # Where to hand the wrapper's stage back to the policy, if it conditions on it.
         self._stage_obs_key = stage_obs_key
+        self._window, self._quorum = vote_window, votes_to_change
         self.stage: int | None = None
         self.votes: list[int] = []
         self.queries = 0
+        # The last query as the rules saw it (the arm's per-query record reads it).
+        self.last_query: dict | None = None
+
+    def _vote(self, vote: int) -> None:
+        """Keep the vote; move the stage only when a quorum of the kept votes names another one."""
+        self.votes.append(vote)
+        del self.votes[: -self._window]
+        if self.stage is None:
+            self.stage = vote  # the episode's first reply sets the stage: there is none to keep
+            return
+        best = max(set(self.votes), key=self.votes.count)
+        if best != self.stage and self.votes.count(best) >= self._quorum:
+            self.stage = best
 
     def infer(self, obs: dict, step: int | None = None) -> dict:
         """Query the inner policy and return its reply with the rules applied to "actions".
@@ -222,10 +268,9 @@ class RuleWrapper:
         if self._stage_obs_key is not None and self.stage is not None:
             obs = {**obs, self._stage_obs_key: self.stage}
         reply = self._policy.infer(obs)
-        if self._stage_key in reply:
-            vote = int(reply[self._stage_key])
-            self.votes.append(vote)
-            self.stage = vote
+        vote = reply.get(self._stage_key)
+        if vote is not None:
+            self._vote(int(vote))
         chunk = np.asarray(reply["actions"])
         ctx = RuleContext(
             step=self.queries if step is None else step,
@@ -236,16 +281,30 @@ class RuleWrapper:
             votes=self.votes,
             chunk=chunk,
         )
+        seen_stage = self.stage
+        before_all = digest_array(chunk)
+        fired: list[str] = []
         for rule in self.rules:
             ctx.chunk = chunk
             if not rule.enabled or not rule.trigger(ctx):
                 continue
             before = digest_array(chunk)
             chunk = rule.effect(chunk, ctx)
+            fired.append(rule.name)
             self.firings.append(
                 {"step": ctx.step, "rule": rule.name, "before": before, "after": digest_array(chunk)}
             )
         self.stage, self.votes = ctx.stage, ctx.votes
+        self.last_query = {
+            "step": ctx.step,
+            "vote": None if vote is None else int(vote),
+            "stage": seen_stage,  # the aggregated stage the rules saw
+            "stage_after": self.stage,  # the stage in force for the next query (after any rollback)
+            "fired": fired,
+            "before": before_all,
+            "after": digest_array(chunk) if fired else before_all,
+            "length": len(chunk),
+        }
         self.queries += 1
         return {**reply, "actions": chunk}
 
@@ -255,3 +314,12 @@ class RuleWrapper:
         self.stage = None
         self.votes = []
         self.queries = 0
+        self.last_query = None
+
+
+def check_votes(vote_window: int, votes_to_change: int) -> None:
+    """Refuse a vote window whose quorum could tie or never be reached."""
+    if vote_window < 1 or not (vote_window // 2 < votes_to_change <= vote_window):
+        raise ValueError(
+            f"votes_to_change must be a strict majority of vote_window: got {votes_to_change} of {vote_window}"
+        )
