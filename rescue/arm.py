@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable, Protocol
 import numpy as np
 import structlog
 
+from rescue.diagnose import QueryRecord, query_record
 from rescue.digest import digest_array, digest_obs, digest_text
 from rescue.env.pool import SimLease, Simulator, as_float_chunk
 from rescue.env.protocol import VLM_VIEWS
@@ -79,6 +80,8 @@ class ArmSpec:
     profile: ObservationProfile = PRIVILEGED
     # Named in openpi's episode-start message, for servers that accept it.
     experiment: str = "rescue"
+    # The reply key under which the policy reports its stage (recorded per query; the rules read it too).
+    stage_key: str = "phase"
 
 
 async def _query(policy: PolicyConnection, obs: dict, step: int, firings: list | None) -> dict:
@@ -138,6 +141,7 @@ class ArmRun:
         self.rng_control = bool(policy.supports_rng)
         self.queries: list[tuple[int, dict]] = []  # (step, policy input) of the prefix, for a fork's replay
         self.keyframes: dict[str, str] = {}
+        self.query_records: list[QueryRecord] = []
         self.original = self.instruction = ""
         self.obs: dict = {}
 
@@ -186,6 +190,9 @@ class ArmRun:
             if self.step < self.q:
                 self.queries.append((self.step, policy_input))
             reply = await _query(self.policy, policy_input, self.step, self.firings)
+            self.query_records.append(
+                query_record(self.step, self.obs, reply, self.spec.stage_key, getattr(self.policy, "last_query", None))
+            )
             # Only the first C actions run; the rest of a longer chunk is dropped,
             # so nothing planned under an old instruction survives the next query.
             # The chunk is the one after any rules: the trace digests what runs.
@@ -253,6 +260,7 @@ class ArmRun:
             mode=mode,
             q_state=self.q_state,
             keyframes=dict(self.keyframes),
+            queries=list(self.query_records),
             started_at=self.started,
             finished_at=time.time(),
         )
@@ -330,6 +338,7 @@ async def run_forked(
         run.fingerprint, run.fingerprint_parts = ctrl.fingerprint, ctrl.fingerprint_parts
         run.python_hash_seed = ctrl.python_hash_seed
         run.trace, run.step, run.obs = list(ctrl.trace), ctrl.step, ctrl.obs
+        run.query_records = list(ctrl.query_records)
         run.original = run.instruction = ctrl.original
         run.success = run.done = ctrl.done and ctrl.success
 

@@ -294,6 +294,31 @@ def cmd_manifest_from_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from rescue.diagnose import diagnose, from_arm_result, plot_timelines, summary_table, write_csv, write_transitions
+    from rescue.study import open_journal
+
+    arms = []
+    for study in args.studies:
+        with open_journal(Path(study)) as journal:
+            for by_arm in journal.all_arms().values():
+                for name, arm in by_arm.items():
+                    if args.arm is None or name in args.arm:
+                        arms.append(from_arm_result(f"{Path(study).name}:{name}", arm))
+    if not any(arm.queries for arm in arms):
+        print("rescue: these arms record no per-query behaviour (studies from before it was recorded)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    diag = diagnose(arms, source=args.stage_source)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [write_csv(diag, out / "instances.csv"), write_transitions(diag, out / "transitions.json")]
+    if args.timeline:
+        written.append(plot_timelines(diag, arms, args.timeline, out / "timeline.png", source=args.stage_source))
+    print(summary_table(diag))
+    console.print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from rescue import compare
     from rescue.report import render_compare
@@ -426,6 +451,15 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--pilot-tasks", type=int, default=0, help="declare the first failure of each of the first K tasks pilot")
     m.add_argument("--limit", type=int)
     m.set_defaults(func=cmd_manifest_from_eval)
+
+    p = sub.add_parser("diagnose", help="how arms behaved: stages entered, rule firings, chunks rewritten, path length")
+    p.add_argument("studies", nargs="+", metavar="STUDY", help="study folders whose arms are compared")
+    p.add_argument("--arm", action="append", help="only these arms (repeatable; default: every arm)")
+    p.add_argument("--out", default="diagnostics", help="folder for instances.csv, transitions.json, timeline.png")
+    p.add_argument("--timeline", action="append", metavar="CASE", help="plot the stage timeline of this case (repeatable)")
+    p.add_argument("--stage-source", choices=["auto", "policy", "wrapper"], default="auto",
+                   help="the stage the policy reported, or the one the rule wrapper voted")
+    p.set_defaults(func=cmd_diagnose)
 
     p = sub.add_parser("compare", help="two policies (or wrapper settings) on identical episodes, paired")
     p.add_argument("a", nargs="?", help="TOML configuration of side A")

@@ -263,6 +263,7 @@ class Engine:
         return dict(
             profile=self.profile,
             experiment=self.study_id,
+            stage_key=self.config.rules.stage_key,
             image_size=self.config.env.image_size,
             keepalive_s=self.config.keepalive_s,
             release_while_waiting=self.config.release_simulator_while_waiting,

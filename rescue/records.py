@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rescue.diagnose import QueryRecord
+
 # `sham`: a placebo arm (DESIGN §8): same q, same pause, same injection, a subgoal not from
 # the VLM looking at this case.
 ArmName = Literal["control", "assisted", "sham"]
@@ -112,7 +114,10 @@ class ArmResult(BaseModel):
     # "fork": the prefix ran once and both arms continued from one snapshot at q.
     mode: Literal["independent", "fork"] = "independent"
     q_state: str | None = None  # digest of the simulator's full state when the arm reached q
-    keyframes: dict[str, str] = Field(default_factory=dict)  # name ("q112", "end") -> sha256 of the stored PNG
+    keyframes: dict[str, str] = Field(default_factory=dict)
+    # Per policy query: the stage the policy reported, the end effector's world position, rule
+    # firings and chunk digests (DESIGN §6; `rescue diagnose` reads them).
+    queries: list[QueryRecord] = Field(default_factory=list)  # name ("q112", "end") -> sha256 of the stored PNG
     started_at: float | None = None
     finished_at: float | None = None
 

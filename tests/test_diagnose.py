@@ -259,3 +259,24 @@ def test_diagnose_loads_no_runtime():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert json.loads(out.stdout) == []
+
+
+@pytest.mark.sim
+@pytest.mark.e2e
+def test_rescue_diagnose_on_a_real_study_writes_csv_transitions_and_timeline(tmp_path):
+    import csv
+    import json
+
+    from conftest import rescue_cli, write_cases
+
+    manifest = write_cases(tmp_path / "m.jsonl", 1, horizon=64)
+    study = tmp_path / "study"
+    rescue_cli("run", str(manifest), "--study", str(study), check=False)
+    out = tmp_path / "diag"
+    proc = rescue_cli("diagnose", str(study), "--out", str(out), "--timeline", "object-3-ep0")
+    rows = list(csv.DictReader((out / "instances.csv").open()))
+    assert {r["config"] for r in rows} == {"study:control", "study:assisted"} and len(rows) == 2
+    assert all(float(r["path_length_m"]) > 0 for r in rows), rows  # the end effector moved, measured in the world frame
+    assert json.loads((out / "transitions.json").read_text())
+    assert (out / "timeline.png").stat().st_size > 1000
+    assert "study:control" in proc.stdout
