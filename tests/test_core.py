@@ -691,11 +691,11 @@ def test_deviation_detail_names_the_differing_fingerprint_parts():
                          fingerprint=str(sorted(parts.items())), fingerprint_parts=parts,
                          assistance=Assistance(status="control" if name == "control" else "not_reached"))
 
-    same = {"physics": "a", "model_xml": "x", "instruction": "i"}
-    other = {**same, "model_xml": "y"}
+    same = {"physics": "a", "model": "x", "instruction": "i"}
+    other = {**same, "model": "y"}
     rec = CaseRecord(case_id="c", group="g", task="t", horizon=64, query_step=32,
                      control=arm("control", same), assisted=arm("assisted", other))
-    assert deviation_detail(rec) == "parts differing between the arms: model_xml"
+    assert deviation_detail(rec) == "parts differing between the arms: model"
     assert deviation_detail(rec.model_copy(update={"assisted": arm("assisted", same)})) is None
     historical = rec.model_copy(update={"assisted": arm("assisted", same), "historical_fingerprint": "ff"})
     assert "historical" in deviation_detail(historical)

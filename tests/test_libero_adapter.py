@@ -132,7 +132,7 @@ def test_fingerprints_do_not_depend_on_the_process_hash_seed():
             sim.stop()
     for suite in SUITES:
         assert one[suite].info["python_hash_seed"] == "1" and two[suite].info["python_hash_seed"] == "2"
-        assert set(one[suite].fingerprint_parts) == {"physics", "proprio", "instruction", "scene", "model_xml"}
+        assert set(one[suite].fingerprint_parts) == {"physics", "proprio", "instruction", "scene", "model"}
         assert one[suite].fingerprint_parts == two[suite].fingerprint_parts, suite
         assert one[suite].fingerprint == two[suite].fingerprint, suite
     assert len({one[s].fingerprint for s in SUITES}) == len(SUITES)
@@ -202,3 +202,24 @@ def test_lease_comes_back_restored_only_when_another_arm_used_its_simulator():
             pool.close()
 
     asyncio.run(go())
+
+
+def test_a_tasks_fingerprint_does_not_depend_on_the_other_envs_its_process_built():
+    # A simulator process keeps every task env it built; an arm of task A that comes after one of
+    # task B on the same process must fingerprint A exactly as a fresh process does.
+    from rescue.env.libero import LiberoAdapter
+
+    def case(task: int) -> Case:
+        return Case(case_id=f"object-{task}", suite="libero_object", task_id=task, init_state_index=0, env_seed=0, horizon=64)
+
+    fresh, busy = LiberoAdapter(), LiberoAdapter()
+    try:
+        alone = fresh.reset(case(1))
+        busy.reset(case(1))
+        busy.reset(case(2))
+        again = busy.reset(case(1))
+        assert again.fingerprint_parts == alone.fingerprint_parts
+        assert again.fingerprint == alone.fingerprint
+    finally:
+        fresh.close()
+        busy.close()

@@ -17,7 +17,7 @@ from collections import OrderedDict
 import numpy as np
 
 from rescue.catalog import OFFICIAL_HORIZON
-from rescue.digest import digest_array, digest_json, digest_text
+from rescue.digest import digest_array, digest_bytes, digest_json, digest_text
 from rescue.env.protocol import CaseLike, ChunkResult, Observe, ProfileLike, ResetResult, case_fields, process_info, resolve_profile
 from rescue.observation import PRIVILEGED, ObservationProfile, shape_observation
 
@@ -161,9 +161,11 @@ class LiberoAdapter:
             "scene": digest_json(
                 {"suite": c.suite, "task_id": c.task_id, "init_state_index": c.init_state_index, "env_seed": c.env_seed}
             ),
-            # The model as the physics runs it: digested after the reset, never at env build,
-            # where LIBERO's XML text depends on the process's hash seed (set iteration order).
-            "model_xml": digest_text(env.sim.model.get_xml()),
+            # The model as the physics runs it: the compiled model (MuJoCo's binary form), after the
+            # reset. Not the XML text: `get_xml` returns the last XML MuJoCo loaded in the process,
+            # which is another task's when the process built another env since (measured), and
+            # LIBERO's XML at env build depends on the process's hash seed.
+            "model": self._model_digest(),
         }
         return ResetResult(
             obs=self._observe(),
@@ -172,6 +174,14 @@ class LiberoAdapter:
             fingerprint_parts=parts,
             info=process_info(),
         )
+
+    def _model_digest(self) -> str:
+        import mujoco
+
+        m = self._env.sim.model._model
+        buf = np.zeros(mujoco.mj_sizeModel(m), dtype=np.uint8)
+        mujoco.mj_saveModel(m, None, buf)
+        return digest_bytes(buf.tobytes())
 
     def _physics_state(self) -> np.ndarray:
         import mujoco
