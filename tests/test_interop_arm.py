@@ -105,7 +105,7 @@ def test_preflight_reports_a_server_without_rng_extension(tmp_path):
     async def main():
         url, task = await _openpi(case)
         try:
-            config = load_config(None, {"policy.url": url, "keepalive_s": 0.3})
+            config = load_config(None, {"policy.url": url, "policy.observation": "privileged", "keepalive_s": 0.3})
             return await run_preflight(manifest.cases, config, k=0, idle_s=1.0)
         finally:
             await _stop(task)
