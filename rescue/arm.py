@@ -256,6 +256,7 @@ class ArmRun:
             trace=self.trace,
             assistance=self.assistance,
             rule_firings=list(self.firings or []),
+            idle_rules=list(getattr(self.policy, "idle_rules", [])),
             policy_rng_control=self.rng_control,
             mode=mode,
             q_state=self.q_state,

@@ -294,6 +294,26 @@ def cmd_manifest_from_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from rescue import studies
+
+    with _Live("episodes, setting by setting") as live:
+        root, rows = studies.ablate(Path(args.manifest), args.rules.split(","), args.study and Path(args.study),
+                                    _config(args), live, args.verbose)
+    table = Table(title=f"ablation: {root}")
+    for col in ("setting", "rules on", "success", "unknown", "vs all_on: wins", "losses", "McNemar p", "difference [95% CI]"):
+        table.add_column(col)
+    for r in rows:
+        ci = "n/a" if r.diff_ci is None else f"{100 * r.diff:+.1f}% [{100 * r.diff_ci[0]:+.1f}%, {100 * r.diff_ci[1]:+.1f}%]"
+        table.add_row(r.setting, ",".join(r.enabled) or "-", f"{r.success}/{r.n}", str(r.unknown), str(r.wins),
+                      str(r.losses), f"{r.mcnemar_p:.4f}", ci)
+    console.print(table)
+    console.print(f"wrote {root / 'ablation.json'}")
+    return 0
+
+
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from rescue.diagnose import diagnose, from_arm_result, plot_timelines, summary_table, write_csv, write_transitions
     from rescue.study import open_journal
@@ -451,6 +471,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--pilot-tasks", type=int, default=0, help="declare the first failure of each of the first K tasks pilot")
     m.add_argument("--limit", type=int)
     m.set_defaults(func=cmd_manifest_from_eval)
+
+    p = sub.add_parser("ablate", help="one study per rule switch (each off alone, all off, all on), paired against all on")
+    p.add_argument("manifest", help="the instances (JSON lines), run with control arms only")
+    p.add_argument("--rules", required=True, help="comma-separated rules, e.g. stage_rollback,gripper_recovery,chunk_compression")
+    p.add_argument("--study", help="folder of the ablation's studies (default: a new folder under queue/)")
+    _add_run_options(p)
+    p.set_defaults(func=cmd_ablate)
 
     p = sub.add_parser("diagnose", help="how arms behaved: stages entered, rule firings, chunks rewritten, path length")
     p.add_argument("studies", nargs="+", metavar="STUDY", help="study folders whose arms are compared")

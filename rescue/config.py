@@ -69,6 +69,9 @@ class StudyConfig(BaseModel):
     arms: tuple[str, ...] = ("control", "assisted")
     # Correction rules between the policy and the simulator; all off unless named in rules.enabled.
     rules: RulesConfig = Field(default_factory=RulesConfig)
+    # An enabled rule whose inputs the policy's replies lack stops the study at its first query,
+    # unless this is set (then the rule stays idle, and the arm records it in `idle_rules`).
+    allow_idle_rules: bool = False
     # The sham (placebo) arm, off by default: DESIGN §8 and rescue/sham.py.
     sham: ShamConfig = Field(default_factory=ShamConfig)
     # The query point: the first regular policy query at or after half the horizon (DESIGN §2).

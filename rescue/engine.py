@@ -232,6 +232,10 @@ class Engine:
                 *(self._run_one_arm(case, arm, services, held if i == 0 else None) for i, arm in enumerate(self.config.arms))
             )
         by_arm = {r.arm: r for r in arms}
+        idle = next((r.error for r in arms if r.error and r.error.startswith("RulesCannotFire")), None)
+        if idle is not None:
+            self.stop_study(f"an enabled rule cannot fire on this policy's replies ({idle.split(': ', 1)[-1]}); "
+                            "fix [rules] (or set allow_idle_rules = true to run anyway)")
         if any(r.error and r.error.startswith("KeepaliveError") for r in arms):
             # The seed's rule: a policy whose connection or RNG moved during a wait cannot be
             # trusted for the next case either. This case stays (unknown); dispatch stops.
@@ -283,7 +287,7 @@ class Engine:
     async def _connect(self, services: Services) -> AsyncRuleWrapper:
         client = await WebsocketPolicyClient.connect(services.policy_url, api_key=services.policy_api_key)
         # The configured correction rules sit between the policy and the simulator; firings go to the arm record.
-        return AsyncRuleWrapper(client, self.config.rules)
+        return AsyncRuleWrapper(client, self.config.rules, self.config.interval, strict=not self.config.allow_idle_rules)
 
     async def _run_one_arm(
         self, case: Case, arm: str, services: Services, held: tuple[SimLease, AsyncRuleWrapper] | None

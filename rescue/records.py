@@ -108,6 +108,8 @@ class ArmResult(BaseModel):
     trace: list[TraceRow] = Field(default_factory=list)
     assistance: Assistance
     rule_firings: list[dict] = Field(default_factory=list)  # step, rule, chunk digests before/after
+    # Enabled rules the policy's replies could never trigger (only with allow_idle_rules).
+    idle_rules: list[str] = Field(default_factory=list)
     # Whether the policy server reset and reported its sampling RNG for this arm;
     # False: prefix equality with the other arm is not guaranteed by the server.
     policy_rng_control: bool | None = None

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from pydantic import BaseModel
+
 from rescue import logs
 from rescue.catalog import OFFICIAL_HORIZON
 from rescue.config import StudyConfig
@@ -20,7 +22,7 @@ from rescue.owner import own_study
 from rescue.records import Verdict
 from rescue.sham import ShamConfig
 from rescue.services import check_live_identity, resolved_config
-from rescue.study import StudyError, create_study, load_study_config, new_study_dir, open_journal
+from rescue.study import StudyError, create_study, load_study_config, new_study_dir, open_journal, study_outcome
 
 OnCase = Callable[[Verdict], None] | None
 
@@ -179,3 +181,72 @@ def demo(
         paths["rescue"] = run_manifest(manifest, base / "rescue", config, on_case, verbose)
     (base / "demo.json").write_text(json.dumps({k: str(v) for k, v in paths.items()}, indent=2) + "\n")
     return paths
+
+
+class AblationRow(BaseModel):
+    """One rule setting of an ablation against all rules on, paired by case."""
+
+    setting: str
+    enabled: list[str]
+    study: str
+    n: int
+    success: int
+    unknown: int
+    wins: int  # this setting succeeded where all_on failed
+    losses: int  # all_on succeeded where this setting failed
+    paired: int  # cases with a success/failure label in both
+    mcnemar_p: float
+    diff: float | None  # this setting minus all_on, over the paired cases
+    diff_ci: tuple[float, float] | None
+
+
+def ablate(
+    manifest_path: Path, rules: list[str], root: Path | None, config: StudyConfig, on_case: OnCase = None, verbose: bool = False
+) -> tuple[Path, list[AblationRow]]:
+    """Studies that differ by one rule switch (each listed rule off alone, all off, all on), control arms only,
+    on the same instances, seeds and C; each is an evaluation study run (or resumed) to the end."""
+    from wrappers.async_rules import ablation_configs
+
+    manifest = load_manifest(manifest_path)
+    settings = ablation_configs(config.rules, rules)
+    if root is None:
+        fresh = new_study_dir()
+        root = fresh.with_name(fresh.name.replace("study-", "ablation-", 1))
+    root.mkdir(parents=True, exist_ok=True)
+    for name, rules_config in settings.items():
+        study = root / name
+        side = config.model_copy(update={"rules": rules_config, "arms": ("control",), "sham": ShamConfig()})
+        if not StudyLayout.of(study).is_study():
+            new_study(study, manifest, side)
+            _run(study, on_case, verbose)
+        elif study_outcome(study).code:
+            resume(study, on_case, verbose)
+    rows = ablation_rows(root, settings)
+    (root / "ablation.json").write_text(json.dumps([r.model_dump(mode="json") for r in rows], indent=2) + "\n")
+    return root, rows
+
+
+def ablation_rows(root: Path, settings: dict) -> list[AblationRow]:
+    """Each setting's success and its paired comparison (exact McNemar, Newcombe CI) against all_on."""
+    from rescue.stats import mcnemar_exact, paired_diff_ci
+
+    labels: dict[str, dict[str, str]] = {}
+    for name in settings:
+        with open_journal(root / name) as journal:
+            labels[name] = {cid: v.label for cid, v in journal.verdicts().items()}
+    base = labels["all_on"]
+    rows = []
+    for name, rules_config in settings.items():
+        mine = labels[name]
+        both = [cid for cid in mine if cid in base and {mine[cid], base[cid]} <= {"success", "failure"}]
+        wins = sum(mine[c] == "success" and base[c] == "failure" for c in both)
+        losses = sum(mine[c] == "failure" and base[c] == "success" for c in both)
+        both_success = sum(mine[c] == base[c] == "success" for c in both)
+        rows.append(AblationRow(
+            setting=name, enabled=list(rules_config.enabled), study=str(root / name), n=len(mine),
+            success=sum(v == "success" for v in mine.values()), unknown=sum(v == "unknown" for v in mine.values()),
+            wins=wins, losses=losses, paired=len(both), mcnemar_p=mcnemar_exact(wins, losses),
+            diff=(wins - losses) / len(both) if both else None,
+            diff_ci=paired_diff_ci(wins, losses, len(both), both_success=both_success) if both else None,
+        ))
+    return rows

@@ -280,3 +280,36 @@ def test_rescue_diagnose_on_a_real_study_writes_csv_transitions_and_timeline(tmp
     assert json.loads((out / "transitions.json").read_text())
     assert (out / "timeline.png").stat().st_size > 1000
     assert "study:control" in proc.stdout
+
+
+@pytest.mark.sim
+@pytest.mark.e2e
+def test_rescue_ablate_runs_one_study_per_switch_and_pairs_them_against_all_on(tmp_path):
+    import json
+
+    from conftest import rescue_cli, write_cases
+
+    manifest = write_cases(tmp_path / "m.jsonl", 2, horizon=48)
+    config = tmp_path / "study.toml"
+    config.write_text("[policy]\nreplan_interval = 6\n")  # compression keeps 6 of 8 actions
+    root = tmp_path / "ablation"
+    rescue_cli("ablate", str(manifest), "--rules", "stage_rollback,gripper_recovery,chunk_compression",
+               "--study", str(root), "--config", str(config), "--simulators", "2", timeout=900)
+    rows = {r["setting"]: r for r in json.loads((root / "ablation.json").read_text())}
+    assert set(rows) == {"all_on", "no_stage_rollback", "no_gripper_recovery", "no_chunk_compression", "all_off"}
+    assert sorted(rows["all_on"]["enabled"]) == ["chunk_compression", "gripper_recovery", "stage_rollback"]
+    assert rows["all_off"]["enabled"] == [] and "chunk_compression" not in rows["no_chunk_compression"]["enabled"]
+    for name, row in rows.items():
+        cfg = json.loads((root / name / "config.json").read_text())
+        assert sorted(cfg["rules"]["enabled"]) == sorted(row["enabled"]) and cfg["arms"] == ["control"]
+        assert cfg["policy"]["replan_interval"] == 6 and row["n"] == 2 and row["paired"] + row["unknown"] >= 2
+    assert rows["all_on"]["wins"] == rows["all_on"]["losses"] == 0  # all_on against itself
+    # The switch is real: compression rewrites chunks when on, never when off.
+    arms = {}
+    import sqlite3
+    for name in ("all_on", "no_chunk_compression"):
+        con = sqlite3.connect(root / name / "journal.sqlite")
+        arms[name] = [json.loads(d) for (d,) in con.execute("SELECT data FROM arms")]
+        con.close()
+    fired = {name: {f["rule"] for a in arms[name] for f in a["rule_firings"]} for name in arms}
+    assert "chunk_compression" in fired["all_on"] and "chunk_compression" not in fired["no_chunk_compression"]

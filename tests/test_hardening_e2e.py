@@ -263,3 +263,26 @@ def test_cases_are_claimed_only_with_a_simulator_in_hand(tmp_path):
     states = list(case_states(study).values())
     # One simulator: the case on it is claimed; the other workers wait for the simulator unclaimed.
     assert states.count("claimed") == 1 and states.count("pending") >= 3
+
+
+def test_a_rule_that_cannot_fire_stops_the_study_unless_allowed(tmp_path):
+    # The embedded policy reports its stage under "phase"; a rule told to read "stage" never fires.
+    manifest = write_cases(tmp_path / "m.jsonl", 3, horizon=32)
+    config = tmp_path / "study.toml"
+    config.write_text('[rules]\nenabled = ["stage_rollback"]\nstage_key = "stage"\n')
+    proc = rescue_cli("run", str(manifest), "--study", str(tmp_path / "strict"), "--config", str(config),
+                      "--simulators", "1", "--cases-in-flight", "1", check=False)
+    out = _one_clean_line(proc)
+    assert proc.returncode == EXIT_STOPPED and "cannot fire" in out and "stage_rollback" in out and "'stage'" in out, out
+    assert list(case_states(tmp_path / "strict").values()).count("pending") == 2
+
+    config.write_text('allow_idle_rules = true\n[rules]\nenabled = ["stage_rollback"]\nstage_key = "stage"\n')
+    proc = rescue_cli("run", str(manifest), "--study", str(tmp_path / "lenient"), "--config", str(config),
+                      "--simulators", "1", "--cases-in-flight", "1", check=False)
+    assert proc.returncode in (0, 4), proc.stdout + proc.stderr
+    import sqlite3
+
+    con = sqlite3.connect(tmp_path / "lenient" / "journal.sqlite")
+    idle = [json.loads(d)["idle_rules"] for (d,) in con.execute("SELECT data FROM arms")]
+    con.close()
+    assert len(idle) == 6 and all(any("stage_rollback" in p for p in rules) for rules in idle)

@@ -145,11 +145,22 @@ class _Reply:
         pass
 
 
-class AsyncRuleWrapper:
-    """An async policy connection whose replies pass through the enabled rules; firings are logged."""
+class RulesCannotFire(RuntimeError):
+    """An enabled rule whose inputs the policy's replies lack: an ablation of it would compare identical arms."""
 
-    def __init__(self, policy: Any, rules: RulesConfig) -> None:
+
+class AsyncRuleWrapper:
+    """An async policy connection whose replies pass through the enabled rules; firings are logged.
+
+    With `interval` given, the first reply is checked by `rule_inputs_problems`: an enabled rule
+    that could never fire raises RulesCannotFire (or, with strict=False, is noted in `idle_rules`).
+    """
+
+    def __init__(self, policy: Any, rules: RulesConfig, interval: int | None = None, strict: bool = True) -> None:
         self._policy = policy
+        self._config, self._interval, self._strict = rules, interval, strict
+        self.idle_rules: list[str] = []
+        self._checked = interval is None or not any(r.enabled for r in rules.rules())
         self._given = _Reply()
         self._stage_obs_key = rules.stage_obs_key
         self._rules = RuleWrapper(
@@ -191,6 +202,11 @@ class AsyncRuleWrapper:
         if self._stage_obs_key is not None and self._rules.stage is not None:
             obs = {**obs, self._stage_obs_key: self._rules.stage}
         self._given.reply = await self._policy.infer(obs)
+        if not self._checked:
+            self._checked = True
+            self.idle_rules = rule_inputs_problems(self._config, self._given.reply, self._interval, obs_sample=obs)
+            if self.idle_rules and self._strict:
+                raise RulesCannotFire("; ".join(self.idle_rules))
         return self._rules.infer(obs, step=step)
 
     async def reset(self) -> None:
