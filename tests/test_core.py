@@ -699,3 +699,10 @@ def test_deviation_detail_names_the_differing_fingerprint_parts():
     assert deviation_detail(rec.model_copy(update={"assisted": arm("assisted", same)})) is None
     historical = rec.model_copy(update={"assisted": arm("assisted", same), "historical_fingerprint": "ff"})
     assert "historical" in deviation_detail(historical)
+
+
+def test_vlm_flags_without_a_vlm_url_keep_the_local_endpoint():
+    from rescue.config import load_config
+
+    config = load_config(None, {"vlm.model": "other-model", "vlm.api": "responses", "vlm.batch_size": 4})
+    assert config.vlm.base_url == "local" and config.vlm.model == "other-model" and config.vlm.batch_size == 4

@@ -33,7 +33,7 @@ from rescue.export import (
 from rescue.journal import SUMMARY_KEY, Journal, JournalError, arm_digest
 from rescue.manifest import Case, parse_manifest
 from rescue.querypoint import query_point
-from rescue.records import ArmResult, Assistance, Receipt, TraceRow, Usage
+from rescue.records import ArmResult, Assistance, Receipt, TraceRow, Usage, Verdict
 from rescue.status import render_status, study_status
 from rescue.verify import outcome_line_sha256, verify_study
 from rescue.vlm.receipts import ReceiptLog, read_receipts
@@ -563,3 +563,25 @@ def test_verify_accepts_an_assisted_arm_that_failed_right_after_its_subgoal_was_
     assert all("was not queried with" not in p.message for p in report.problems), report.render()
     # What does disagree is the stored verdict (the engine would have said unknown): nothing else.
     assert {p.check for p in report.problems} <= {"verdict", "summary", "invariant"}
+
+
+def test_the_terminal_summary_of_a_drained_study_keeps_the_manifests_n(tmp_path):
+    from rich.console import Console
+
+    from rescue.report import render_summary
+
+    data = "".join(json.dumps(line) + "\n" for line in manifest_lines()).encode()
+    manifest = parse_manifest(data, "manifest.jsonl", catalog=None)
+    study = tmp_path / "drained"
+    create_study(study, manifest, resolved_config(C))
+    with Journal.open(study) as journal:
+        first = manifest.cases[0].case_id
+        assert journal.claim(first, "w")
+        journal.finish_case(first, [arm_result(first, "control", success=False, steps=H)],
+                            Verdict(case_id=first, label="unknown", rule=2, reason="assisted arm missing"))
+    console = Console(record=True, width=200)
+    console.print(render_summary(export_study(study)))
+    text = console.export_text()
+    n = len([c for c in manifest.cases if not c.pilot])
+    assert f"cases (N, fixed)" in text and f"│ {n} " in text.replace("  ", " ")
+    assert "never started" in text and "of which have a verdict" in text

@@ -286,3 +286,33 @@ def test_a_rule_that_cannot_fire_stops_the_study_unless_allowed(tmp_path):
     idle = [json.loads(d)["idle_rules"] for (d,) in con.execute("SELECT data FROM arms")]
     con.close()
     assert len(idle) == 6 and all(any("stage_rollback" in p for p in rules) for rules in idle)
+
+
+def test_a_taken_port_is_one_clear_line(tmp_path):
+    port = _free_port()
+    first = _serve(["serve-vlm"], port)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "rescue.cli", "serve-vlm", "--port", str(port)], cwd=ROOT,
+                              env=cli_env(), capture_output=True, text=True, timeout=60)
+    finally:
+        _stop(first)
+    out = _one_clean_line(proc)
+    assert proc.returncode == EXIT_BAD_INPUT and f":{port}" in out and "--port" in out, out
+
+
+def test_a_key_given_in_the_toml_is_never_stored_and_resume_asks_for_it(tmp_path):
+    manifest = write_cases(tmp_path / "m.jsonl", 1, horizon=32)
+    config = tmp_path / "study.toml"
+    config.write_text('[vlm]\napi_key = "sk-test-distinctive-0042"\napi_key_env = "RESCUE_TEST_KEY"\n')
+    study = tmp_path / "study"
+    proc = rescue_cli("run", str(manifest), "--study", str(study), "--config", str(config), check=False)
+    assert proc.returncode in (0, 4), proc.stdout + proc.stderr
+    stored = b"".join(p.read_bytes() for p in study.rglob("*") if p.is_file())
+    assert b"sk-test-distinctive-0042" not in stored and b"**********" not in stored
+    # The receipts show the key was sent and accepted (the local endpoint takes any key).
+    receipts = (study / "receipts" / "receipts.jsonl").read_text()
+    assert '"status":"ok"' in receipts
+    # A resume has no key: it says how to give it, before anything is written.
+    proc = rescue_cli("resume", str(study), check=False)
+    out = _one_clean_line(proc)
+    assert proc.returncode == EXIT_BAD_INPUT and "RESCUE_TEST_KEY" in out, out
