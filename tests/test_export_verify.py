@@ -583,5 +583,5 @@ def test_the_terminal_summary_of_a_drained_study_keeps_the_manifests_n(tmp_path)
     console.print(render_summary(export_study(study)))
     text = console.export_text()
     n = len([c for c in manifest.cases if not c.pilot])
-    assert f"cases (N, fixed)" in text and f"│ {n} " in text.replace("  ", " ")
+    assert "cases (N, fixed)" in text and f"│ {n} " in text.replace("  ", " ")
     assert "never started" in text and "of which have a verdict" in text
