@@ -160,7 +160,7 @@ def test_sigterm_drains_then_resume_runs_the_rest(tmp_path):
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=300) == 0
+    assert proc.wait(timeout=300) == 3  # stopped with cases never run: not a finished study
     states = _states(study)
     # The case in flight finished; nothing new was claimed after the signal.
     assert "claimed" not in states.values()
@@ -188,7 +188,7 @@ def test_report_shows_keyframes_subgoal_and_verdict(tmp_path):
         for name, sha in frames.items():
             png = study / "frames" / "object-3-ep0" / f"{arm}-{name}.png"
             assert hashlib.sha256(png.read_bytes()).hexdigest() == sha
-            assert f"frames/object-3-ep0/{arm}-{name}.png" in page
+            assert sha in page  # the report carries the very image the arm recorded (named by its sha256)
     assert rescue_cli("verify", str(study)).returncode == 0
     # A swapped keyframe is caught: the report shows only what the arm recorded.
     copy = _tampered(study, tmp_path / "frames-copy")

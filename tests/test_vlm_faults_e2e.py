@@ -45,7 +45,9 @@ def test_vlm_fault_is_recorded_and_classified(tmp_path, faulty_endpoint, status,
     fault, url = faulty_endpoint
     manifest = write_cases(tmp_path / "m.jsonl", 1, horizon=48)
     study = tmp_path / "study"
-    rescue_cli("run", str(manifest), "--study", str(study), "--vlm-url", url)
+    proc = rescue_cli("run", str(manifest), "--study", str(study), "--vlm-url", url, check=False)
+    # Every case (the one) unknown: the run says so with exit code 4; otherwise it succeeded.
+    assert proc.returncode == (4 if label == "unknown" else 0), proc.stdout + proc.stderr
     rescue_cli("export", str(study))
     case = json.loads((study / "export.json").read_text())["cases"][0]
     con_arms = __import__("sqlite3").connect(study / "journal.sqlite")
