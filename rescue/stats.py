@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -202,21 +203,21 @@ def _breakdowns(cases: Sequence[tuple[CaseRecord, Verdict]], key: str) -> dict[s
 
 def _pair_table(cases: Sequence[tuple[CaseRecord, Verdict]]) -> PairTable:
     table = PairTable()
+    outcomes = []
     for rec, v in cases:
         if not v.in_m:
             continue
         if rec.control is None or rec.assisted is None:
             raise ValueError(f"case {rec.case_id} is in M without both arms")
-        c_ok, a_ok = bool(rec.control.success), bool(rec.assisted.success)
-        if a_ok and not c_ok:
-            table.assisted_only += 1
-        elif c_ok and not a_ok:
-            table.control_only += 1
-        elif a_ok and c_ok:
-            table.both_success += 1
-        else:
-            table.both_fail += 1
+        outcomes.append((bool(rec.assisted.success), bool(rec.control.success)))
+    table.assisted_only, table.control_only, table.both_success, table.both_fail = _tally(outcomes)
     return table
+
+
+def _tally(pairs: Iterable[tuple[bool, bool]]) -> tuple[int, int, int, int]:
+    """A paired 2x2 from (first succeeded, second succeeded): first only, second only, both, neither."""
+    counts = Counter((bool(a), bool(b)) for a, b in pairs)
+    return counts[(True, False)], counts[(False, True)], counts[(True, True)], counts[(False, False)]
 
 
 def sham_summary(cases: Sequence[tuple[CaseRecord, Verdict]], confidence: float = 0.95) -> ShamSummary | None:
@@ -227,21 +228,13 @@ def sham_summary(cases: Sequence[tuple[CaseRecord, Verdict]], confidence: float 
     if len(judged) != len(cases):
         raise ValueError("some cases of a sham study have no sham verdict")
     counts = _label_counts(v.sham.label for _, v in judged)
-    table = ShamPairTable()
     for rec, v in judged:
         if v.sham.in_e and not v.sham.in_m:
             raise ValueError(f"case {rec.case_id}'s sham arm is in E but not in M")
-        if not (v.in_e and v.sham.in_e):
-            continue
-        a_ok, s_ok = bool(rec.assisted.success), bool(rec.sham.success)
-        if a_ok and not s_ok:
-            table.assisted_only += 1
-        elif s_ok and not a_ok:
-            table.sham_only += 1
-        elif a_ok and s_ok:
-            table.both_success += 1
-        else:
-            table.both_fail += 1
+    table = ShamPairTable()
+    table.assisted_only, table.sham_only, table.both_success, table.both_fail = _tally(
+        (rec.assisted.success, rec.sham.success) for rec, v in judged if v.in_e and v.sham.in_e
+    )
     k = table.assisted_only + table.sham_only + table.both_success + table.both_fail
     b, c = table.assisted_only, table.sham_only
     return ShamSummary(

@@ -62,13 +62,7 @@ def resume(study_dir: Path, on_case: OnCase = None, verbose: bool = False) -> li
     A study owned by a live process is refused too (its in-flight cases are not interrupted).
     """
     study_dir = Path(study_dir)
-    with open_journal(study_dir) as journal:
-        meta = journal.meta()
-    if meta.get("continued_by"):
-        raise StudyError(f"{study_dir} was continued by {meta['continued_by']}; resume that study instead")
-    config = load_study_config(study_dir)
-    _check_vlm_key(config)
-    asyncio.run(check_live_identity(config))
+    _ready_to_go_on(study_dir, "resume that study instead")
     with own_study(study_dir):
         with Journal.open(study_dir) as journal:
             journal.clear_drain()
@@ -79,25 +73,27 @@ def resume(study_dir: Path, on_case: OnCase = None, verbose: bool = False) -> li
     return interrupted
 
 
-def _check_vlm_key(config: StudyConfig) -> None:
+def _ready_to_go_on(study_dir: Path, instead: str) -> StudyConfig:
+    """Refuse, with nothing written, a study that cannot go on: already continued, a VLM key to give
+    again, or a policy server that is not the one it was created with. Returns its configuration."""
+    with open_journal(study_dir) as journal:
+        continued_by = journal.meta().get("continued_by")
+    if continued_by:
+        raise StudyError(f"{study_dir} was continued by {continued_by}; {instead}")
+    config = load_study_config(study_dir)
     # A key given in the TOML is never stored in the study: say how to supply it again.
-    if "assisted" in config.arms:
-        message = config.vlm.missing_key_message()
-        if message is not None:
-            raise StudyError(message)
+    message = config.vlm.missing_key_message() if "assisted" in config.arms else None
+    if message is not None:
+        raise StudyError(message)
+    # The same study, the same server: C, the profile and the announced identity must hold.
+    asyncio.run(check_live_identity(config))
+    return config
 
 
 def continue_from(prior: Path, new_dir: Path, on_case: OnCase = None, verbose: bool = False) -> Path:
     """Run the never-claimed complement of a prior study as a new study (partition by claim)."""
     prior, new_dir = Path(prior), Path(new_dir)
-    with open_journal(prior) as journal:
-        meta = journal.meta()
-    if meta.get("continued_by"):
-        raise StudyError(f"{prior} was already continued by {meta['continued_by']}")
-    config = load_study_config(prior)
-    _check_vlm_key(config)
-    # The continuation is the same study in two parts: same identity, same server.
-    asyncio.run(check_live_identity(config))
+    config = _ready_to_go_on(prior, "a study is continued once")
     with own_study(prior):
         recover(prior)
         cases = complement_manifest(prior)
