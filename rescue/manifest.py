@@ -483,27 +483,6 @@ def load_manifest(
     return parse_manifest(data, str(path), case_type, catalog=catalog, max_horizon_factor=max_horizon_factor)
 
 
-def check_instructions(manifest: Manifest, lookup: Callable[[Case], str]) -> list[str]:
-    """Problems where a case's given instruction differs from its task's own (DESIGN §2)."""
-    problems = []
-    for case in manifest.cases:
-        if case.instruction is None:
-            continue
-        try:
-            own = lookup(case)
-        except LookupError as exc:
-            problems.append(f"{case.case_id}: task {case.task} not found: {exc}")
-            continue
-        # Exact equality: the instruction is part of the initial-state
-        # fingerprint, so "almost the same" would replay a different case.
-        if case.instruction != own:
-            problems.append(
-                f"{case.case_id}: instruction {case.instruction!r} differs from "
-                f"task {case.task}'s own {own!r}"
-            )
-    return problems
-
-
 def write_manifest(cases: Iterable[Case], path: str | os.PathLike[str]) -> None:
     """Write cases as JSONL atomically: the file is either the old one or complete."""
     cases = list(cases)

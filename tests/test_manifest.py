@@ -23,7 +23,6 @@ from rescue.manifest import (
     Manifest,
     ManifestError,
     case_id_problem,
-    check_instructions,
     derive_policy_seed,
     load_manifest,
     parse_manifest,
@@ -258,26 +257,6 @@ def test_manifest_model_refuses_duplicate_ids():
     case = Case.model_validate(case_dict(0))
     with pytest.raises(ValueError):
         Manifest(cases=[case, case], source="x", sha256="0")
-
-
-# --- instruction check -------------------------------------------------------
-
-
-def test_check_instructions_uses_the_adapter_lookup(tmp_path):
-    own = {0: "pick up the bowl", 1: "open the drawer"}
-    path = write_lines(
-        tmp_path / "m.jsonl",
-        [
-            json.dumps(case_dict(0, instruction="pick up the bowl")),
-            json.dumps(case_dict(1, instruction="open the drawer ")),
-            json.dumps(case_dict(2)),                          # no instruction: nothing to check
-            json.dumps(case_dict(3, instruction="anything")),  # unknown task
-        ],
-    )
-    problems = check_instructions(load_manifest(path, catalog=None), lambda case: own[case.task_id])
-    assert len(problems) == 2
-    assert problems[0].startswith("spatial-1-ep0: instruction 'open the drawer ' differs")
-    assert problems[1].startswith("spatial-3-ep0: task libero_spatial/3 not found")
 
 
 # --- writing -----------------------------------------------------------------
