@@ -4,7 +4,7 @@ GET /healthz, GET /jobs, GET /jobs/{id} (state, counts, ETA), GET /jobs/{id}/exp
 (the export JSON with `partial` set while not every case has a verdict), POST /jobs
 (submit, validated as `rescue submit` does), POST /jobs/{id}/drain (as `rescue cancel`),
 GET / (the jobs with live counts), and a finished job's report under
-/jobs/{id}/study/. With an API key every route but /healthz asks for it, as
+/jobs/{id}/study/ (report.html and its files). With an API key every route but /healthz asks for it, as
 `Authorization: Bearer KEY`, `X-API-Key: KEY` or `?key=KEY` (the page passes its own on).
 """
 

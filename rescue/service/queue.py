@@ -4,7 +4,7 @@ A job folder holds the manifest as submitted (`manifest.jsonl`), the study
 configuration as given (`config.json`, its identity not yet resolved) and its
 sha256, `job.json` (who, when, what), `state.json` (queued, running, finished,
 stopped), the child's output `job.log`, and from its start the study folder
-`study/`. A job is laid out under a private name and renamed into place, so a
+`study-<stamp>-<hex>/` (the job id's stamp: each study id stays unique). A job is laid out under a private name and renamed into place, so a
 listing never sees half a job. Short transitions (the worker taking a job, a
 cancel) hold the queue's `flock`, so a cancelled queued job is never started.
 
@@ -116,7 +116,8 @@ class JobLayout:
 
     @property
     def study(self) -> Path:
-        return self.root / STUDY
+        """The job's study folder, named like `rescue run`'s so each study id is unique."""
+        return self.root / f"{STUDY}-{self.job_id.removeprefix('job-')}"
 
 
 class Job(BaseModel):
