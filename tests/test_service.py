@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -220,3 +221,60 @@ def test_serve_beyond_loopback_needs_an_api_key_and_asks_for_it(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (already dead, not yet reaped) counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_restart_after_only_the_worker_was_killed_drains_the_orphan_then_resumes(tmp_path):
+    queue = tmp_path / "queue"
+    job_id = _submit(write_cases(tmp_path / "a.jsonl", 3, horizon=48), "orphaned", queue)
+    study = _study(queue, job_id)
+    port = _free_port()
+    proc = _serve(queue, port)
+    deadline = time.time() + 400
+    try:
+        while time.time() < deadline:
+            if (study / "journal.sqlite").exists() and "claimed" in case_states(study).values():
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the job never had a case in flight")
+        child = json.loads((queue / "jobs" / job_id / "state.json").read_text())["pid"]
+        os.kill(proc.pid, signal.SIGKILL)  # the worker alone: its job child lives on
+        proc.wait()
+        assert child and _alive(child)
+        assert int((study / ".owner.lock").read_text()) == child  # the orphan still owns the study
+
+        proc = _serve(queue, port)
+        _wait_up(port, proc, timeout=400)  # the API starts once the orphan is handled
+        while time.time() < deadline + 300:
+            view = _get(port, f"/jobs/{job_id}")[1]
+            if view["state"] not in ("queued", "running"):
+                break
+            time.sleep(0.5)
+        assert view["state"] == "finished" and view["runs"] == 2
+        assert not _alive(child)
+        states = case_states(study)
+        assert set(states.values()) <= {"finished", "interrupted"} and len(states) == 3
+        arms = _arms(study)
+        assert all((c, arm) in arms for c in states for arm in ("control", "assisted") if states[c] == "finished")
+        assert "resumed" in (queue / "jobs" / job_id / "job.log").read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError, NameError, TypeError):
+            os.kill(child, signal.SIGKILL)
+    assert rescue_cli("verify", str(study)).returncode == 0
