@@ -265,10 +265,11 @@ def test_restart_after_only_the_worker_was_killed_drains_the_orphan_then_resumes
         assert view["state"] == "finished" and view["runs"] == 2
         assert not _alive(child)
         states = case_states(study)
-        assert set(states.values()) <= {"finished", "interrupted"} and len(states) == 3
+        # The orphan drained (its case in flight finished), so the resume had nothing interrupted.
+        assert states == dict.fromkeys(states, "finished") and len(states) == 3
         arms = _arms(study)
-        assert all((c, arm) in arms for c in states for arm in ("control", "assisted") if states[c] == "finished")
-        assert "resumed" in (queue / "jobs" / job_id / "job.log").read_text()
+        assert all((c, arm) in arms for c in states for arm in ("control", "assisted"))
+        assert "0 started-unfinished case(s)" in (queue / "jobs" / job_id / "job.log").read_text()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:
@@ -278,3 +279,41 @@ def test_restart_after_only_the_worker_was_killed_drains_the_orphan_then_resumes
         with contextlib.suppress(ProcessLookupError, NameError, TypeError):
             os.kill(child, signal.SIGKILL)
     assert rescue_cli("verify", str(study)).returncode == 0
+
+
+def _wait_claimed(study: Path, timeout: float = 400) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (study / "journal.sqlite").exists() and "claimed" in case_states(study).values():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{study} never had a case in flight")
+
+
+def test_cancel_drains_a_running_job_and_sigterm_puts_the_job_back_in_the_queue(tmp_path):
+    queue = tmp_path / "queue"
+    first = _submit(write_cases(tmp_path / "a.jsonl", 3, horizon=48), "cancelled", queue)
+    second = _submit(write_cases(tmp_path / "b.jsonl", 3, horizon=48), "drained", queue)
+    port = _free_port()
+    proc = _serve(queue, port)
+    try:
+        _wait_claimed(_study(queue, first))
+        out = rescue_cli("cancel", first, "--queue", str(queue))
+        assert "draining" in out.stdout
+        _wait_claimed(_study(queue, second))
+        view = _get(port, f"/jobs/{first}")[1]
+        assert view["state"] == "stopped" and view["message"] == "cancelled"
+        # Drained: the case in flight finished, nothing new was claimed, and it is never resumed.
+        assert set(case_states(_study(queue, first)).values()) == {"finished", "pending"}
+        status, body = _get(port, f"/jobs/{first}/export")
+        assert status == 200 and body["partial"] is True
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    states = case_states(_study(queue, second))
+    assert "claimed" not in states.values() and "pending" in states.values()
+    listed = {row["job_id"]: row["state"] for row in json.loads(rescue_cli("queue", "--queue", str(queue), "--json").stdout)}
+    assert listed == {first: "stopped", second: "queued"}
