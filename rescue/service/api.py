@@ -16,17 +16,12 @@ import html
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from aiohttp import web
 
 from rescue import layout
 from rescue.config import ConfigError
 from rescue.manifest import ManifestError
 from rescue.service.queue import QueueError, cancel_job, config_problems, find_job, job_view, list_jobs, submit_job
-
-if TYPE_CHECKING:
-    from rescue.service.worker import Worker
 
 QUEUE = web.AppKey("queue", Path)
 API_KEY = web.AppKey("api_key", str)
@@ -204,8 +199,8 @@ async def page(request: web.Request) -> web.Response:
     return web.Response(text=text, content_type="text/html")
 
 
-def make_app(queue: Path, api_key: str | None, worker: Worker | None = None) -> web.Application:
-    """The API application over a queue folder; `worker` answers /healthz's running job."""
+def make_app(queue: Path, api_key: str | None, worker: object | None = None) -> web.Application:
+    """The API application over a queue folder; `worker` (a service.worker.Worker) answers /healthz's running job."""
     app = web.Application(middlewares=[_auth], client_max_size=MAX_BODY)
     app[QUEUE] = Path(queue)
     app[API_KEY] = api_key or ""
