@@ -370,6 +370,50 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_submit(args: argparse.Namespace) -> int:
+    from rescue.service.queue import submit_file
+
+    spec = submit_file(Path(args.queue), Path(args.manifest), _config(args), args.name)
+    print(f"queued {spec.job_id} ({spec.cases} cases, {spec.name}) in {args.queue}")
+    return 0
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from rescue.service.queue import job_view, list_jobs
+
+    views = [job_view(job) for job in list_jobs(Path(args.queue))]
+    if args.json:
+        print(json.dumps([v.model_dump(mode="json") for v in views]))
+        return 0
+    table = Table(title=f"queue: {args.queue}")
+    for col in ("job", "name", "state", "cases done", "labels", "message"):
+        table.add_column(col)
+    for v in views:
+        labels = " ".join(f"{k}={n}" for k, n in v.labels.items())
+        table.add_row(v.job_id, v.name, v.state, f"{v.done}/{v.cases}", labels, v.message or "")
+    console.print(table)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from rescue.service.queue import cancel_job
+
+    console.print(cancel_job(Path(args.queue), args.job))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from rescue.service.worker import ServeError, serve
+
+    try:
+        return serve(Path(args.queue), args.host, args.port, args.api_key_env, args.verbose)
+    except ServeError as exc:
+        print(f"rescue: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML configuration file (flags override it)")
     p.add_argument("--simulators", type=int, help="simulator processes (config default: 2)")
@@ -505,6 +549,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--simulators", type=int, help="simulator processes")
     p.add_argument("--cases-in-flight", type=int)
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("submit", help="validate a manifest and its configuration and queue a study for `rescue serve`")
+    p.add_argument("manifest")
+    p.add_argument("--name", help="a name shown in the queue (default: the manifest's file name)")
+    p.add_argument("--queue", default="queue", help="the queue folder (jobs go under QUEUE/jobs/)")
+    _add_run_options(p)
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("queue", help="the queued, running, finished and stopped jobs")
+    p.add_argument("--queue", default="queue", help="the queue folder")
+    p.add_argument("--json", action="store_true", help="one JSON list, for scripts")
+    p.set_defaults(func=cmd_queue)
+
+    p = sub.add_parser("cancel", help="remove a queued job, or drain a running one")
+    p.add_argument("job", help="job id (see `rescue queue`)")
+    p.add_argument("--queue", default="queue", help="the queue folder")
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("serve", help="the worker: run queued studies one at a time, with an HTTP status API")
+    p.add_argument("--queue", default="queue", help="the queue folder")
+    p.add_argument("--host", default="127.0.0.1", help="bind address; beyond loopback an API key is required")
+    p.add_argument("--port", type=int, default=8765, help="HTTP port")
+    p.add_argument("--api-key-env", help="environment variable holding the API key")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("serve-vlm", help="the local OpenAI-compatible endpoint", add_help=False)
     p.set_defaults(func=None, forward="rescue.vlm.endpoint:serve_main")

@@ -1,0 +1,78 @@
+"""One job, run in a child process of the worker: `python -m rescue.service.job JOB_DIR`.
+
+The study library functions own their event loop (`asyncio.run`), the
+simulators and the study's owner lock, so each job runs in a process of its
+own; its exit code is `rescue run`'s (0, 3 stopped, 4 all unknown, 2 bad
+input, 1 internal). A job whose study exists is resumed exactly as
+`rescue resume` does (claimed-unfinished cases become unknown, interrupted);
+otherwise the study is created (its identity resolved now) and run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rescue.config import StudyConfig
+from rescue.layout import StudyLayout
+from rescue.service.queue import JobLayout
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 1
+
+
+def run_job(job_dir: Path, verbose: bool = False) -> int:
+    """Create and run, or resume, the study of one job; write its report when every case has a verdict."""
+    from rescue import studies
+    from rescue.study import EXIT_ALL_UNKNOWN, EXIT_OK, study_outcome
+
+    job = JobLayout(Path(job_dir))
+    if StudyLayout.of(job.study).is_study():
+        interrupted = studies.resume(job.study, verbose=verbose)
+        print(f"resumed {job.study}: {len(interrupted)} started-unfinished case(s) recorded as unknown (interrupted)"
+              + (f": {', '.join(interrupted)}" if interrupted else ""), flush=True)
+    else:
+        config = StudyConfig.model_validate_json(job.config.read_text(encoding="utf-8"))
+        studies.run_manifest(job.manifest, job.study, config, verbose=verbose)
+        print(f"ran {job.study}", flush=True)
+    outcome = study_outcome(job.study)
+    print(outcome.message, flush=True)
+    if outcome.code in (EXIT_OK, EXIT_ALL_UNKNOWN):
+        from rescue.htmlreport import write_report
+
+        print(f"report: {write_report(job.study)}", flush=True)
+    return outcome.code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the job child process; errors become one line and `rescue run`'s exit codes."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "-v" in argv
+    args = [a for a in argv if a != "-v"]
+    if len(args) != 1:
+        print("usage: python -m rescue.service.job [-v] JOB_DIR", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from rescue import logs
+    from rescue.config import ConfigError
+    from rescue.identity import IdentityError
+    from rescue.journal import JournalError
+    from rescue.manifest import ManifestError
+    from rescue.study import StudyError
+
+    logs.configure(None, verbose)
+    try:
+        return run_job(Path(args[0]), verbose)
+    except ManifestError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (StudyError, IdentityError, ConfigError, JournalError) as exc:
+        print(f"rescue: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # one line in the job's log; the worker shows it
+        print(f"rescue: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

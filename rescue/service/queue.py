@@ -1,0 +1,349 @@
+"""The job queue: one folder per submitted study under `QUEUE/jobs/<job-id>/`.
+
+A job folder holds the manifest as submitted (`manifest.jsonl`), the study
+configuration as given (`config.json`, its identity not yet resolved) and its
+sha256, `job.json` (who, when, what), `state.json` (queued, running, finished,
+stopped), the child's output `job.log`, and from its start the study folder
+`study-<stamp>-<hex>/` (the job id's stamp: each study id stays unique). A job is laid out under a private name and renamed into place, so a
+listing never sees half a job. Short transitions (the worker taking a job, a
+cancel) hold the queue's `flock`, so a cancelled queued job is never started.
+
+This module only reads and writes files: no simulator, server or SDK.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from rescue import layout
+from rescue.config import ConfigError, StudyConfig
+from rescue.manifest import Manifest, ManifestError, parse_manifest
+from rescue.study import StudyError
+
+JOBS = "jobs"
+QUEUE_LOCK = ".queue.lock"
+JOB_SPEC = "job.json"
+JOB_STATE = "state.json"
+CONFIG_SHA256 = "config.sha256"
+CANCEL = "cancel"
+JOB_LOG = "job.log"
+STUDY = "study"
+
+JobStateName = Literal["queued", "running", "finished", "stopped"]
+# A job the worker may take: never started, or started and not ended (a crash, a worker drain).
+OPEN_STATES: tuple[str, ...] = ("queued", "running")
+
+
+class QueueError(StudyError):
+    """A job that does not exist, or a queue request that cannot be carried out."""
+
+
+class JobSpec(BaseModel):
+    """What was submitted, fixed at submission."""
+
+    job_id: str
+    name: str
+    submitted_at: float
+    cases: int
+    manifest_sha256: str
+    config_sha256: str
+    manifest_source: str | None = None
+
+
+class JobState(BaseModel):
+    """Where a job stands; rewritten atomically by the worker and by `cancel`."""
+
+    state: JobStateName = "queued"
+    updated_at: float = Field(default_factory=time.time)
+    started_at: float | None = None  # the first start
+    finished_at: float | None = None
+    runs: int = 0  # starts of the job's child (a resume after a crash is a second run)
+    pid: int | None = None  # the child running it, while running
+    exit_code: int | None = None  # the child's, as `rescue run`/`resume` would exit
+    message: str | None = None
+    cancel_requested: bool = False
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    """Where each file of one job folder lives."""
+
+    root: Path
+
+    @property
+    def job_id(self) -> str:
+        return self.root.name
+
+    @property
+    def spec(self) -> Path:
+        return self.root / JOB_SPEC
+
+    @property
+    def state(self) -> Path:
+        return self.root / JOB_STATE
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / layout.MANIFEST
+
+    @property
+    def config(self) -> Path:
+        return self.root / layout.CONFIG
+
+    @property
+    def config_sha256(self) -> Path:
+        return self.root / CONFIG_SHA256
+
+    @property
+    def cancel(self) -> Path:
+        return self.root / CANCEL
+
+    @property
+    def log(self) -> Path:
+        return self.root / JOB_LOG
+
+    @property
+    def study(self) -> Path:
+        """The job's study folder, named like `rescue run`'s so each study id is unique."""
+        return self.root / f"{STUDY}-{self.job_id.removeprefix('job-')}"
+
+
+class Job(BaseModel):
+    """A job as read from its folder."""
+
+    spec: JobSpec
+    state: JobState
+    path: str
+
+    @property
+    def layout(self) -> JobLayout:
+        return JobLayout(Path(self.path))
+
+
+def jobs_dir(queue: str | os.PathLike[str]) -> Path:
+    """The folder of a queue's jobs."""
+    return Path(queue) / JOBS
+
+
+@contextlib.contextmanager
+def queue_lock(queue: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the queue's lock for a short transition (taking a job, cancelling one)."""
+    jobs_dir(queue).mkdir(parents=True, exist_ok=True)
+    fd = os.open(Path(queue) / QUEUE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def config_problems(data: dict) -> StudyConfig:
+    """A StudyConfig from a JSON object (the API's `config`), or ConfigError naming every problem."""
+    try:
+        return StudyConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(part) for part in err["loc"]) or "(top level)"
+            problems.append(f"{key}: {'unknown key' if err['type'] == 'extra_forbidden' else err['msg']}")
+        raise ConfigError("config: " + "; ".join(problems)) from None
+
+
+def validate_job(manifest_bytes: bytes, source: str, config: StudyConfig) -> Manifest:
+    """Check a submission as `rescue run` would before anything runs: ManifestError or ConfigError."""
+    # A key given in a TOML file is never written (not even into the job): it could not reach the job.
+    if config.vlm.api_key_from_config and "assisted" in config.arms:
+        raise ConfigError(
+            "a queued job cannot carry a VLM key given as [vlm] api_key (it is never stored); "
+            f"set it in the worker's environment variable {config.vlm.api_key_env} (vlm.api_key_env) instead"
+        )
+    if config.policy.replan_interval is not None and config.policy.announced is not None:
+        raise ConfigError("give the configuration as written; the study's identity is resolved when the job starts")
+    return parse_manifest(manifest_bytes, source, catalog="libero")
+
+
+def _new_job_id() -> str:
+    return f"job-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+
+
+def submit_job(
+    queue: str | os.PathLike[str], manifest_bytes: bytes, source: str, config: StudyConfig, name: str | None = None
+) -> JobSpec:
+    """Validate a manifest and configuration and place a queued job; nothing is written when either is bad."""
+    manifest = validate_job(manifest_bytes, source, config)
+    jobs = jobs_dir(queue)
+    jobs.mkdir(parents=True, exist_ok=True)
+    job_id = _new_job_id()
+    config_json = json.dumps(config.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+    spec = JobSpec(
+        job_id=job_id,
+        name=name or Path(source).stem,
+        submitted_at=time.time(),
+        cases=len(manifest.cases),
+        manifest_sha256=manifest.sha256,
+        config_sha256=config.sha256(),
+        manifest_source=source,
+    )
+    tmp = jobs / f".{job_id}.submitting-{os.getpid()}"
+    try:
+        tmp.mkdir()
+        job = JobLayout(tmp)
+        job.manifest.write_bytes(manifest_bytes)  # byte for byte: its sha256 is the manifest's
+        job.config.write_text(config_json, encoding="utf-8")
+        job.config_sha256.write_text(spec.config_sha256 + "\n", encoding="utf-8")
+        job.state.write_text(JobState().model_dump_json(indent=2) + "\n", encoding="utf-8")
+        _write_atomic(job.spec, spec.model_dump_json(indent=2) + "\n")
+        os.rename(tmp, jobs / job_id)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return spec
+
+
+def submit_file(queue: str | os.PathLike[str], manifest_path: str | os.PathLike[str], config: StudyConfig,
+                name: str | None = None) -> JobSpec:
+    """`rescue submit`: read a manifest file and submit it."""
+    path = Path(manifest_path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ManifestError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    return submit_job(queue, data, str(path), config, name)
+
+
+def read_job(path: Path) -> Job:
+    """A job from its folder; QueueError when it is not a job."""
+    job = JobLayout(path)
+    try:
+        spec = JobSpec.model_validate_json(job.spec.read_text(encoding="utf-8"))
+        state = JobState.model_validate_json(job.state.read_text(encoding="utf-8"))
+    except (OSError, ValidationError) as exc:
+        raise QueueError(f"{path} is not a readable job ({type(exc).__name__})") from None
+    return Job(spec=spec, state=state, path=str(path))
+
+
+def find_job(queue: str | os.PathLike[str], job_id: str) -> Job:
+    """One job by id; QueueError when the queue holds no such job."""
+    if not job_id or "/" in job_id or job_id.startswith("."):
+        raise QueueError(f"no job {job_id!r}")
+    path = jobs_dir(queue) / job_id
+    if not path.is_dir():
+        raise QueueError(f"no job {job_id!r} in {jobs_dir(queue)}")
+    return read_job(path)
+
+
+def list_jobs(queue: str | os.PathLike[str]) -> list[Job]:
+    """Every job, in submission order."""
+    folder = jobs_dir(queue)
+    if not folder.is_dir():
+        return []
+    jobs = []
+    for path in folder.iterdir():
+        if path.name.startswith(".") or not path.is_dir():
+            continue
+        try:
+            jobs.append(read_job(path))
+        except QueueError:
+            continue  # removed while listing
+    return sorted(jobs, key=lambda j: (j.spec.submitted_at, j.spec.job_id))
+
+
+def write_state(job: Job, **changes) -> Job:
+    """Replace fields of a job's state file atomically; the updated job."""
+    state = job.state.model_copy(update={**changes, "updated_at": time.time()})
+    _write_atomic(job.layout.state, state.model_dump_json(indent=2) + "\n")
+    return job.model_copy(update={"state": state})
+
+
+def cancel_job(queue: str | os.PathLike[str], job_id: str) -> str:
+    """Remove a queued job, or drain a running one (no new case is claimed; arms in flight finish).
+
+    Returns what was done, in words. A running job is marked so that the worker
+    ends it `stopped` and never resumes it.
+    """
+    with queue_lock(queue):
+        job = find_job(queue, job_id)
+        if job.state.state == "queued" and job.state.runs == 0:
+            shutil.rmtree(job.layout.root)
+            return f"{job_id}: removed from the queue"
+        if job.state.state not in OPEN_STATES:
+            return f"{job_id}: already {job.state.state}; nothing to cancel"
+        job.layout.cancel.write_text(f"{time.time()}\n")
+        write_state(job, cancel_requested=True)
+    study = job.layout.study
+    if layout.StudyLayout.of(study).is_study():
+        from rescue.study import open_journal
+
+        with open_journal(study, readonly=False) as journal:
+            journal.request_drain()
+    return f"{job_id}: draining (no new case is claimed; arms in flight finish)"
+
+
+class JobView(BaseModel):
+    """A job as the API and `rescue queue` show it: state, counts, labels, ETA."""
+
+    job_id: str
+    name: str
+    state: JobStateName
+    message: str | None = None
+    submitted_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    runs: int = 0
+    cases: int
+    done: int = 0  # finished or interrupted cases
+    states: dict[str, int] = Field(default_factory=dict)
+    labels: dict[str, int] = Field(default_factory=dict)
+    eta_s: float | None = None
+    draining: bool = False
+    study: str | None = None
+    report: bool = False  # the finished job's report.html exists
+
+
+def job_view(job: Job, now: float | None = None) -> JobView:
+    """A job's view, with its study's counts when the study exists (read-only, no lock taken)."""
+    view = JobView(
+        job_id=job.spec.job_id, name=job.spec.name, state=job.state.state, message=job.state.message,
+        submitted_at=job.spec.submitted_at, started_at=job.state.started_at, finished_at=job.state.finished_at,
+        exit_code=job.state.exit_code, runs=job.state.runs, cases=job.spec.cases,
+    )
+    study = layout.StudyLayout.of(job.layout.study)
+    if not study.is_study():
+        return view
+    from rescue.status import study_status
+
+    try:
+        status = study_status(study.root)
+    except Exception as exc:  # a journal mid-write: show the job without its counts this time
+        return view.model_copy(update={"message": view.message or f"counts unavailable: {type(exc).__name__}"})
+    done = status.states.get("finished", 0) + status.states.get("interrupted", 0)
+    eta = None
+    now = time.time() if now is None else now
+    if job.state.state == "running" and done and job.state.started_at:
+        eta = (now - job.state.started_at) / done * (status.cases - done)
+    labels = {k: v for k, v in {**status.labels, **status.pilot_labels}.items() if v}
+    return view.model_copy(update={
+        "done": done, "states": status.states, "labels": labels, "eta_s": eta, "draining": status.draining,
+        "study": str(study.root), "report": study.report.is_file(),
+    })

@@ -1,0 +1,319 @@
+"""Rescue as a service on real LIBERO: submit, `rescue serve`, SIGKILL mid-job, restart, and the HTTP API."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, case_states, cli_env, rescue_cli, write_cases
+
+pytestmark = [pytest.mark.sim, pytest.mark.e2e]
+
+SMALL = ("--cases-in-flight", "1", "--simulators", "1")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(queue: Path, port: int, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    # Its own process group: the SIGKILL below takes the worker, its job child and simulators, as a crash would.
+    return subprocess.Popen(
+        [sys.executable, "-m", "rescue.cli", "serve", "--queue", str(queue), "--port", str(port), *extra],
+        cwd=ROOT, env=env or cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+
+
+def _get(port: int, path: str, key: str | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def _post(port: int, path: str, body: dict | None = None) -> tuple[int, dict]:
+    data = json.dumps(body or {}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def _wait_up(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, f"rescue serve exited {proc.returncode}"
+        try:
+            if _get(port, "/healthz")[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("rescue serve never answered /healthz")
+
+
+def _jobs(queue: Path) -> list[str]:
+    folder = queue / "jobs"
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) if folder.is_dir() else []
+
+
+def _study(queue: Path, job_id: str) -> Path:
+    return queue / "jobs" / job_id / f"study-{job_id.removeprefix('job-')}"
+
+
+def _arms(study: Path) -> dict[tuple[str, str], str]:
+    con = sqlite3.connect(f"file:{study / 'journal.sqlite'}?mode=ro", uri=True, timeout=30)
+    try:
+        return {(c, a): d for c, a, d in con.execute("SELECT case_id, arm, data FROM arms")}
+    finally:
+        con.close()
+
+
+def _submit(manifest: Path, name: str, queue: Path) -> str:
+    out = rescue_cli("submit", str(manifest), "--queue", str(queue), "--name", name, *SMALL)
+    return out.stdout.split()[1]
+
+
+def test_serve_survives_sigkill_mid_job_and_resumes_as_rescue_resume(tmp_path):
+    queue = tmp_path / "queue"
+    first = _submit(write_cases(tmp_path / "a.jsonl", 2, horizon=48), "first", queue)
+    second = _submit(write_cases(tmp_path / "b.jsonl", 3, horizon=48), "second", queue)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"case_id": "x", "suite": "libero_nowhere", "task_id": 3}\nnot json\n')
+    refused = rescue_cli("submit", str(bad), "--queue", str(queue), check=False)
+    assert refused.returncode == 2
+    problems = refused.stderr.strip().splitlines()
+    assert len(problems) >= 2 and all(str(bad) in line for line in problems)
+    assert _jobs(queue) == sorted([first, second])  # nothing queued for the malformed manifest
+
+    port = _free_port()
+    proc = _serve(queue, port)
+    try:
+        _wait_up(port, proc)
+        # The API refuses a malformed manifest the same way, and queues a good one after the others.
+        status, body = _post(port, "/jobs", {"manifest": bad.read_text(), "name": "bad"})
+        assert status == 400 and any("libero_nowhere" in p for p in body["problems"])
+        assert len(_jobs(queue)) == 2
+        good = write_cases(tmp_path / "c.jsonl", 2, horizon=48).read_text()
+        status, body = _post(port, "/jobs", {"manifest": good, "name": "third",
+                                             "config": {"cases_in_flight": 1, "env": {"simulators": 1}}})
+        assert status == 201
+        third = body["job_id"]
+        # Kill the whole service once the second job's study has a finished case and one in flight.
+        study_b = _study(queue, second)
+        deadline = time.time() + 400
+        while time.time() < deadline:
+            if (study_b / "journal.sqlite").exists():
+                states = list(case_states(study_b).values())
+                if "finished" in states and "claimed" in states:
+                    break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the second job never had a finished case and a case in flight")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    before_states = case_states(study_b)
+    before_arms = _arms(study_b)
+    finished = {c for c, s in before_states.items() if s == "finished"}
+    in_flight = {c for c, s in before_states.items() if s == "claimed"}
+    never = {c for c, s in before_states.items() if s == "pending"}
+    assert finished and in_flight
+    assert not _study(queue, third).exists()  # submission order: the third had not started
+    listed = {row["job_id"]: row["state"] for row in json.loads(rescue_cli("queue", "--queue", str(queue), "--json").stdout)}
+    assert listed == {first: "finished", second: "running", third: "queued"}
+
+    proc = _serve(queue, port)
+    try:
+        _wait_up(port, proc)
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            jobs = _get(port, "/jobs")[1]["jobs"]
+            if all(j["state"] not in ("queued", "running") for j in jobs):
+                break
+            time.sleep(0.5)
+        assert [j["job_id"] for j in jobs] == [first, second, third]
+        assert {j["job_id"]: j["state"] for j in jobs} == {first: "finished", second: "finished", third: "finished"}
+
+        status, view = _get(port, f"/jobs/{second}")
+        assert status == 200 and view["runs"] == 2 and view["done"] == 3 and view["report"]
+        status, body = _get(port, f"/jobs/{second}/export")
+        assert status == 200 and body["partial"] is False
+        by_id = {c["case_id"]: c for c in body["export"]["cases"]}
+        after_arms = _arms(study_b)
+        for case_id in finished:
+            assert by_id[case_id]["state"] == "finished"
+            for arm in ("control", "assisted"):
+                assert after_arms[(case_id, arm)] == before_arms[(case_id, arm)]
+        for case_id in in_flight:
+            assert by_id[case_id]["state"] == "interrupted"
+            assert by_id[case_id]["label"] == "unknown"
+            assert "interrupted" in by_id[case_id]["reason"]
+            for arm in ("control", "assisted"):  # nothing of it ran again after the kill
+                assert after_arms.get((case_id, arm)) == before_arms.get((case_id, arm))
+        for case_id in never:
+            assert by_id[case_id]["state"] == "finished"
+        for job_id in (first, third):
+            status, body = _get(port, f"/jobs/{job_id}/export")
+            assert body["partial"] is False
+            assert {c["state"] for c in body["export"]["cases"]} == {"finished"}
+        assert _get(port, "/jobs/job-nope")[0] == 404
+
+        dom = subprocess.run(
+            ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'chromium'}",
+             "--virtual-time-budget=3000", "--dump-dom", f"http://127.0.0.1:{port}/"],
+            capture_output=True, text=True, timeout=120,
+        ).stdout
+        for job_id in (first, second, third):
+            assert f'data-job="{job_id}" data-state="finished"' in dom
+            assert f'href="/jobs/{job_id}/study/report.html"' in dom
+        assert 'data-live="1"' in dom  # the page's script fetched /jobs and rebuilt the table
+        report = urllib.request.urlopen(f"http://127.0.0.1:{port}/jobs/{second}/study/report.html", timeout=30)
+        assert report.status == 200 and "object-3-ep0" in report.read().decode()
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    for job_id in (first, second, third):
+        assert rescue_cli("verify", str(_study(queue, job_id))).returncode == 0
+
+
+def test_serve_beyond_loopback_needs_an_api_key_and_asks_for_it(tmp_path):
+    queue = tmp_path / "queue"
+    refused = rescue_cli("serve", "--queue", str(queue), "--host", "0.0.0.0", "--port", str(_free_port()), check=False)
+    assert refused.returncode == 2 and "API key" in refused.stderr  # refused before binding anything
+    port = _free_port()
+    env = {**cli_env(), "RESCUE_TEST_KEY": "s3cret"}
+    # A key given on loopback is asked for too (the test binds nothing beyond loopback).
+    proc = _serve(queue, port, "--api-key-env", "RESCUE_TEST_KEY", env=env)
+    try:
+        _wait_up(port, proc)
+        assert _get(port, "/jobs")[0] == 401
+        assert _get(port, "/jobs", key="wrong")[0] == 401
+        assert _get(port, "/jobs", key="s3cret") == (200, {"jobs": []})
+        assert _get(port, "/healthz")[0] == 200  # a health probe needs no key
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (already dead, not yet reaped) counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_restart_after_only_the_worker_was_killed_drains_the_orphan_then_resumes(tmp_path):
+    queue = tmp_path / "queue"
+    job_id = _submit(write_cases(tmp_path / "a.jsonl", 3, horizon=48), "orphaned", queue)
+    study = _study(queue, job_id)
+    port = _free_port()
+    proc = _serve(queue, port)
+    deadline = time.time() + 400
+    try:
+        while time.time() < deadline:
+            if (study / "journal.sqlite").exists() and "claimed" in case_states(study).values():
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the job never had a case in flight")
+        child = json.loads((queue / "jobs" / job_id / "state.json").read_text())["pid"]
+        os.kill(proc.pid, signal.SIGKILL)  # the worker alone: its job child lives on
+        proc.wait()
+        assert child and _alive(child)
+        assert int((study / ".owner.lock").read_text()) == child  # the orphan still owns the study
+
+        proc = _serve(queue, port)
+        _wait_up(port, proc, timeout=400)  # the API starts once the orphan is handled
+        while time.time() < deadline + 300:
+            view = _get(port, f"/jobs/{job_id}")[1]
+            if view["state"] not in ("queued", "running"):
+                break
+            time.sleep(0.5)
+        assert view["state"] == "finished" and view["runs"] == 2
+        assert not _alive(child)
+        states = case_states(study)
+        # The orphan drained (its case in flight finished), so the resume had nothing interrupted.
+        assert states == dict.fromkeys(states, "finished") and len(states) == 3
+        arms = _arms(study)
+        assert all((c, arm) in arms for c in states for arm in ("control", "assisted"))
+        assert "0 started-unfinished case(s)" in (queue / "jobs" / job_id / "job.log").read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError, NameError, TypeError):
+            os.kill(child, signal.SIGKILL)
+    assert rescue_cli("verify", str(study)).returncode == 0
+
+
+def _wait_claimed(study: Path, timeout: float = 400) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (study / "journal.sqlite").exists() and "claimed" in case_states(study).values():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{study} never had a case in flight")
+
+
+def test_cancel_drains_a_running_job_and_sigterm_puts_the_job_back_in_the_queue(tmp_path):
+    queue = tmp_path / "queue"
+    first = _submit(write_cases(tmp_path / "a.jsonl", 3, horizon=48), "cancelled", queue)
+    second = _submit(write_cases(tmp_path / "b.jsonl", 3, horizon=48), "drained", queue)
+    port = _free_port()
+    proc = _serve(queue, port)
+    try:
+        _wait_claimed(_study(queue, first))
+        out = rescue_cli("cancel", first, "--queue", str(queue))
+        assert "draining" in out.stdout
+        _wait_claimed(_study(queue, second))
+        view = _get(port, f"/jobs/{first}")[1]
+        assert view["state"] == "stopped" and view["message"] == "cancelled"
+        # Drained: the case in flight finished, nothing new was claimed, and it is never resumed.
+        assert set(case_states(_study(queue, first)).values()) == {"finished", "pending"}
+        status, body = _get(port, f"/jobs/{first}/export")
+        assert status == 200 and body["partial"] is True
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    states = case_states(_study(queue, second))
+    assert "claimed" not in states.values() and "pending" in states.values()
+    listed = {row["job_id"]: row["state"] for row in json.loads(rescue_cli("queue", "--queue", str(queue), "--json").stdout)}
+    assert listed == {first: "stopped", second: "queued"}
