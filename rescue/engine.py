@@ -149,7 +149,9 @@ class Engine:
                     loop.remove_signal_handler(sig)
 
     def _on_signal(self, sig: int) -> None:
-        log.warning("study.draining", signal=signal.Signals(sig).name)
+        name = signal.Signals(sig).name
+        log.warning("study.draining", signal=name)
+        self.journal.set_meta(STOP_REASON_KEY, f"{name} asked it to drain (arms in flight finished)")
         self.drain()
 
     def _stopping(self) -> bool:
