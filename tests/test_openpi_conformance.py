@@ -227,7 +227,7 @@ def test_the_privileged_profile_fails_with_the_missing_key_named(tmp_path):
 
 
 def test_the_own_vla_walkthrough_against_the_real_openpi_server(tmp_path):
-    # docs/own-vla.md, command by command: eval, manifest from-eval, preflight, run.
+    # The README's "Rescue the failures of your own VLA", command by command: eval, manifest from-eval, preflight, run.
     config = tmp_path / "vla.toml"
     config.write_text(f"[policy]\nreplan_interval = {FULL_ARM_C}\n\n[env]\nsimulators = 2\n")
     base, rescue, failures = tmp_path / "eval", tmp_path / "rescue", tmp_path / "failures.jsonl"

@@ -509,7 +509,7 @@ def test_episode_frames_are_not_sent_to_a_plain_openpi_server():
 
 
 class LerobotShaped:
-    """A wrapped LeRobot policy as docs/own-vla.md describes it: announces its profile and chunk length."""
+    """A wrapped LeRobot policy as the README describes it: announces its profile and chunk length."""
 
     observation = "lerobot-libero"
     action_horizon = CHUNK
