@@ -128,6 +128,11 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         for p in parents:
             node = node.setdefault(p, {})
         node[leaf] = value
+    return validate_config(data, where)
+
+
+def validate_config(data: dict[str, Any], where: str) -> StudyConfig:
+    """A StudyConfig from plain data, or ConfigError naming every problem in one line (`where` first)."""
     try:
         return StudyConfig.model_validate(data)
     except ValidationError as exc:

@@ -28,7 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from rescue import layout
-from rescue.config import ConfigError, StudyConfig
+from rescue.config import ConfigError, StudyConfig, validate_config
 from rescue.manifest import Manifest, ManifestError, parse_manifest
 from rescue.study import StudyError
 
@@ -160,14 +160,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def config_problems(data: dict) -> StudyConfig:
     """A StudyConfig from a JSON object (the API's `config`), or ConfigError naming every problem."""
-    try:
-        return StudyConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            key = ".".join(str(part) for part in err["loc"]) or "(top level)"
-            problems.append(f"{key}: {'unknown key' if err['type'] == 'extra_forbidden' else err['msg']}")
-        raise ConfigError("config: " + "; ".join(problems)) from None
+    return validate_config(data, "config")
 
 
 def validate_job(manifest_bytes: bytes, source: str, config: StudyConfig) -> Manifest:
