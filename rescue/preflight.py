@@ -39,7 +39,7 @@ from rescue.records import ArmResult
 from rescue.vlm.client import SubgoalRequest, VLMClient
 from rescue.vlm.receipts import ReceiptLog
 from rescue.vlm.settings import MissingAPIKey
-from wrappers.async_rules import AsyncRuleWrapper
+from wrappers.async_rules import AsyncRuleWrapper, rule_inputs_problems
 
 log = structlog.get_logger()
 
@@ -179,6 +179,10 @@ async def check_policy_query(case: Case, config: StudyConfig, services: Services
             detail=f"the policy answered actions of shape {actions.shape}: a chunk needs at least C = {interval} rows "
             "(set [policy] replan_interval to at most the policy's chunk length)",
         )
+    # The study's rules must have their inputs in such a reply, or an ablation compares identical arms.
+    idle = rule_inputs_problems(config.rules, reply, interval, obs_sample=obs)
+    if idle:
+        return Check(name=name, verdict="fail", detail="an enabled rule cannot fire: " + "; ".join(idle))
     return Check(
         name=name, verdict="pass",
         detail=f"profile {profile!r}: the policy answered a ({actions.shape[0]}, {actions.shape[1]}) chunk; C = {interval}",
