@@ -447,10 +447,17 @@ def recover(study_dir: Path) -> list[str]:
         journal.close()
 
 
-async def run_study(study_dir: Path, on_case: RunObserver | Callable[[Verdict], None] | None = None) -> None:
-    """Run (or go on with) every never-claimed case of a study; then store its summary for verify."""
+async def run_study(
+    study_dir: Path, on_case: RunObserver | Callable[[Verdict], None] | None = None, vlm_api_key: Any = None
+) -> None:
+    """Run (or go on with) every never-claimed case of a study; then store its summary for verify.
+
+    vlm_api_key: a key given in the configuration the study was created from (it is never stored).
+    """
     layout = StudyLayout.of(study_dir)
     config = load_study_config(layout.root)
+    if vlm_api_key is not None:
+        config = config.model_copy(update={"vlm": config.vlm.model_copy(update={"api_key": vlm_api_key})})
     async with start_services(config, layout) as services:
         engine = Engine(layout.root, config, services, on_case)
         try:

@@ -32,10 +32,12 @@ def _manifest_of(cases: list[Case], source: str, catalog: str | None = "libero")
     return parse_manifest(body.encode(), source, catalog=catalog)
 
 
-def _run(study_dir: Path, on_case: OnCase, verbose: bool) -> None:
+def _run(study_dir: Path, on_case: OnCase, verbose: bool, config: StudyConfig | None = None) -> None:
+    # `config`: the one the study was just created from, whose VLM key (never written) the run needs.
+    key = config.vlm.api_key if config is not None else None
     with own_study(study_dir):
         logs.configure(StudyLayout.of(study_dir).events, verbose)
-        asyncio.run(run_study(study_dir, on_case))
+        asyncio.run(run_study(study_dir, on_case, vlm_api_key=key))
 
 
 def new_study(study_dir: Path | None, manifest: Manifest, config: StudyConfig, extra_meta: dict | None = None) -> Path:
@@ -50,7 +52,7 @@ def run_manifest(
 ) -> Path:
     """Create a study from a manifest and run every case."""
     study_dir = new_study(study_dir, load_manifest(manifest_path), config)
-    _run(study_dir, on_case, verbose)
+    _run(study_dir, on_case, verbose, config)
     return study_dir
 
 
