@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -26,6 +25,7 @@ from pydantic import BaseModel, Field
 from rescue.catalog import OFFICIAL_HORIZON
 from rescue.config import StudyConfig, load_config
 from rescue.engine import run_study
+from rescue.files import write_atomic
 from rescue.services import resolved_config
 from rescue.study import StudyError, create_study, load_study_config, new_study_dir
 from rescue.evaluation import EvalSummary, episode_cases, summarize_labels
@@ -227,6 +227,11 @@ class Side(BaseModel):
     config: dict = Field(default_factory=dict)  # the resolved configuration, so a side can be created late
 
 
+def write_json(path: Path, data: dict) -> None:
+    """A JSON document written atomically."""
+    write_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
 class ComparePlan(BaseModel):
     """What a comparison runs, written before either side starts."""
 
@@ -261,15 +266,6 @@ def side_config(config_path: str | os.PathLike[str] | None, policy: str | None, 
     config = load_config(config_path, extra)
     name = " + ".join(part for part in (config_path and Path(config_path).stem, policy) if part)
     return config.model_copy(update={"arms": ("control",)}), name
-
-
-def _write_json(path: Path, data: dict) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def load_plan(study_dir: str | os.PathLike[str]) -> ComparePlan:
@@ -308,7 +304,7 @@ def create_compare(
         seed=seed, reps=reps, confidence=confidence, a=sides[0], b=sides[1],
     )
     study_dir.mkdir(parents=True, exist_ok=True)
-    _write_json(study_dir / PLAN_FILE, plan.model_dump(mode="json"))
+    write_json(study_dir / PLAN_FILE, plan.model_dump(mode="json"))
     _create_sides(study_dir, plan)
     return plan
 
@@ -431,5 +427,5 @@ def compare_studies(study_dir: str | os.PathLike[str]) -> Comparison:
 def write_comparison(study_dir: str | os.PathLike[str]) -> Comparison:
     """Compute the comparison and write it as JSON beside the plan."""
     comparison = compare_studies(study_dir)
-    _write_json(Path(study_dir) / RESULT_FILE, comparison.model_dump(mode="json"))
+    write_json(Path(study_dir) / RESULT_FILE, comparison.model_dump(mode="json"))
     return comparison

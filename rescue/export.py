@@ -12,13 +12,13 @@ import csv
 import io
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from rescue.classify import deviation_detail
+from rescue.files import write_atomic
 from rescue.journal import SUMMARY_KEY, CaseState, arm_digest
 from rescue.layout import StudyLayout
 from rescue.manifest import Case
@@ -342,30 +342,12 @@ def export_paths(study_dir: str | os.PathLike[str]) -> tuple[Path, Path]:
     return layout.export_json, layout.export_csv
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    # A reader (or a crash) sees the old file or the new one, never half of one.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def write_export(
     export: StudyExport, out_json: str | os.PathLike[str], out_csv: str | os.PathLike[str]
 ) -> None:
     """Write the export as a JSON document and a CSV: per case, or per episode for an evaluation."""
     text = json.dumps(export.model_dump(mode="json"), indent=2, ensure_ascii=False)
-    _write_atomic(Path(out_json), text + "\n")
+    write_atomic(Path(out_json), text + "\n")
     buf = io.StringIO()
     if export.episode_rows is not None:
         columns, rows = EPISODE_COLUMNS, episode_csv_rows(export)
@@ -374,4 +356,4 @@ def write_export(
     writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    _write_atomic(Path(out_csv), buf.getvalue())
+    write_atomic(Path(out_csv), buf.getvalue())

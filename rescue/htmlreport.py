@@ -13,11 +13,11 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 from rescue.export import StudyExport, export_study
+from rescue.files import write_atomic
 from rescue.layout import LayoutError, StudyLayout, report_files, safe_part
 from rescue.manifest import Case
 from rescue.proofs import check_evidence, prefix_match
@@ -250,13 +250,6 @@ def _evaluation(export: StudyExport) -> str:
     return f"<h2>Episodes (baseline evaluation)</h2><table>{head}{body}</table>"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def write_report(study_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, video: bool = False) -> Path:
     """Write the study's HTML report (default `<study>/report.html`, files in `report_files/` beside it); return its path.
 
@@ -280,7 +273,7 @@ def write_report(study_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
     finally:
         shutil.rmtree(building, ignore_errors=True)
     info = export.study
-    _write_atomic(out_path, page(f"{_display_name(study, info.study_id, info.kind)} · {info.kind} study report", body))
+    write_atomic(out_path, page(f"{_display_name(study, info.study_id, info.kind)} · {info.kind} study report", body))
     return out_path
 
 

@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from rescue import layout
 from rescue.config import ConfigError, StudyConfig, validate_config
+from rescue.files import write_atomic
 from rescue.manifest import Manifest, ManifestError, parse_manifest
 from rescue.study import StudyError
 
@@ -149,15 +150,6 @@ def queue_lock(queue: str | os.PathLike[str]) -> Iterator[None]:
         os.close(fd)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:6]}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def config_problems(data: dict) -> StudyConfig:
     """A StudyConfig from a JSON object (the API's `config`), or ConfigError naming every problem."""
     return validate_config(data, "config")
@@ -206,7 +198,7 @@ def submit_job(
         job.config.write_text(config_json, encoding="utf-8")
         job.config_sha256.write_text(spec.config_sha256 + "\n", encoding="utf-8")
         job.state.write_text(JobState().model_dump_json(indent=2) + "\n", encoding="utf-8")
-        _write_atomic(job.spec, spec.model_dump_json(indent=2) + "\n")
+        write_atomic(job.spec, spec.model_dump_json(indent=2) + "\n")
         os.rename(tmp, jobs / job_id)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -264,7 +256,7 @@ def list_jobs(queue: str | os.PathLike[str]) -> list[Job]:
 def write_state(job: Job, **changes) -> Job:
     """Replace fields of a job's state file atomically; the updated job."""
     state = job.state.model_copy(update={**changes, "updated_at": time.time()})
-    _write_atomic(job.layout.state, state.model_dump_json(indent=2) + "\n")
+    write_atomic(job.layout.state, state.model_dump_json(indent=2) + "\n")
     return job.model_copy(update={"state": state})
 
 
