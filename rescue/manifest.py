@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -35,6 +34,7 @@ from pydantic import (
 )
 
 from rescue.catalog import Catalog, libero_catalog
+from rescue.files import write_atomic
 
 # One case is a few hundred bytes; a line far beyond that is a mistake, and
 # parsing it would cost many times its size in memory.
@@ -498,21 +498,8 @@ def write_manifest(cases: Iterable[Case], path: str | os.PathLike[str]) -> None:
     if problems:
         raise ManifestError(problems)
 
-    path = Path(path)
     lines = [
         json.dumps(case.model_dump(mode="json", exclude_none=True), ensure_ascii=False, separators=(",", ":"))
         for case in cases
     ]
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in lines))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_atomic(path, "".join(line + "\n" for line in lines))

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from rescue.classify import classify
 from rescue.config import StudyConfig
 from rescue.evaluation import classify_episode
+from rescue.files import write_atomic
 from rescue.journal import CaseState, Journal
 from rescue.layout import RECEIPTS, StudyLayout
 from rescue.manifest import Case, Manifest, write_manifest
@@ -72,7 +73,7 @@ def create_study(study_dir: Path, manifest: Manifest, config: StudyConfig, extra
         layout.receipts.parent.mkdir()
         write_manifest(manifest.cases, layout.manifest)
         config_json = json.dumps(config.model_dump(mode="json"), indent=2, sort_keys=True)
-        _write_synced(layout.config, config_json + "\n")
+        write_atomic(layout.config, config_json + "\n")
         meta = {
             "study_id": study_dir.name,
             "kind": "evaluation" if config.is_evaluation else "rescue",
@@ -94,13 +95,6 @@ def create_study(study_dir: Path, manifest: Manifest, config: StudyConfig, extra
         raise StudyError(f"cannot create the study at {study_dir}: {exc.strerror or exc}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _fsync_dir(path: Path) -> None:

@@ -24,15 +24,14 @@ from rescue.prompts import load_template, render
 from rescue.records import Receipt, Usage
 from rescue.vlm.client import (
     VIEW_NAMES,
-    MissingAPIKey,
     SubgoalRequest,
     VLMClient,
-    VLMConfig,
     check_answers,
     encode_png,
     parse_answers,
 )
 from rescue.vlm.endpoint import EndpointOptions, endpoint_state, start_endpoint
+from rescue.vlm.settings import MissingAPIKey, VLMConfig
 from rescue.vlm.receipts import (
     ReceiptLog,
     check_artifacts,
@@ -360,9 +359,10 @@ def test_api_key_never_reaches_receipts_or_logs(tmp_path, monkeypatch, capfd):
 # ---- durability ---------------------------------------------------------------------
 
 
-def test_outcome_receipt_is_on_disk_when_ask_returns(tmp_path):
-    receipts = tmp_path / "receipts.jsonl"
-    child = textwrap.dedent(
+def _asking_child(receipts, kill_after_answer: bool) -> str:
+    """A script that asks the VLM at argv[1] once (receipts to `receipts`), then SIGKILLs itself if asked to."""
+    kill = "os.kill(os.getpid(), signal.SIGKILL)" if kill_after_answer else "pass"
+    return textwrap.dedent(
         f"""
         import asyncio, os, signal, sys
         import numpy as np
@@ -373,11 +373,16 @@ def test_outcome_receipt_is_on_disk_when_ask_returns(tmp_path):
             views = {{n: np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8) for n in VIEW_NAMES}}
             client = VLMClient(VLMConfig(base_url=sys.argv[1]), ReceiptLog({str(receipts)!r}))
             await client.ask(SubgoalRequest("case-kill", "put the cream cheese in the bowl", 100, views))
-            os.kill(os.getpid(), signal.SIGKILL)
+            {kill}
 
         asyncio.run(main())
         """
     )
+
+
+def test_outcome_receipt_is_on_disk_when_ask_returns(tmp_path):
+    receipts = tmp_path / "receipts.jsonl"
+    child = _asking_child(receipts, kill_after_answer=True)
 
     async def go():
         runner, base_url = await start_endpoint(EndpointOptions())
@@ -576,21 +581,7 @@ def test_line_numbers_hold_across_writers_and_after_a_cut_line(tmp_path):
 
 def test_a_kill_during_an_attempt_leaves_its_started_line(tmp_path):
     receipts = tmp_path / "receipts.jsonl"
-    child = textwrap.dedent(
-        f"""
-        import asyncio, sys
-        import numpy as np
-        from rescue.vlm.client import VIEW_NAMES, SubgoalRequest, VLMClient, VLMConfig
-        from rescue.vlm.receipts import ReceiptLog
-
-        async def main():
-            views = {{n: np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8) for n in VIEW_NAMES}}
-            client = VLMClient(VLMConfig(base_url=sys.argv[1]), ReceiptLog({str(receipts)!r}))
-            await client.ask(SubgoalRequest("case-kill", "put the cream cheese in the bowl", 100, views))
-
-        asyncio.run(main())
-        """
-    )
+    child = _asking_child(receipts, kill_after_answer=False)
 
     async def go():
         runner, base_url = await start_endpoint(EndpointOptions(latency_s=30.0))

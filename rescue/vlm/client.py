@@ -50,7 +50,7 @@ from tenacity import (
 from rescue.prompts import Template, load_template, prompt_sha256, render
 from rescue.records import Receipt, ReceiptRef, Usage
 from rescue.vlm.receipts import ReceiptLog, artifact_path
-from rescue.vlm.settings import MissingAPIKey, VLMConfig  # noqa: F401  (re-exported)
+from rescue.vlm.settings import VLMConfig
 
 log = structlog.get_logger(__name__)
 
