@@ -18,7 +18,6 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 
 from rescue.env.libero import SUITE_HORIZON, LiberoAdapter
 from rescue.policy.expert import situation_phase
