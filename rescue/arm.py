@@ -21,7 +21,7 @@ from rescue.diagnose import QueryRecord, query_record
 from rescue.digest import digest_array, digest_obs, digest_text
 from rescue.env.pool import SimLease, Simulator, as_float_chunk
 from rescue.env.protocol import VLM_VIEWS
-from rescue.failfast import one_line
+from rescue.failfast import error_line, one_line
 from rescue.manifest import Case
 from rescue.observation import PRIVILEGED, ObservationProfile
 from rescue.querypoint import query_point
@@ -239,14 +239,14 @@ class ArmRun:
     def result(self, error: Exception | None = None, mode: str = "independent") -> ArmResult:
         """The arm's record; an error makes it an infrastructure failure, never a policy failure."""
         if error is not None:
-            self.log.warning("arm.error", error=f"{type(error).__name__}: {one_line(str(error))}", step=self.step)
+            self.log.warning("arm.error", error=error_line(error), step=self.step)
         else:
             self.log.info("arm.finished", success=self.success, steps=self.step, assistance=self.assistance.status)
         return ArmResult(
             case_id=self.case.case_id,
             arm=self.spec.arm,
             status="complete" if error is None else "error",
-            error=None if error is None else f"{type(error).__name__}: {one_line(str(error))}",
+            error=None if error is None else error_line(error),
             error_detail=None if error is None else str(error),
             success=self.success if error is None else None,
             steps=self.step,

@@ -145,9 +145,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     with _Live("cases") as live:
         if args.continue_from:
-            study = studies.continue_from(Path(args.continue_from), Path(args.target), live, args.verbose)
+            study = studies.continue_from(Path(args.continue_from), Path(args.target), live, args.verbose, _backend(args))
         else:
-            study = studies.run_manifest(Path(args.target), args.study and Path(args.study), _config(args), live, args.verbose)
+            study = studies.run_manifest(Path(args.target), args.study and Path(args.study), _config(args), live,
+                                         args.verbose, _backend(args))
     console.print(f"study: {study}")
     if args.continue_from:
         console.print(f"[bold]prior part[/bold] ({args.continue_from}):")
@@ -161,7 +162,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from rescue import studies
 
     with _Live("cases") as live:
-        interrupted = studies.resume(Path(args.study), live, args.verbose)
+        interrupted = studies.resume(Path(args.study), live, args.verbose, _backend(args))
     if interrupted:
         console.print(f"{len(interrupted)} started-unfinished case(s) recorded as unknown (interrupted): {', '.join(interrupted)}")
     _summary_for(Path(args.study))
@@ -173,7 +174,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     tasks = [int(t) for t in args.tasks.split(",")]
     with _Live("episodes") as live:
-        study = studies.evaluate(args.suite, tasks, args.episodes, args.horizon, args.study and Path(args.study), _config(args), live, args.verbose, args.first_init)
+        study = studies.evaluate(args.suite, tasks, args.episodes, args.horizon, args.study and Path(args.study),
+                                 _config(args), live, args.verbose, args.first_init, _backend(args))
     console.print(f"study: {study}")
     _print_eval_summary(study)
     return _outcome(study)
@@ -414,7 +416,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
 
 
+def _add_backend_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("where the simulators run (README: running on a Ray cluster)")
+    g.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="local simulator processes, or simulator actors on a Ray cluster")
+    g.add_argument("--address", help="Ray: the cluster (auto, host:port or ray://host:10001); "
+                   "none starts a one-machine cluster for this run")
+    g.add_argument("--ray-actor-cpus", type=float, default=1.0, help="Ray: CPUs each simulator actor asks for")
+    g.add_argument("--ray-actor-gpus", type=float, default=0.0, help="Ray: GPUs each simulator actor asks for")
+    g.add_argument("--ray-resource", default="simulator",
+                   help="Ray: custom resource of nodes with the simulator installed, 1 per actor ('' for none)")
+    g.add_argument("--ray-placement-timeout", type=float, default=600.0,
+                   help="Ray: seconds a simulator actor may wait for a node before the study stops")
+
+
+def _backend(args: argparse.Namespace):
+    from rescue.config import ConfigError
+    from rescue.env.backend import Backend
+
+    if args.backend == "local":
+        if args.address:
+            raise ConfigError("--address needs --backend ray")
+        return Backend()
+    return Backend("ray", args.address, args.ray_actor_cpus, args.ray_actor_gpus, args.ray_resource or None,
+                   args.ray_placement_timeout)
+
+
 def _add_run_options(p: argparse.ArgumentParser) -> None:
+    _add_backend_options(p)
     p.add_argument("--config", help="TOML configuration file (flags override it)")
     p.add_argument("--simulators", type=int, help="simulator processes (config default: 2)")
     p.add_argument("--cases-in-flight", type=int, help="cases run at once (config default: 4)")
@@ -465,8 +494,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(p)
     p.set_defaults(func=cmd_eval)
 
+    p = sub.add_parser("resume", help="record interrupted cases as unknown and run the never-started ones")
+    p.add_argument("study", help="study folder")
+    _add_backend_options(p)
+    p.set_defaults(func=cmd_resume)
+
     for name, func, help_ in [
-        ("resume", cmd_resume, "record interrupted cases as unknown and run the never-started ones"),
         ("drain", cmd_drain, "stop claiming new cases; arms in flight finish"),
         ("verify", cmd_verify, "re-derive every classification, hash and figure; non-zero on disagreement"),
     ]:
@@ -601,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rescue import logs
     from rescue.config import ConfigError
+    from rescue.env.backend import BackendError
     from rescue.identity import IdentityError
     from rescue.journal import JournalError
     from rescue.layout import LayoutError
@@ -614,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (StudyError, IdentityError, ConfigError, JournalError, LayoutError) as exc:
+    except (StudyError, IdentityError, ConfigError, JournalError, LayoutError, BackendError) as exc:
         print(f"rescue: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except sqlite3.Error as exc:

@@ -22,8 +22,9 @@ import structlog
 from rescue.arm import ArmSpec, run_arm, run_forked
 from rescue.config import StudyConfig
 from rescue.digest import digest_bytes, digest_text
-from rescue.env.pool import SimLease
-from rescue.failfast import FailFast, one_line
+from rescue.env.backend import LOCAL, Backend
+from rescue.env.pool import SimLease, SimulatorError
+from rescue.failfast import FailFast, error_line, one_line
 from rescue.journal import Journal
 from rescue.layout import StudyLayout
 from rescue.manifest import Case
@@ -170,7 +171,11 @@ class Engine:
         # before its first reset: a crash never leaves a case that had not begun marked started,
         # and an unreachable policy server stops the study instead of consuming its queue.
         while not self._stopping():
-            lease = await SimLease(services.pool).acquire(urgent=False)
+            try:
+                lease = await SimLease(services.pool).acquire(urgent=False)
+            except SimulatorError as exc:  # no simulator can be had any more (a Ray cluster without room)
+                self.stop_study(f"{one_line(str(exc))}; then `rescue resume` runs the cases never started")
+                return
             policy = None
             try:
                 if self._stopping():
@@ -422,7 +427,7 @@ def _infrastructure_error(case: Case, arm: str, exc: Exception) -> ArmResult:
         case_id=case.case_id,
         arm=arm,
         status="error",
-        error=f"{type(exc).__name__}: {one_line(str(exc))}",
+        error=error_line(exc),
         error_detail=str(exc),
         assistance=Assistance(status="control" if arm == "control" else "not_reached"),
     )
@@ -448,17 +453,22 @@ def recover(study_dir: Path) -> list[str]:
 
 
 async def run_study(
-    study_dir: Path, on_case: RunObserver | Callable[[Verdict], None] | None = None, vlm_api_key: Any = None
+    study_dir: Path,
+    on_case: RunObserver | Callable[[Verdict], None] | None = None,
+    vlm_api_key: Any = None,
+    backend: Backend = LOCAL,
 ) -> None:
     """Run (or go on with) every never-claimed case of a study; then store its summary for verify.
 
     vlm_api_key: a key given in the configuration the study was created from (it is never stored).
+    backend: where the simulators run (local processes, or Ray actors); the journal stays here.
     """
     layout = StudyLayout.of(study_dir)
     config = load_study_config(layout.root)
     if vlm_api_key is not None:
         config = config.model_copy(update={"vlm": config.vlm.model_copy(update={"api_key": vlm_api_key})})
-    async with start_services(config, layout) as services:
+    log.info("study.backend", backend=backend.describe())
+    async with start_services(config, layout, backend) as services:
         engine = Engine(layout.root, config, services, on_case)
         try:
             await engine.run()

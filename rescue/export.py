@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from rescue.classify import deviation_detail
+from rescue.digest import digest_json
 from rescue.files import write_atomic
 from rescue.journal import SUMMARY_KEY, CaseState, arm_digest
 from rescue.layout import StudyLayout
@@ -77,7 +78,10 @@ class ArmEntry(BaseModel):
     call_id: str | None = None
     request_id: str | None = None
     trace_rows: int
-    digest: str
+    # The trajectory alone (every query's state, images, instruction and actions digests): equal
+    # across runs, machines and backends whenever the arm did the same thing.
+    trace_sha256: str
+    digest: str  # the whole arm record, timings and hosts included
 
 
 class CaseEntry(BaseModel):
@@ -193,6 +197,7 @@ def _arm_entry(arm: ArmResult | None) -> ArmEntry | None:
         call_id=a.call_id,
         request_id=a.request_id,
         trace_rows=len(arm.trace),
+        trace_sha256=digest_json([row.model_dump(mode="json") for row in arm.trace]),
         digest=arm_digest(arm),
     )
 
@@ -295,7 +300,7 @@ def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
 
 ARM_COLUMNS = (
     "status", "success", "steps", "fingerprint", "assistance", "query_step",
-    "subgoal", "source", "donor_case_id", "call_id", "request_id", "trace_rows", "digest", "error",
+    "subgoal", "source", "donor_case_id", "call_id", "request_id", "trace_rows", "trace_sha256", "digest", "error",
 )
 CASE_COLUMNS = (
     "case_id", "group", "task", "pilot", "state", "label", "rule", "reason",

@@ -41,6 +41,14 @@ def one_line(text: str) -> str:
     return lines[0]
 
 
+def error_line(exc: BaseException) -> str:
+    """How an arm record names the exception it ended in: its kind, then its one line.
+
+    The kind is the exception's class name, or its `arm_error_kind` when it has one
+    (a lost Ray worker says `worker_lost`)."""
+    return f"{getattr(exc, 'arm_error_kind', type(exc).__name__)}: {one_line(str(exc))}"
+
+
 def arm_cause(arm: ArmResult) -> str | None:
     """The infrastructure error an arm ended in, as a comparable one-line signature (None: it ran)."""
     if arm.status == "error" and arm.error:

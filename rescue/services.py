@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from rescue.config import PolicyConfig, StudyConfig
+from rescue.env.backend import LOCAL, Backend
 from rescue.env.pool import SimPool
 from rescue.identity import IdentityError, announced_identity, identity_changes, resolve_interval, resolve_observation
 from rescue.layout import RECEIPTS, StudyLayout
@@ -101,8 +102,10 @@ class Services:
 
 
 @contextlib.asynccontextmanager
-async def start_services(config: StudyConfig, layout: StudyLayout) -> AsyncIterator[Services]:
-    """Start what a created study's config asks for, after checking the policy server's identity."""
+async def start_services(config: StudyConfig, layout: StudyLayout, backend: Backend = LOCAL) -> AsyncIterator[Services]:
+    """Start what a created study's config asks for, after checking the policy server's identity.
+
+    The simulators come from `backend`: local processes, or actors on a Ray cluster."""
     closers: list[Callable[[], Any]] = []
     try:
         policy_url = config.policy.url
@@ -128,7 +131,7 @@ async def start_services(config: StudyConfig, layout: StudyLayout) -> AsyncItera
                 vlm_config = vlm_config.model_copy(update={"base_url": base_url})
             vlm = VLMClient(vlm_config, ReceiptLog(layout.receipts, name=RECEIPTS), artifacts_dir=layout.vlm_artifacts)
             closers.append(vlm.aclose)
-        pool = SimPool(config.env.simulators, config.env.adapter, log_path=str(layout.simulator_log))
+        pool = backend.pool(config.env.simulators, config.env.adapter, log_path=str(layout.simulator_log))
         closers.append(pool.close)
         yield Services(policy_url, api_key, config.interval, pool, vlm, closers)
     finally:

@@ -14,6 +14,7 @@ from rescue import logs
 from rescue.catalog import OFFICIAL_HORIZON
 from rescue.config import StudyConfig
 from rescue.engine import STOP_REASON_KEY, complement_manifest, recover, run_study
+from rescue.env.backend import LOCAL, Backend
 from rescue.evaluation import EvalSummary, episode_cases, failure_cases, mark_pilot, summarize_eval
 from rescue.journal import Journal
 from rescue.layout import StudyLayout
@@ -32,12 +33,17 @@ def _manifest_of(cases: list[Case], source: str, catalog: str | None = "libero")
     return parse_manifest(body.encode(), source, catalog=catalog)
 
 
-def _run(study_dir: Path, on_case: OnCase, verbose: bool, config: StudyConfig | None = None) -> None:
+def _run(
+    study_dir: Path, on_case: OnCase, verbose: bool, config: StudyConfig | None = None, backend: Backend = LOCAL
+) -> None:
     # `config`: the one the study was just created from, whose VLM key (never written) the run needs.
     key = config.vlm.api_key if config is not None else None
-    with own_study(study_dir):
-        logs.configure(StudyLayout.of(study_dir).events, verbose)
-        asyncio.run(run_study(study_dir, on_case, vlm_api_key=key))
+    try:
+        with own_study(study_dir):
+            logs.configure(StudyLayout.of(study_dir).events, verbose)
+            asyncio.run(run_study(study_dir, on_case, vlm_api_key=key, backend=backend))
+    finally:
+        backend.disconnect()
 
 
 def new_study(study_dir: Path | None, manifest: Manifest, config: StudyConfig, extra_meta: dict | None = None) -> Path:
@@ -48,15 +54,22 @@ def new_study(study_dir: Path | None, manifest: Manifest, config: StudyConfig, e
 
 
 def run_manifest(
-    manifest_path: Path, study_dir: Path | None, config: StudyConfig, on_case: OnCase = None, verbose: bool = False
+    manifest_path: Path,
+    study_dir: Path | None,
+    config: StudyConfig,
+    on_case: OnCase = None,
+    verbose: bool = False,
+    backend: Backend = LOCAL,
 ) -> Path:
-    """Create a study from a manifest and run every case."""
-    study_dir = new_study(study_dir, load_manifest(manifest_path), config)
-    _run(study_dir, on_case, verbose, config)
+    """Create a study from a manifest and run every case (on `backend`'s simulators)."""
+    manifest = load_manifest(manifest_path)
+    backend.connect(config.env.simulators)  # a backend that cannot be used is refused before the study exists
+    study_dir = new_study(study_dir, manifest, config)
+    _run(study_dir, on_case, verbose, config, backend)
     return study_dir
 
 
-def resume(study_dir: Path, on_case: OnCase = None, verbose: bool = False) -> list[str]:
+def resume(study_dir: Path, on_case: OnCase = None, verbose: bool = False, backend: Backend = LOCAL) -> list[str]:
     """Record started-unfinished cases as unknown (interrupted), then run the never-started ones.
 
     The policy server is checked against the study's identity first: a server
@@ -64,14 +77,18 @@ def resume(study_dir: Path, on_case: OnCase = None, verbose: bool = False) -> li
     A study owned by a live process is refused too (its in-flight cases are not interrupted).
     """
     study_dir = Path(study_dir)
-    _ready_to_go_on(study_dir, "resume that study instead")
-    with own_study(study_dir):
-        with Journal.open(study_dir) as journal:
-            journal.clear_drain()
-            journal.delete_meta(STOP_REASON_KEY)
-        logs.configure(StudyLayout.of(study_dir).events, verbose)
-        interrupted = recover(study_dir)
-        asyncio.run(run_study(study_dir, on_case))
+    config = _ready_to_go_on(study_dir, "resume that study instead")
+    backend.connect(config.env.simulators)
+    try:
+        with own_study(study_dir):
+            with Journal.open(study_dir) as journal:
+                journal.clear_drain()
+                journal.delete_meta(STOP_REASON_KEY)
+            logs.configure(StudyLayout.of(study_dir).events, verbose)
+            interrupted = recover(study_dir)
+            asyncio.run(run_study(study_dir, on_case, backend=backend))
+    finally:
+        backend.disconnect()
     return interrupted
 
 
@@ -92,10 +109,13 @@ def _ready_to_go_on(study_dir: Path, instead: str) -> StudyConfig:
     return config
 
 
-def continue_from(prior: Path, new_dir: Path, on_case: OnCase = None, verbose: bool = False) -> Path:
+def continue_from(
+    prior: Path, new_dir: Path, on_case: OnCase = None, verbose: bool = False, backend: Backend = LOCAL
+) -> Path:
     """Run the never-claimed complement of a prior study as a new study (partition by claim)."""
     prior, new_dir = Path(prior), Path(new_dir)
     config = _ready_to_go_on(prior, "a study is continued once")
+    backend.connect(config.env.simulators)
     with own_study(prior):
         recover(prior)
         cases = complement_manifest(prior)
@@ -108,7 +128,7 @@ def continue_from(prior: Path, new_dir: Path, on_case: OnCase = None, verbose: b
     # The prior study's cases were checked against the benchmark when it was created.
     manifest = _manifest_of(cases, str(StudyLayout.of(prior).manifest), catalog=None)
     create_study(new_dir, manifest, config, {"continues": str(prior)})
-    _run(new_dir, on_case, verbose)
+    _run(new_dir, on_case, verbose, backend=backend)
     return new_dir
 
 
@@ -122,14 +142,16 @@ def evaluate(
     on_case: OnCase = None,
     verbose: bool = False,
     first_init: int = 0,
+    backend: Backend = LOCAL,
 ) -> Path:
     """A baseline evaluation: control arms over official initial states, same journal and rules."""
 
     horizon = horizon or OFFICIAL_HORIZON[suite]
     cases = episode_cases(suite, tasks, episodes, horizon, first_init)
     config = config.model_copy(update={"arms": ("control",), "sham": ShamConfig()})  # episodes: one arm
+    backend.connect(config.env.simulators)
     study_dir = new_study(study_dir, _manifest_of(cases, f"{suite} x{episodes}"), config)
-    _run(study_dir, on_case, verbose)
+    _run(study_dir, on_case, verbose, backend=backend)
     return study_dir
 
 

@@ -29,4 +29,4 @@ fi
 # would pull a multi-GB CUDA build.
 .venv/bin/python -m pip install -q "torch==2.13.0"
 # The project's pins; --upgrade-strategy only-if-needed keeps this fast on a re-run.
-.venv/bin/python -m pip install -q -e ".[libero,test,learned,video]"
+.venv/bin/python -m pip install -q -e ".[libero,test,learned,video,ray]"

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "rescue"
 
 # What a read-side command must not load: SDKs, servers, processes, the simulator, torch.
-RUNTIME = ("openai", "aiohttp", "multiprocessing", "torch", "robosuite", "mujoco", "libero", "websockets", "tenacity")
+RUNTIME = ("openai", "aiohttp", "multiprocessing", "torch", "robosuite", "mujoco", "libero", "websockets", "tenacity", "ray")
 READ_SIDE = ("rescue.status", "rescue.export", "rescue.verify", "rescue.htmlreport", "rescue.report")
 
 

@@ -104,6 +104,22 @@ class Simulator:
         """Digest of the full simulator state now."""
         return await self._invoke("state_digest")
 
+    # The task the simulator has loaded last (set by reset and restore through this proxy).
+    _task_key: tuple[str, int] | None = None
+
+    @property
+    def task_key(self) -> tuple[str, int] | None:
+        """(suite, task_id) the simulator loaded last, or None."""
+        return self._task_key
+
+    def _note(self, method: str, args: tuple) -> None:
+        """Track the loaded task after a call that succeeded."""
+        if method == "reset":
+            c = case_fields(args[0])
+            self._task_key = (c.suite, c.task_id)
+        elif method == "restore" and isinstance(args[0], dict) and "key" in args[0]:
+            self._task_key = tuple(args[0]["key"])
+
 
 # The hash seed of simulator processes: LIBERO builds parts of its scene by iterating sets,
 # so the process's hash seed must be pinned for everything it builds to be the same everywhere.
@@ -129,8 +145,6 @@ class SimProcess(Simulator):
         self._lock = threading.Lock()
         self.name = name
         self.hash_seed = str(hash_seed)
-        # The task the process has loaded last (set by reset and restore through this proxy).
-        self._task_key: tuple[str, int] | None = None
         # A spawned child reads PYTHONHASHSEED from the environment it inherits at start.
         with _spawn_lock:
             before = os.environ.get("PYTHONHASHSEED")
@@ -144,11 +158,6 @@ class SimProcess(Simulator):
                     os.environ["PYTHONHASHSEED"] = before
         child.close()
         self._started = False
-
-    @property
-    def task_key(self) -> tuple[str, int] | None:
-        """(suite, task_id) the process loaded last, or None."""
-        return self._task_key
 
     def _call(self, method: str, *args) -> Any:
         with self._lock:
@@ -164,11 +173,7 @@ class SimProcess(Simulator):
                 raise SimulatorError(f"{self.name} died (exit code {self._proc.exitcode})") from exc
         if kind == "error":
             raise SimulatorError(f"{self.name}.{method} failed:\n{payload}")
-        if method == "reset":
-            c = case_fields(args[0])
-            self._task_key = (c.suite, c.task_id)
-        elif method == "restore" and isinstance(args[0], dict) and "key" in args[0]:
-            self._task_key = tuple(args[0]["key"])
+        self._note(method, args)
         return payload
 
     async def _invoke(self, method: str, *args: Any) -> Any:
@@ -205,15 +210,20 @@ class SimPool:
         hash_seed: str | int = SIM_HASH_SEED,
     ):
         self._log_path = log_path
-        self._hash_seed = str(hash_seed)
+        self._init_queue(hash_seed)
         self._sims = [self._spawn(f"sim-{i}", adapter_spec, adapter_kwargs) for i in range(size)]
         self._free: list[SimProcess] = list(self._sims)
+        self._spec, self._kwargs = adapter_spec, adapter_kwargs
+
+    def _init_queue(self, hash_seed: str | int) -> None:
+        self._hash_seed = str(hash_seed)
         self._changed = asyncio.Condition()
         self._urgent = 0  # waiters for arms of cases already started: they go before new cases
-        self._spec, self._kwargs = adapter_spec, adapter_kwargs
-        # Who held each simulator last (by process name): a lease that comes back to the
+        # Who held each simulator last (by name): a lease that comes back to the
         # simulator it left finds its state untouched and needs no restore.
         self._last_holder: dict[str, object] = {}
+        # Set when no simulator can be had any more; every taker is told this reason.
+        self._failure: str | None = None
 
     def _spawn(self, name: str, spec: str, kwargs: dict | None) -> SimProcess:
         return SimProcess(spec, kwargs, name=name, log_path=self._log_path, hash_seed=self._hash_seed)
@@ -236,25 +246,38 @@ class SimPool:
 
         A non-urgent taker (a worker about to claim a new case) waits while any urgent one (an
         arm of a case already started) does: started cases finish before new ones begin."""
+        sim = await self._next_free(prefer, urgent)
+        if not sim.alive():
+            idx = self._sims.index(sim)
+            self._last_holder.pop(sim.name, None)
+            sim = self._spawn(sim.name, self._spec, self._kwargs)
+            self._sims[idx] = sim
+        return sim, self._hand_to(sim, holder)
+
+    async def _next_free(self, prefer: Callable[[Any], int] | None, urgent: bool) -> Any:
+        """Wait for a free simulator (urgent takers first) and take it off the free list."""
         async with self._changed:
             if urgent:
                 self._urgent += 1
             try:
-                await self._changed.wait_for(lambda: bool(self._free) and (urgent or self._urgent == 0))
+                await self._changed.wait_for(
+                    lambda: self._failure is not None or (bool(self._free) and (urgent or self._urgent == 0))
+                )
             finally:
                 if urgent:
                     self._urgent -= 1
                     self._changed.notify_all()
+            if self._failure is not None:
+                raise SimulatorError(self._failure)
             sim = max(self._free, key=prefer) if prefer else self._free[0]
             self._free.remove(sim)
+            return sim
+
+    def _hand_to(self, sim: Any, holder: object | None) -> bool:
+        """Record the new holder; True when it held this simulator last (its state is untouched)."""
         previous = self._last_holder.get(sim.name)
-        if not sim.alive():
-            idx = self._sims.index(sim)
-            sim = self._spawn(sim.name, self._spec, self._kwargs)
-            self._sims[idx] = sim
-            previous = None
         self._last_holder[sim.name] = holder
-        return sim, holder is not None and previous is holder
+        return holder is not None and previous is holder
 
     def last_holder(self, sim: SimProcess) -> object | None:
         """Who took this simulator last (None after an anonymous acquire)."""

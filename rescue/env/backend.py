@@ -1,0 +1,74 @@
+"""Where a study's simulators run: local processes (default) or Ray actors on a cluster.
+
+The backend is a property of one run, not of the study: a study created on one
+machine may be resumed on a cluster and the other way round (its identity, the
+journal and every record are the same). Nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from rescue.env.pool import SimPool
+
+
+class BackendError(RuntimeError):
+    """The backend cannot be used (Ray missing, no cluster at the address), named in one line."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How this run gets its simulators."""
+
+    kind: Literal["local", "ray"] = "local"
+    # Ray: "auto" (the cluster `ray start` made on this machine), "ray://host:10001", "host:6379";
+    # None starts a one-machine cluster for this run alone.
+    address: str | None = None
+    # Ray: what each simulator actor asks of its node. `resource` is the custom resource that
+    # nodes with the simulator installed declare (`ray start --resources '{"simulator": N}'`).
+    actor_cpus: float = 1.0
+    actor_gpus: float = 0.0
+    resource: str | None = "simulator"
+    # Ray: how long a simulator actor may wait to be placed before the study is told.
+    placement_timeout_s: float = 600.0
+
+    def describe(self) -> str:
+        """One line for logs and errors."""
+        if self.kind == "local":
+            return "local simulator processes"
+        return f"the Ray cluster at {self.address}" if self.address else "a one-machine Ray cluster started for this run"
+
+    def _ray(self):
+        try:
+            from rescue.env import ray_pool
+        except ModuleNotFoundError as exc:
+            raise BackendError(f"--backend ray needs Ray ({exc}): pip install 'vlm-rescue[ray]'") from None
+        return ray_pool
+
+    def connect(self, simulators: int) -> None:
+        """Make sure the backend can be used before a study is created or resumed (BackendError if not)."""
+        if self.kind == "ray":
+            ray_pool = self._ray()
+            try:
+                ray_pool.connect(self, simulators)
+            except ray_pool.ClusterUnreachable as exc:
+                raise BackendError(str(exc)) from None
+
+    def disconnect(self) -> None:
+        """Leave the cluster (and stop it when this run started it)."""
+        if self.kind == "ray":
+            self._ray().disconnect()
+
+    def pool(self, size: int, adapter: str, log_path: str | None) -> "SimPool":
+        """The simulator pool of one run."""
+        if self.kind == "ray":
+            self.connect(size)
+            return self._ray().RayPool(size, adapter, options=self)
+        from rescue.env.pool import SimPool
+
+        return SimPool(size, adapter, log_path=log_path)
+
+
+LOCAL = Backend()

@@ -1,0 +1,134 @@
+"""The Ray backend on a real local cluster: a head and two worker nodes, one of them killed mid-arm.
+
+The cluster is Ray's own (ray.cluster_utils.Cluster: each node a raylet process
+with its workers); `rescue run --backend ray --address ...` joins it from a
+process of its own, as on a real cluster. Killing a node means SIGKILL to its
+raylet and every process it started, the actor serving an arm among them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from ray.cluster_utils import Cluster
+
+from conftest import ROOT, case_states, cli_env, rescue_cli, write_cases
+
+pytestmark = [pytest.mark.sim, pytest.mark.e2e]
+
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _kill_node(node) -> None:
+    raylet = node.all_processes["raylet"][0].process.pid
+    for pid in [raylet, *_descendants(raylet)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _events(study: Path) -> list[dict]:
+    path = study / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _export(study: Path) -> dict:
+    rescue_cli("export", str(study))
+    return json.loads((study / "export.json").read_text())
+
+
+@pytest.fixture
+def cluster():
+    store = 80 * 1024 * 1024
+    c = Cluster(initialize_head=True, connect=False,
+                head_node_args=dict(num_cpus=1, resources={"simulator": 0}, object_store_memory=store))
+    nodes = [c.add_node(num_cpus=1, resources={"simulator": 1}, object_store_memory=store) for _ in range(2)]
+    c.wait_for_nodes()
+    try:
+        yield c, nodes
+    finally:
+        c.shutdown()
+
+
+def test_a_worker_node_killed_mid_arm_loses_one_case_and_nothing_runs_twice(tmp_path, cluster):
+    c, nodes = cluster
+    manifest = write_cases(tmp_path / "m.jsonl", 5, horizon=160)
+    study = tmp_path / "ray-study"
+    # One case at a time: its two arms run together, one on each worker node's actor.
+    args = ["run", str(manifest), "--study", str(study), "--backend", "ray", "--address", c.address,
+            "--simulators", "2", "--cases-in-flight", "1"]
+    proc = subprocess.Popen([sys.executable, "-m", "rescue.cli", *args], cwd=ROOT, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        # Warm: one case finished (both actors built their scene); then kill during the next one's arms.
+        while time.time() < deadline and proc.poll() is None:
+            states = case_states(study) if (study / "journal.sqlite").exists() else {}
+            if "finished" in states.values() and "claimed" in states.values():
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"no second case started: {proc.poll()}")
+        placed = {e["node_id"] for e in _events(study) if e["event"] == "ray.actor_placed"}
+        assert placed == {n.node_id for n in nodes}  # one actor on each worker node, none on the head
+        in_flight = [cid for cid, s in case_states(study).items() if s == "claimed"]
+        time.sleep(1.0)  # the arms are stepping
+        victim = nodes[0]
+        _kill_node(victim)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in out + err
+
+    export = _export(study)
+    by_id = {case["case_id"]: case for case in export["cases"]}
+    assert all(case["state"] == "finished" for case in export["cases"])
+    lost = [cid for cid, case in by_id.items() if case["label"] == "unknown"]
+    assert lost == in_flight  # the case whose arm was on the killed node, and only it
+    reason = by_id[lost[0]]["reason"]
+    assert "worker_lost" in reason and victim.node_id in reason, reason
+    # Nothing ran twice: every case claimed once, by the coordinator, and never claimed again.
+    claims = [e["case_id"] for e in _events(study) if e["event"] == "case.claimed"]
+    assert sorted(claims) == sorted(by_id)
+    assert rescue_cli("verify", str(study)).returncode == 0
+
+    # The same manifest on the local backend: the same classification and the same trajectories
+    # for every case both finished.
+    local = tmp_path / "local-study"
+    rescue_cli("run", str(manifest), "--study", str(local), "--simulators", "2", "--cases-in-flight", "1")
+    local_by_id = {case["case_id"]: case for case in _export(local)["cases"]}
+    both = [cid for cid in by_id if cid not in lost]
+    assert len(both) == 4
+    for cid in both:
+        assert by_id[cid]["label"] == local_by_id[cid]["label"], cid
+        for arm in ("control", "assisted"):
+            assert by_id[cid][arm]["trace_sha256"] == local_by_id[cid][arm]["trace_sha256"], (cid, arm)
+            assert by_id[cid][arm]["fingerprint"] == local_by_id[cid][arm]["fingerprint"], (cid, arm)
