@@ -354,11 +354,17 @@ async def run_forked(
             run.queries = list(ctrl.queries)
             if not run.done:
                 run.sim = await acquire()
-                await run.sim.restore(snapshot)
-                run.q_state = await run._state_digest()
-                if run.q_state != ctrl.q_state:
-                    raise RuntimeError("fork: the restored simulator state differs from the state at q")
-                await run.run_until(run.horizon)
+                try:
+                    await run.sim.restore(snapshot)
+                    run.q_state = await run._state_digest()
+                    if run.q_state != ctrl.q_state:
+                        raise RuntimeError("fork: the restored simulator state differs from the state at q")
+                    await run.run_until(run.horizon)
+                finally:
+                    # A follower done with its simulator gives it back at once, not when its case ends:
+                    # held until then, two cases' finished followers can starve each other's waiting ones.
+                    if isinstance(run.sim, SimLease):
+                        run.sim.release()
         except Exception as exc:
             return run.result(exc, "fork")
         await run.end_policy(run.success)

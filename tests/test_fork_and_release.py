@@ -75,3 +75,19 @@ def test_assisted_arm_lets_another_arm_use_its_simulator_while_waiting(tmp_path)
     assert {k: v["trace"] for k, v in _arms(study).items()} == {k: v["trace"] for k, v in _arms(held).items()}
     assert not [e for e in _events(held) if e["event"] == "sim.suspended"]
     assert rescue_cli("verify", str(study)).returncode == 0
+
+
+def test_fork_with_a_permuted_sham_and_two_cases_in_flight_never_starves(tmp_path):
+    # Two forked cases in flight on two simulators: each case's followers (assisted, sham) wait
+    # for simulators, and a sham waits for its donor in the other case. A follower that finished
+    # must give its simulator back at once; held until its case ended, the two cases' finished
+    # followers starved each other's waiting ones and the run never ended.
+    manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=64)
+    config = tmp_path / "c.toml"
+    config.write_text('fork_at_q = true\ncases_in_flight = 2\n[env]\nsimulators = 2\n[sham]\nsource = "permuted"\n')
+    study = tmp_path / "s"
+    rescue_cli("run", str(manifest), "--study", str(study), "--config", str(config), timeout=240)
+    assert rescue_cli("verify", str(study)).returncode == 0
+    rescue_cli("export", str(study), "--out", str(tmp_path / "e.json"))
+    cases = json.loads((tmp_path / "e.json").read_text())["cases"]
+    assert len(cases) == 4 and all(c["state"] == "finished" and c["sham_label"] is not None for c in cases)

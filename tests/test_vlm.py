@@ -805,3 +805,30 @@ def test_the_endpoint_answers_a_free_form_question_over_both_apis():
     # Three views go to the subgoal model, which names the question's object.
     assert "the ketchup" in three.choices[0].message.content and "{" not in three.choices[0].message.content
     assert all(r.free_form and r.request_ids == [] for r in state.requests)
+
+
+# ---- one limiter for the study's requests ----------------------------------------------
+
+
+def _most_at_once(receipts) -> int:
+    """The largest number of requests that were in flight together, from the attempt receipts."""
+    spans = [(r.started_at, r.finished_at) for r in receipts if r.kind == "attempt"]
+    return max(sum(1 for s, f in spans if s <= start < f) for start, _ in spans)
+
+
+@pytest.mark.parametrize("limit", [None, 2])
+def test_concurrent_requests_are_capped_by_max_concurrent_calls(tmp_path, limit):
+    requests = [make_request(i) for i in range(6)]
+    answers, _ = run(ask_all(EndpointOptions(latency_s=0.3), tmp_path / "r.jsonl", requests, max_concurrent_calls=limit))
+    assert all(a.status == "ok" for a in answers)
+    # Without a limit all six overlap (so the count below can see a cap); with it, never more than two.
+    assert _most_at_once(read_receipts(tmp_path / "r.jsonl")) == (limit or 6)
+
+
+def test_requests_start_evenly_spaced_at_requests_per_minute(tmp_path):
+    requests = [make_request(i) for i in range(5)]
+    answers, _ = run(ask_all(EndpointOptions(), tmp_path / "r.jsonl", requests, requests_per_minute=300))
+    assert all(a.status == "ok" for a in answers)
+    starts = sorted(r.started_at for r in read_receipts(tmp_path / "r.jsonl") if r.kind == "attempt_started")
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert len(gaps) == 4 and min(gaps) >= 0.19, gaps  # 60 / 300 = 0.2 s apart (clock granularity aside)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from typing import Any, Callable
 
 import ray
@@ -58,12 +59,25 @@ def connect(options: Any, simulators: int) -> None:
     else:
         kwargs["address"] = options.address
         kwargs.pop("include_dashboard")
+        _check_reachable(options.address)
     try:
         ray.init(**kwargs)
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError or ValueError for a bad address
         raise ClusterUnreachable(f"cannot join the Ray cluster at {options.address}: {one_line(str(exc))}") from None
     _started_here = options.address is None
     log.info("ray.connected", address=options.address, started_here=_started_here)
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse an address nothing listens on now (Ray itself would retry it for minutes)."""
+    if address == "auto":
+        return  # Ray reads this machine's cluster address file, and says at once when there is none
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as exc:
+        raise ClusterUnreachable(f"cannot join the Ray cluster at {address}: {exc}") from None
 
 
 def disconnect() -> None:
@@ -208,8 +222,8 @@ class RayPool(SimPool):
                     break
                 except asyncio.TimeoutError:
                     if not any(s.alive() for s in self._sims):
-                        self._fail(f"no simulator actor could be placed on the {self._options.describe()} within "
-                                   f"{timeout:g} s; each asks for {self._asks()}")
+                        self._fail(f"no simulator actor could be placed within {timeout:g} s on "
+                                   f"{self._options.describe()}; each asks for {self._asks()}")
                         return
                     # Others run: this one is spare capacity and may wait for a node to join.
         except RayActorError as exc:

@@ -51,6 +51,7 @@ from rescue.prompts import Template, load_template, prompt_sha256, render
 from rescue.records import Receipt, ReceiptRef, Usage
 from rescue.vlm.receipts import ReceiptLog, artifact_path
 from rescue.vlm.settings import VLMConfig
+from rescue.vlm.limits import RequestLimiter
 
 log = structlog.get_logger(__name__)
 
@@ -423,6 +424,7 @@ class VLMClient:
             max_retries=0,  # tenacity retries; nested retries would hide attempts
             timeout=config.request_timeout_s,
         )
+        self._limiter = RequestLimiter(config.max_concurrent_calls, config.requests_per_minute)
         self._pending: list[_Pending] = []
         self._window: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
@@ -649,6 +651,10 @@ class VLMClient:
         )
 
     async def _attempt(self, call: _Call, kwargs: dict[str, Any], deadline_at: float) -> _Reply:
+        async with self._limiter.slot():
+            return await self._limited_attempt(call, kwargs, deadline_at)
+
+    async def _limited_attempt(self, call: _Call, kwargs: dict[str, Any], deadline_at: float) -> _Reply:
         call.attempts += 1
         started = time.time()
         # Evidence first: a kill while the request is in flight still leaves this line.

@@ -40,6 +40,11 @@ class VLMConfig(BaseModel):
     max_subgoal_chars: int = 1500
     prompt_template: str = "subgoal_v1"
     prompt_root: str | None = None  # None: the shipped prompts folder
+    # One limit for the whole study, however many simulators or cluster nodes feed it (None: none).
+    max_concurrent_calls: int | None = Field(default=None, gt=0)
+    """Requests in flight at once."""
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    """Requests start at most this often, evenly spaced; retries count."""
     batch_size: int = 1  # 1 = every case gets its own call
     batch_window_s: float = 60.0
     image_format: Literal["png"] = "png"
