@@ -114,6 +114,14 @@ def test_the_runtime_check_would_see_a_runtime_import():
     assert json.loads(out.stdout) == ["multiprocessing", "openai"]
 
 
+def test_the_local_backend_never_imports_ray():
+    # Ray is an optional extra: the engine, the commands and the local pool must work without it.
+    code = ("import json, sys; import rescue.cli, rescue.studies, rescue.engine, rescue.env.backend; "
+            "print(json.dumps('ray' in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) is False
+
+
 # File names of the study folder; only rescue/layout.py may spell them.
 STUDY_FILES = ("journal.sqlite", "manifest.jsonl", "config.json", "receipts.jsonl", "events.jsonl", "simulator.log",
                "export.json", "export.csv", "report.html")

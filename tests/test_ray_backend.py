@@ -192,3 +192,25 @@ def test_fork_sham_release_sigterm_status_and_resume_on_a_one_machine_cluster(tm
     for r in records:
         by_case.setdefault(r["case_id"], set()).add(r["q_state"])
     assert all(len(qs) == 1 and None not in qs for qs in by_case.values()), by_case
+
+
+def test_an_unreachable_cluster_or_a_stray_address_is_refused_before_the_study_exists(tmp_path):
+    manifest = write_cases(tmp_path / "m.jsonl", 1, horizon=16)
+    for extra, says in [(["--backend", "ray", "--address", "127.0.0.1:1"], "cannot join the Ray cluster at 127.0.0.1:1"),
+                        (["--address", "127.0.0.1:1"], "--address needs --backend ray")]:
+        study = tmp_path / "never"
+        proc = rescue_cli("run", str(manifest), "--study", str(study), *extra, check=False, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert says in proc.stderr and "Traceback" not in proc.stderr
+        assert not study.exists()
+
+
+def test_no_room_for_any_actor_stops_the_study_with_the_reason(tmp_path):
+    # Each actor asks for a GPU this machine lacks: nothing can be placed, nothing is claimed.
+    manifest = write_cases(tmp_path / "m.jsonl", 2, horizon=16)
+    study = tmp_path / "s"
+    proc = rescue_cli("run", str(manifest), "--study", str(study), "--backend", "ray", "--ray-actor-gpus", "1",
+                      "--ray-placement-timeout", "5", check=False, timeout=180)
+    assert proc.returncode == 3, proc.stderr
+    assert "no simulator actor could be placed within 5 s" in proc.stderr and "1 GPU" in proc.stderr
+    assert set(case_states(study).values()) == {"pending"}
