@@ -29,6 +29,7 @@ from rescue.env.protocol import VLM_VIEWS
 from rescue.manifest import Case, Manifest, parse_manifest
 from rescue.policy.ws_client import WebsocketPolicyClient
 from rescue.querypoint import query_point
+from rescue.records import ReceiptRef
 from rescue.vlm.client import SubgoalRequest, VLMClient
 from wrappers.injection import inject
 
@@ -61,8 +62,10 @@ def timed_study(items: list[Case], config: StudyConfig) -> float:
 
 
 class _NoReceipts:
-    def write(self, receipt) -> None:  # the bare loop keeps no receipts
-        pass
+    """The bare loop keeps no receipts; the client still gets the reference a write returns."""
+
+    def write(self, receipt) -> ReceiptRef:
+        return ReceiptRef(path="none", lineno=1, sha256="0" * 64)
 
 
 async def _bare(items: list[Case], config: StudyConfig, root: Path) -> None:

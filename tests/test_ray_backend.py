@@ -155,18 +155,23 @@ def test_fork_sham_release_sigterm_status_and_resume_on_a_one_machine_cluster(tm
     proc = subprocess.Popen(
         [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study), "--config", str(config),
          "--backend", "ray"],
-        cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if (study / "journal.sqlite").exists() and "finished" in case_states(study).values():
-            break
-        time.sleep(0.1)
-    # `status` reads the journal the coordinator writes, whatever runs the simulators.
-    status = json.loads(rescue_cli("status", str(study), "--json").stdout)
-    assert status["states"].get("finished", 0) >= 1, status
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=300) == 3, proc.stderr.read()  # drained: cases never run remain
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if (study / "journal.sqlite").exists() and "finished" in case_states(study).values():
+                break
+            time.sleep(0.1)
+        # `status` reads the journal the coordinator writes, whatever runs the simulators.
+        status = json.loads(rescue_cli("status", str(study), "--json").stdout)
+        assert status["states"].get("finished", 0) >= 1, status
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 3, proc.stderr.read()  # drained: cases never run remain
+    finally:
+        if proc.poll() is None:  # a hung run must not outlive the test (nor the cluster it started)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     states = case_states(study)
     assert "claimed" not in states.values() and "pending" in states.values(), states
     # The cluster this run started stopped with it.

@@ -39,6 +39,9 @@ log = structlog.get_logger()
 
 # Placing actors again after losing them: at most this many per simulator the study asked for.
 MAX_PLACEMENTS_PER_SIMULATOR = 10
+# An actor that died before it ran (its node died, and the cluster did not know yet) is placed
+# again after a pause that doubles each time, up to this, so a dead node is not tried in a loop.
+MAX_PLACEMENT_PAUSE_S = 30.0
 _started_here = False
 
 
@@ -182,9 +185,11 @@ class RayPool(SimPool):
         self._spec, self._kwargs = adapter_spec, adapter_kwargs or {}
         self._sims: list[RayActorSim] = []  # placed actors (some may have been lost since)
         self._free: list[RayActorSim] = []
-        self._placing: dict[RayActorSim, asyncio.Task] = {}
+        self._placing: set[asyncio.Task] = set()
+        self._unplaced: set[RayActorSim] = set()  # created, not yet running
         self._serial = 0
         self._budget = MAX_PLACEMENTS_PER_SIMULATOR * size
+        self._pause = 1.0
         for _ in range(size):
             self._place_new()
 
@@ -202,19 +207,23 @@ class RayPool(SimPool):
             opts["resources"] = {self._options.resource: 1}
         return opts
 
-    def _place_new(self) -> None:
+    def _place_new(self, after_s: float = 0.0) -> None:
         if self._budget <= 0:
             self._fail(f"simulator actors were lost {MAX_PLACEMENTS_PER_SIMULATOR} times per simulator; "
                        "the cluster is not stable enough to go on")
             return
         self._budget -= 1
+        task = asyncio.get_running_loop().create_task(self._place(after_s))
+        self._placing.add(task)
+        task.add_done_callback(self._placing.discard)
+
+    async def _place(self, after_s: float = 0.0) -> None:
+        await asyncio.sleep(after_s)
+        timeout = self._options.placement_timeout_s
         self._serial += 1
         handle = _Actor.options(**self._actor_options()).remote(self._spec, self._kwargs)
         sim = RayActorSim(handle, f"actor-{self._serial}", self._hash_seed)
-        self._placing[sim] = asyncio.get_running_loop().create_task(self._place(sim))
-
-    async def _place(self, sim: RayActorSim) -> None:
-        timeout = self._options.placement_timeout_s
+        self._unplaced.add(sim)
         try:
             while True:
                 try:
@@ -230,14 +239,15 @@ class RayPool(SimPool):
             if getattr(exc, "actor_init_failed", False):
                 self._fail(f"a simulator actor failed to start: {one_line(str(exc))}")
             else:
-                log.warning("ray.actor_lost_before_start", actor=sim.name, error=one_line(str(exc)))
-                self._place_new()
+                log.warning("ray.actor_lost_before_start", actor=sim.name, error=one_line(str(exc)), retry_in_s=self._pause)
+                self._place_new(after_s=self._pause)
+                self._pause = min(2 * self._pause, MAX_PLACEMENT_PAUSE_S)
             return
         except RayError as exc:
             self._fail(f"a simulator actor could not be placed: {one_line(str(exc))}")
             return
         finally:
-            self._placing.pop(sim, None)
+            self._unplaced.discard(sim)
         if info["rescue"] != __version__:
             sim.stop()
             self._fail(f"node {info['node_id']} runs rescue {info['rescue']}, this coordinator {__version__}; "
@@ -287,7 +297,7 @@ class RayPool(SimPool):
 
     def close(self) -> None:
         """End every actor, placed or still waiting to be."""
-        for task in self._placing.values():
+        for task in list(self._placing):
             task.cancel()
-        for sim in [*self._sims, *self._placing]:
+        for sim in [*self._sims, *self._unplaced]:
             sim.stop()
