@@ -99,8 +99,19 @@ class StudyConfig(BaseModel):
         return self.policy.replan_interval
 
     def sha256(self) -> str:
-        """Digest of the resolved configuration."""
-        return digest_text(canonical_json(self.model_dump(mode="json")))
+        """Digest of the resolved configuration.
+
+        Settings added after studies already existed count only when set, so the
+        digest of an older study's config.json (written without them) still holds."""
+        data = self.model_dump(mode="json")
+        for section, key in HASHED_WHEN_SET:
+            if data[section].get(key) is None:
+                data[section].pop(key, None)
+        return digest_text(canonical_json(data))
+
+
+# (section, key) of settings added after studies existed: in the digest only when not None.
+HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute"))
 
 
 class ConfigError(ValueError):

@@ -49,9 +49,9 @@ from tenacity import (
 
 from rescue.prompts import Template, load_template, prompt_sha256, render
 from rescue.records import Receipt, ReceiptRef, Usage
+from rescue.vlm.limits import RequestLimiter
 from rescue.vlm.receipts import ReceiptLog, artifact_path
 from rescue.vlm.settings import VLMConfig
-from rescue.vlm.limits import RequestLimiter
 
 log = structlog.get_logger(__name__)
 

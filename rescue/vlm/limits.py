@@ -11,22 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator
 
 
 class RequestLimiter:
     """`async with limiter.slot():` around each request; None for either limit means none."""
 
-    def __init__(
-        self,
-        max_concurrent: int | None = None,
-        per_minute: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ):
+    def __init__(self, max_concurrent: int | None = None, per_minute: float | None = None):
         self._slots = asyncio.Semaphore(max_concurrent) if max_concurrent else None
         self._interval = 60.0 / per_minute if per_minute else 0.0
-        self._clock, self._sleep = clock, sleep
         self._next = float("-inf")  # when the next request may start
         self._spacing = asyncio.Lock()
 
@@ -38,10 +31,10 @@ class RequestLimiter:
         try:
             if self._interval:
                 async with self._spacing:
-                    wait = self._next - self._clock()
+                    wait = self._next - time.monotonic()
                     if wait > 0:
-                        await self._sleep(wait)
-                    self._next = self._clock() + self._interval
+                        await asyncio.sleep(wait)
+                    self._next = time.monotonic() + self._interval
             yield
         finally:
             if self._slots is not None:
