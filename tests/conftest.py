@@ -165,3 +165,54 @@ def resolved_config(interval: int, **fields):
     config = StudyConfig(**fields)
     policy = config.policy.model_copy(update={"replan_interval": interval, "announced": {}})
     return config.model_copy(update={"policy": policy})
+
+
+def arm_rows(study: Path) -> dict[tuple[str, str], str]:
+    """Each arm record's JSON as the journal stores it, by (case_id, arm), read-only."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{study / 'journal.sqlite'}?mode=ro", uri=True, timeout=30)
+    try:
+        return {(c, a): d for c, a, d in con.execute("SELECT case_id, arm, data FROM arms")}
+    finally:
+        con.close()
+
+
+def export_of(study: Path) -> dict:
+    """`rescue export STUDY`, read back."""
+    rescue_cli("export", str(study))
+    return json.loads((study / "export.json").read_text())
+
+
+def events_of(study: Path) -> list[dict]:
+    """The study's structured log, one dict per event (none yet: empty)."""
+    path = study / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def assert_resumed_without_rerun(by_id: dict, before: dict, after: dict, finished, in_flight, never) -> None:
+    """After a kill and a resume: finished cases keep their arm records byte for byte, cases in
+    flight are unknown (interrupted) with nothing of them run again, never-started ones finished."""
+    for case_id in finished:
+        assert by_id[case_id]["state"] == "finished"
+        for arm in ("control", "assisted"):
+            assert after[(case_id, arm)] == before[(case_id, arm)]
+    for case_id in in_flight:
+        assert by_id[case_id]["state"] == "interrupted"
+        assert by_id[case_id]["label"] == "unknown"
+        assert "interrupted" in by_id[case_id]["reason"]
+        for arm in ("control", "assisted"):
+            assert after.get((case_id, arm)) == before.get((case_id, arm))
+    for case_id in never:
+        assert by_id[case_id]["state"] == "finished"
+
+
+def ensure_stopped(proc: subprocess.Popen) -> None:
+    """Kill a process started in its own session, and all it started, if it still runs."""
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, case_states, cli_env, kill_mid_study, rescue_cli, write_cases
+from conftest import (ROOT, arm_rows, assert_resumed_without_rerun, case_states, cli_env, export_of, kill_mid_study,
+                      rescue_cli, write_cases)
 from rescue.digest import digest_text
 from rescue.querypoint import query_point
 from wrappers.injection import inject
@@ -20,20 +21,11 @@ from wrappers.injection import inject
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
 
-def _export(study: Path) -> dict:
-    rescue_cli("export", str(study))
-    return json.loads((study / "export.json").read_text())
-
-
+_export = export_of
 _states = case_states
 
 
-def _arms(study: Path) -> dict[tuple[str, str], str]:
-    con = sqlite3.connect(f"file:{study / 'journal.sqlite'}?mode=ro", uri=True, timeout=30)
-    try:
-        return {(c, a): d for c, a, d in con.execute("SELECT case_id, arm, data FROM arms")}
-    finally:
-        con.close()
+_arms = arm_rows
 
 
 def test_study_runs_both_arms_with_matching_prefix_and_verifies(tmp_path):
@@ -84,20 +76,7 @@ def test_sigkill_mid_study_then_resume_never_reruns_a_started_case(tmp_path):
     export = _export(study)
     by_id = {c["case_id"]: c for c in export["cases"]}
     assert len(by_id) == 5
-    for case_id in finished:
-        # A finished case keeps its first result: the same arm records, byte for byte.
-        assert by_id[case_id]["state"] == "finished"
-        for arm in ("control", "assisted"):
-            assert after_arms[(case_id, arm)] == before_arms[(case_id, arm)]
-    for case_id in in_flight:
-        assert by_id[case_id]["state"] == "interrupted"
-        assert by_id[case_id]["label"] == "unknown"
-        assert "interrupted" in by_id[case_id]["reason"]
-        # Nothing of the interrupted case ran again after the kill.
-        for arm in ("control", "assisted"):
-            assert after_arms.get((case_id, arm)) == before_arms.get((case_id, arm))
-    for case_id in never:
-        assert by_id[case_id]["state"] == "finished"
+    assert_resumed_without_rerun(by_id, before_arms, after_arms, finished, in_flight, never)
     assert export["summary"]["n"] == 5
     assert rescue_cli("verify", str(study)).returncode == 0
 

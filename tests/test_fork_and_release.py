@@ -4,28 +4,22 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, cli_env, rescue_cli, write_cases
+from conftest import ROOT, arm_rows, cli_env, events_of, rescue_cli, write_cases
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
 
 def _arms(study: Path) -> dict[tuple[str, str], dict]:
-    con = sqlite3.connect(study / "journal.sqlite")
-    try:
-        return {(c, a): json.loads(d) for c, a, d in con.execute("SELECT case_id, arm, data FROM arms")}
-    finally:
-        con.close()
+    return {key: json.loads(data) for key, data in arm_rows(study).items()}
 
 
-def _events(study: Path) -> list[dict]:
-    return [json.loads(line) for line in (study / "events.jsonl").read_text().splitlines()]
+_events = events_of
 
 
 def test_fork_at_q_gives_the_independent_replays_result(tmp_path):

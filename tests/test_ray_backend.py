@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from ray.cluster_utils import Cluster
 
-from conftest import ROOT, case_states, cli_env, rescue_cli, write_cases
+from conftest import (ROOT, arm_rows, case_states, cli_env, ensure_stopped, events_of, export_of, rescue_cli,
+                      write_cases)
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
@@ -51,16 +52,7 @@ def _kill_node(node) -> None:
             pass
 
 
-def _events(study: Path) -> list[dict]:
-    path = study / "events.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _export(study: Path) -> dict:
-    rescue_cli("export", str(study))
-    return json.loads((study / "export.json").read_text())
+_events, _export = events_of, export_of
 
 
 @pytest.fixture
@@ -103,8 +95,7 @@ def test_a_worker_node_killed_mid_arm_loses_one_case_and_nothing_runs_twice(tmp_
         _kill_node(victim)
         out, err = proc.communicate(timeout=600)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        ensure_stopped(proc)
     assert proc.returncode == 0, err
     assert "Traceback" not in out + err
 
@@ -169,9 +160,7 @@ def test_fork_sham_release_sigterm_status_and_resume_on_a_one_machine_cluster(tm
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=300) == 3, proc.stderr.read()  # drained: cases never run remain
     finally:
-        if proc.poll() is None:  # a hung run must not outlive the test (nor the cluster it started)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        ensure_stopped(proc)  # a hung run must not outlive the test (nor the cluster it started)
     states = case_states(study)
     assert "claimed" not in states.values() and "pending" in states.values(), states
     # The cluster this run started stopped with it.
@@ -184,13 +173,7 @@ def test_fork_sham_release_sigterm_status_and_resume_on_a_one_machine_cluster(tm
     for case in export["cases"]:
         assert case["sham_label"] is not None, case  # every case ran its sham arm with a donor's subgoal
         assert case["sham"]["donor_case_id"] not in (None, case["case_id"]), case
-    import sqlite3
-
-    con = sqlite3.connect(f"file:{study / 'journal.sqlite'}?mode=ro", uri=True)
-    try:
-        records = [json.loads(r) for (r,) in con.execute("SELECT data FROM arms")]
-    finally:
-        con.close()
+    records = [json.loads(data) for data in arm_rows(study).values()]
     assert {r["mode"] for r in records} == {"fork"}
     # Every follower started from the one snapshot at q the control arm left.
     by_case: dict[str, set] = {}

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -17,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, case_states, cli_env, rescue_cli, write_cases
+from conftest import (ROOT, arm_rows, assert_resumed_without_rerun, case_states, cli_env, ensure_stopped,
+                      rescue_cli, write_cases)
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
@@ -82,12 +82,7 @@ def _study(queue: Path, job_id: str) -> Path:
     return queue / "jobs" / job_id / f"study-{job_id.removeprefix('job-')}"
 
 
-def _arms(study: Path) -> dict[tuple[str, str], str]:
-    con = sqlite3.connect(f"file:{study / 'journal.sqlite'}?mode=ro", uri=True, timeout=30)
-    try:
-        return {(c, a): d for c, a, d in con.execute("SELECT case_id, arm, data FROM arms")}
-    finally:
-        con.close()
+_arms = arm_rows
 
 
 def _submit(manifest: Path, name: str, queue: Path) -> str:
@@ -162,19 +157,7 @@ def test_serve_survives_sigkill_mid_job_and_resumes_as_rescue_resume(tmp_path):
         status, body = _get(port, f"/jobs/{second}/export")
         assert status == 200 and body["partial"] is False
         by_id = {c["case_id"]: c for c in body["export"]["cases"]}
-        after_arms = _arms(study_b)
-        for case_id in finished:
-            assert by_id[case_id]["state"] == "finished"
-            for arm in ("control", "assisted"):
-                assert after_arms[(case_id, arm)] == before_arms[(case_id, arm)]
-        for case_id in in_flight:
-            assert by_id[case_id]["state"] == "interrupted"
-            assert by_id[case_id]["label"] == "unknown"
-            assert "interrupted" in by_id[case_id]["reason"]
-            for arm in ("control", "assisted"):  # nothing of it ran again after the kill
-                assert after_arms.get((case_id, arm)) == before_arms.get((case_id, arm))
-        for case_id in never:
-            assert by_id[case_id]["state"] == "finished"
+        assert_resumed_without_rerun(by_id, before_arms, _arms(study_b), finished, in_flight, never)
         for job_id in (first, third):
             status, body = _get(port, f"/jobs/{job_id}/export")
             assert body["partial"] is False
@@ -197,9 +180,7 @@ def test_serve_survives_sigkill_mid_job_and_resumes_as_rescue_resume(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        ensure_stopped(proc)
     for job_id in (first, second, third):
         assert rescue_cli("verify", str(_study(queue, job_id))).returncode == 0
 
@@ -273,9 +254,7 @@ def test_restart_after_only_the_worker_was_killed_drains_the_orphan_then_resumes
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        ensure_stopped(proc)
         with contextlib.suppress(ProcessLookupError, NameError, TypeError):
             os.kill(child, signal.SIGKILL)
     assert rescue_cli("verify", str(study)).returncode == 0
@@ -310,9 +289,7 @@ def test_cancel_drains_a_running_job_and_sigterm_puts_the_job_back_in_the_queue(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=300) == 0
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        ensure_stopped(proc)
     states = case_states(_study(queue, second))
     assert "claimed" not in states.values() and "pending" in states.values()
     listed = {row["job_id"]: row["state"] for row in json.loads(rescue_cli("queue", "--queue", str(queue), "--json").stdout)}
