@@ -192,6 +192,13 @@ def events_of(study: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def states_before_resume(study: Path) -> tuple[dict, set, set, set]:
+    """Right after a kill: the arm rows, and the finished, in-flight and never-started case ids."""
+    states = case_states(study)
+    by = {state: {c for c, s in states.items() if s == state} for state in ("finished", "claimed", "pending")}
+    return arm_rows(study), by["finished"], by["claimed"], by["pending"]
+
+
 def assert_resumed_without_rerun(by_id: dict, before: dict, after: dict, finished, in_flight, never) -> None:
     """After a kill and a resume: finished cases keep their arm records byte for byte, cases in
     flight are unknown (interrupted) with nothing of them run again, never-started ones finished."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (ROOT, arm_rows, assert_resumed_without_rerun, case_states, cli_env, export_of, kill_mid_study,
-                      rescue_cli, write_cases)
+                      rescue_cli, states_before_resume, write_cases)
 from rescue.digest import digest_text
 from rescue.querypoint import query_point
 from wrappers.injection import inject
@@ -63,11 +63,7 @@ def test_sigkill_mid_study_then_resume_never_reruns_a_started_case(tmp_path):
     manifest = write_cases(tmp_path / "m.jsonl", 5)
     study = tmp_path / "study"
     kill_mid_study(["run", str(manifest), "--study", str(study), "--cases-in-flight", "1"], study)
-    before_states = _states(study)
-    before_arms = _arms(study)
-    finished = {c for c, s in before_states.items() if s == "finished"}
-    in_flight = {c for c, s in before_states.items() if s == "claimed"}
-    never = {c for c, s in before_states.items() if s == "pending"}
+    before_arms, finished, in_flight, never = states_before_resume(study)
     assert finished and in_flight
 
     out = rescue_cli("resume", str(study))

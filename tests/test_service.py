@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (ROOT, arm_rows, assert_resumed_without_rerun, case_states, cli_env, ensure_stopped,
-                      rescue_cli, write_cases)
+                      rescue_cli, states_before_resume, write_cases)
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
@@ -130,11 +130,7 @@ def test_serve_survives_sigkill_mid_job_and_resumes_as_rescue_resume(tmp_path):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
-    before_states = case_states(study_b)
-    before_arms = _arms(study_b)
-    finished = {c for c, s in before_states.items() if s == "finished"}
-    in_flight = {c for c, s in before_states.items() if s == "claimed"}
-    never = {c for c, s in before_states.items() if s == "pending"}
+    before_arms, finished, in_flight, never = states_before_resume(study_b)
     assert finished and in_flight
     assert not _study(queue, third).exists()  # submission order: the third had not started
     listed = {row["job_id"]: row["state"] for row in json.loads(rescue_cli("queue", "--queue", str(queue), "--json").stdout)}
