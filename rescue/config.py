@@ -111,7 +111,7 @@ class StudyConfig(BaseModel):
 
 
 # (section, key) of settings added after studies existed: in the digest only when not None.
-HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute"))
+HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute"), ("sham", "by_task"))
 
 
 class ConfigError(ValueError):

@@ -306,7 +306,7 @@ class Engine:
                 lease = await SimLease(services.pool).acquire()
             if policy is None:
                 policy = await self._connect(services)
-            advisor = self._advisor_for(arm, services)
+            advisor = self._advisor_for(arm, services, case)
             self.observer.arm_started(arm)
             try:
                 return await run_arm(case, spec, lease, policy, advisor)
@@ -335,7 +335,7 @@ class Engine:
             followers = []
             for name in names:
                 policies.append(await self._connect(services))
-                followers.append((name, sim_at_q, policies[-1], self._advisor_for(name, services)))
+                followers.append((name, sim_at_q, policies[-1], self._advisor_for(name, services, case)))
             for arm in self.config.arms:
                 self.observer.arm_started(arm)
             return await run_forked(
@@ -353,20 +353,21 @@ class Engine:
             for lease in leases:
                 lease.release()
 
-    def _advisor_for(self, arm: str, services: Services):
+    def _advisor_for(self, arm: str, services: Services, case: Case):
         """Who answers an arm at q: the VLM (assisted), the sham's declared source (sham), nobody (control)."""
         if arm == "assisted":
             return self._advisor(services)
         if arm == "sham":
-            return self._sham_advisor()
+            return self._sham_advisor(case)
         return None
 
-    def _sham_advisor(self):
+    def _sham_advisor(self, case: Case):
         sham = self.config.sham
+        text = sham.text_for(case.task)
 
         async def ask(case_id: str, instruction: str, remaining: int, views: dict) -> ShamAnswer:
             if sham.source == "fixed":
-                return ShamAnswer(status="ok", subgoal=sham.text, source="fixed", source_sha256=digest_text(sham.text))
+                return ShamAnswer(status="ok", subgoal=text, source="fixed", source_sha256=digest_text(text))
             donor = self.donors.get(case_id)
             if donor is None:
                 return ShamAnswer(status="broker_error", error_kind="no_donor", error="no donor declared for the case")

@@ -1,6 +1,8 @@
 """The sham arm's declared sources (DESIGN §8), as pure functions.
 
-`fixed`: one content-free text, the same for every case. `permuted`: each case
+`fixed`: one declared text, the same for every case (content-free by default),
+or, with `by_task`, a declared text per task (say, a subgoal naming another
+object of the task's scene). `permuted`: each case
 gets the subgoal its donor's VLM call produced, under donor groups declared
 when the study is created (stored in the journal, re-derived by `verify`):
 a seeded derangement made of pairs (and one triple when the count is odd),
@@ -15,7 +17,7 @@ import random
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rescue.manifest import Case
 
@@ -30,7 +32,21 @@ class ShamConfig(BaseModel):
 
     source: Literal["off", "fixed", "permuted"] = "off"
     text: str = Field(default=DEFAULT_SHAM_TEXT, min_length=1, max_length=1500)  # the `fixed` subgoal
+    # `fixed` only: the subgoal for the cases of these tasks (`suite/task_id`); other tasks get `text`.
+    by_task: dict[str, str] | None = None
     seed: int = 0  # the `permuted` donor groups' seed
+
+    @field_validator("by_task")
+    @classmethod
+    def _texts(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for task, text in (value or {}).items():
+            if not text.strip() or len(text) > 1500:
+                raise ValueError(f"sham text for {task} must have 1 to 1500 characters")
+        return value
+
+    def text_for(self, task: str) -> str:
+        """The `fixed` subgoal for a case of this task (`suite/task_id`)."""
+        return (self.by_task or {}).get(task, self.text)
 
     @property
     def on(self) -> bool:

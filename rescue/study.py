@@ -150,7 +150,7 @@ def case_record(
         receipt=receipt,
         sham=sham_arm,
         sham_source=sham.source if sham_on else None,
-        sham_text=sham.text if sham_on and sham.source == "fixed" else None,
+        sham_text=sham.text_for(case.task) if sham_on and sham.source == "fixed" else None,
         sham_donor=(donors or {}).get(case.case_id) if sham_on and sham.source == "permuted" else None,
         sham_receipt=sham_receipt,
     )

@@ -124,14 +124,15 @@ def test_resume_and_continuation_refuse_a_server_announcing_another_horizon(tmp_
 
 
 def test_an_older_studys_config_digest_holds_after_later_settings_were_added():
-    # A config.json written before [vlm] max_concurrent_calls / requests_per_minute existed lacks them;
-    # loaded today it must hash as it did then, or verify would fail every older study.
+    # A config.json written before [vlm] max_concurrent_calls / requests_per_minute or [sham] by_task
+    # existed lacks them; loaded today it must hash as it did then, or verify would fail every older study.
     from rescue.config import HASHED_WHEN_SET
     from rescue.digest import canonical_json, digest_text
 
     now = StudyConfig().model_dump(mode="json")
-    older = {**now, "vlm": {k: v for k, v in now["vlm"].items() if (("vlm", k) not in HASHED_WHEN_SET)}}
-    assert len(older["vlm"]) == len(now["vlm"]) - 2
+    older = {sec: ({k: v for k, v in part.items() if (sec, k) not in HASHED_WHEN_SET} if isinstance(part, dict) else part)
+             for sec, part in now.items()}
+    assert len(older["vlm"]) == len(now["vlm"]) - 2 and len(older["sham"]) == len(now["sham"]) - 1
     assert StudyConfig.model_validate(older).sha256() == digest_text(canonical_json(older))
     # Once set, a limit is part of the digest.
     limited = StudyConfig.model_validate({**older, "vlm": {**older["vlm"], "max_concurrent_calls": 4}})

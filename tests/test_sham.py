@@ -240,3 +240,51 @@ def test_tampering_with_a_sham_trace_row_or_its_source_fails_verify(tmp_path):
     cfg["sham"]["text"] = "Pick up the ketchup."
     (copy / "config.json").write_text(json.dumps(cfg))
     assert rescue_cli("verify", str(copy), check=False).returncode != 0
+
+
+def test_a_fixed_sham_text_can_be_declared_per_task_and_counts_in_the_digest_only_when_set():
+    from pydantic import ValidationError
+
+    from rescue.config import StudyConfig
+    from rescue.sham import ShamConfig
+
+    sham = ShamConfig(source="fixed", by_task={"libero_object/0": "grasp the butter"})
+    assert sham.text_for("libero_object/0") == "grasp the butter"
+    assert sham.text_for("libero_object/3") == DEFAULT_SHAM_TEXT  # tasks not listed get `text`
+    with pytest.raises(ValidationError, match="libero_object/1"):
+        ShamConfig(source="fixed", by_task={"libero_object/1": "  "})
+    plain = StudyConfig(sham={"source": "fixed"})
+    assert plain.sham.by_task is None
+    declared = StudyConfig(sham={"source": "fixed", "by_task": {"libero_object/0": "grasp the butter"}})
+    other = StudyConfig(sham={"source": "fixed", "by_task": {"libero_object/0": "grasp the milk"}})
+    assert len({plain.sha256(), declared.sha256(), other.sha256()}) == 3
+    # A config written before the setting existed hashes as before.
+    data = plain.model_dump(mode="json")
+    data["sham"].pop("by_task")
+    assert StudyConfig.model_validate(data).sha256() == plain.sha256()
+
+
+@pytest.mark.sim
+@pytest.mark.e2e
+def test_a_per_task_fixed_sham_applies_each_tasks_declared_text_and_verifies(tmp_path):
+    import json
+
+    from conftest import export_of, rescue_cli, write_cases
+
+    one = write_cases(tmp_path / "a.jsonl", 2, horizon=48, task_id=3).read_text()
+    two = write_cases(tmp_path / "b.jsonl", 2, horizon=48, task_id=4).read_text()
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(one + two)
+    config = tmp_path / "study.toml"
+    config.write_text('[sham]\nsource = "fixed"\n[sham.by_task]\n"libero_object/3" = "grasp the butter"\n')
+    study = tmp_path / "study"
+    rescue_cli("run", str(manifest), "--study", str(study), "--config", str(config))
+    assert rescue_cli("verify", str(study)).returncode == 0
+    cases = {c["case_id"]: c for c in export_of(study)["cases"]}
+    assert len(cases) == 4
+    for cid, c in cases.items():
+        want = "grasp the butter" if cid.startswith("object-3-") else DEFAULT_SHAM_TEXT
+        assert c["sham"]["assistance"] == "applied" and c["sham"]["subgoal"] == want, cid
+    # The declaration is part of the study's stored configuration (and of its digest).
+    stored = json.loads((study / "config.json").read_text())
+    assert stored["sham"]["by_task"] == {"libero_object/3": "grasp the butter"}
