@@ -38,10 +38,12 @@ def test_wheel_installed_elsewhere_finds_its_prompt_and_models(tmp_path):
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(src)])
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for data in ("prompts/subgoal_v1.txt", "models/policy_libero_object.pt", "models/subgoal_vision.pt"):
+    for data in ("prompts/subgoal_v1.txt", "models/policy_libero_object.pt", "models/subgoal_vision.pt",
+                 "models/locator_libero_object.pt"):
         assert f"rescue/assets/{data}" in names
         assert zipfile.ZipFile(wheel).read(f"rescue/assets/{data}") == (ROOT / data).read_bytes()
-    assert {"rescue/env/libero.py", "rescue/vlm/endpoint.py", "rescue/policy/learned.py", "wrappers/injection.py"} <= names
+    assert {"rescue/env/libero.py", "rescue/vlm/endpoint.py", "rescue/policy/learned.py",
+            "rescue/policy/vision_language.py", "wrappers/injection.py"} <= names
 
     site = tmp_path / "site"
     run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q", "--target", str(site), str(wheel)])
