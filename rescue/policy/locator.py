@@ -19,7 +19,7 @@ INPUT_SIZE = 112  # the 224x224 openpi-libero image, box-downsampled by two
 def shrink(image: np.ndarray) -> np.ndarray:
     """A 224x224 openpi-libero image as uint8 INPUT_SIZE x INPUT_SIZE x 3 (box filter), at training and serving."""
     img = Image.fromarray(np.asarray(image, dtype=np.uint8))
-    return np.asarray(img.convert("RGB").resize((INPUT_SIZE, INPUT_SIZE), Image.BOX), dtype=np.uint8)
+    return np.array(img.convert("RGB").resize((INPUT_SIZE, INPUT_SIZE), Image.BOX), dtype=np.uint8)
 
 
 def build_network(text_dim: int, keypoints: int = 32, width: int = 32, hidden: int = 256):
