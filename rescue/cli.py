@@ -290,7 +290,16 @@ def cmd_manifest_check(args: argparse.Namespace) -> int:
 def cmd_manifest_from_eval(args: argparse.Namespace) -> int:
     from rescue.studies import manifest_from_eval
 
-    cases = manifest_from_eval(Path(args.study), Path(args.out), args.pilot_tasks, args.limit)
+    from rescue.config import ConfigError
+
+    inits = None
+    if args.inits is not None:
+        lo, sep, hi = args.inits.partition("-")
+        try:
+            inits = range(int(lo), int(hi if sep else lo) + 1)
+        except ValueError:
+            raise ConfigError(f"--inits {args.inits!r}: expected an initial state or a range like 30-39") from None
+    cases = manifest_from_eval(Path(args.study), Path(args.out), args.pilot_tasks, args.limit, inits)
     pilot = [c.case_id for c in cases if c.pilot]
     console.print(f"wrote {len(cases)} failure case(s) to {args.out}" + (f"; pilot: {', '.join(pilot)}" if pilot else ""))
     return 0
@@ -546,7 +555,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("study")
     m.add_argument("--out", required=True)
     m.add_argument("--pilot-tasks", type=int, default=0, help="declare the first failure of each of the first K tasks pilot")
-    m.add_argument("--limit", type=int)
+    m.add_argument("--inits", help="only failures of these official initial states, e.g. 30-39 (a held-out split)")
+    m.add_argument("--limit", type=int, help="at most this many failures (after --inits), in manifest order")
     m.set_defaults(func=cmd_manifest_from_eval)
 
     p = sub.add_parser("ablate", help="one study per rule switch (each off alone, all off, all on), paired against all on")

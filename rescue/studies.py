@@ -161,8 +161,11 @@ def eval_summary(study_dir: Path) -> EvalSummary:
         return summarize_eval(journal.cases(), journal.verdicts())
 
 
-def manifest_from_eval(eval_dir: Path, out: Path, pilot_tasks: int = 0, limit: int | None = None) -> list[Case]:
-    """Write the failure manifest of an evaluation study, with fingerprints and provenance."""
+def manifest_from_eval(
+    eval_dir: Path, out: Path, pilot_tasks: int = 0, limit: int | None = None, inits: range | None = None
+) -> list[Case]:
+    """Write the failure manifest of an evaluation study, with fingerprints and provenance
+    (only failures of the initial states `inits`, when given; then at most `limit`)."""
     if not load_study_config(eval_dir).is_evaluation:
         raise StudyError(f"{eval_dir} is not an evaluation study")
     with open_journal(eval_dir) as journal:
@@ -173,12 +176,17 @@ def manifest_from_eval(eval_dir: Path, out: Path, pilot_tasks: int = 0, limit: i
             "eval_manifest_sha256": meta.get("manifest_sha256"),
         }
         cases = failure_cases(journal.cases(), journal.verdicts(), journal.all_arms(), provenance)
+    if inits is not None:
+        cases = [c for c in cases if c.init_state_index in inits]
     if limit is not None:
         cases = cases[:limit]
     if pilot_tasks:
         cases = mark_pilot(cases, pilot_tasks)
     write_manifest(cases, out)
     return cases
+
+
+DEMO_POLICY = "rescue.policy.vision_language:make_policy"
 
 
 def demo(
@@ -189,10 +197,11 @@ def demo(
     on_case: OnCase = None,
     verbose: bool = False,
 ) -> dict[str, Path]:
-    """Evaluate the embedded default, collect its real failures, and run the rescue study over them."""
+    """Evaluate the embedded vision-language policy, collect its real failures, and run the rescue study over them."""
     base = Path(root) / f"demo-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    # The policy reads the openpi-libero contract (images, 8-float state, prompt), as a VLA does.
     # The rescue study runs the sham arm too: each case's subgoal is also tried on another case.
-    config = StudyConfig(keyframes=True, sham={"source": "permuted"})
+    config = StudyConfig(keyframes=True, sham={"source": "permuted"}, policy={"factory": DEMO_POLICY})
     baseline = evaluate("libero_object", list(tasks), episodes, None, base / "baseline", config, on_case, verbose)
     manifest = base / "failures.jsonl"
     cases = manifest_from_eval(baseline, manifest, limit=max_cases)

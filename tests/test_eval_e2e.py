@@ -73,6 +73,12 @@ def test_eval_records_episodes_then_its_failure_manifest_runs_unedited(tmp_path)
             "eval_manifest_sha256": meta["manifest_sha256"],
         }
         assert (case.horizon, case.suite, case.group) == (48, "libero_object", "object")
+    # A held-out split: only the failures of the initial states named.
+    split = tmp_path / "split.jsonl"
+    out = rescue_cli("manifest", "from-eval", str(study), "--out", str(split), "--inits", "1-1")
+    assert [c.case_id for c in load_manifest(split).cases] == ["object-3-ep1", "object-4-ep1"]
+    bad = rescue_cli("manifest", "from-eval", str(study), "--out", str(tmp_path / "x.jsonl"), "--inits", "a-b", check=False)
+    assert bad.returncode == 2 and "--inits 'a-b'" in bad.stderr and not (tmp_path / "x.jsonl").exists()
 
     rescue = tmp_path / "rescue"
     rescue_cli("run", str(manifest_path), "--study", str(rescue))
