@@ -3,8 +3,8 @@
 Run it with the installed interpreter from a directory outside the source tree.
 It serves the local VLM endpoint (`rescue serve-vlm`, which answers with the
 packaged subgoal model), asks it for one subgoal through the VLM client (which
-renders the packaged prompt template), and runs the packaged learned policy on
-one synthetic observation. It prints one JSON object of what it found and exits
+renders the packaged prompt template), and runs the packaged learned policy and
+the packaged vision-language policy on one synthetic observation each. It prints one JSON object of what it found and exits
 non-zero when a check fails. About 20 s; no simulator.
 
     python scripts/check_install.py            # from the installed environment
@@ -57,6 +57,7 @@ def main() -> int:
     from rescue.policy.learned import DEFAULT_CHECKPOINT, LearnedPolicy
     from rescue.policy.phases import PHASES, parse_pick_place, sub_instruction
     from rescue.prompts import DEFAULT_ROOT, load_template
+    from rescue.policy.vision_language import DEFAULT_LOCATOR, VisionLanguagePolicy
     from rescue.vlm.vision import DEFAULT_CHECKPOINT as VISION_CHECKPOINT
 
     # Not resolved: in a checkout, rescue/assets/ links to the top-level folders.
@@ -68,6 +69,7 @@ def main() -> int:
         "template_sha256": load_template("subgoal_v1").sha256,
         "policy_checkpoint": str(DEFAULT_CHECKPOINT),
         "vision_checkpoint": str(VISION_CHECKPOINT),
+        "locator_checkpoint": str(DEFAULT_LOCATOR),
     }
     proc, base_url = serve_vlm()
     try:
@@ -87,6 +89,16 @@ def main() -> int:
     }
     actions = np.asarray(LearnedPolicy().infer(obs)["actions"])
     found["policy_actions_shape"] = list(actions.shape)
+    # The vision-language policy on an observation shaped as the openpi-libero profile sends it.
+    rng = np.random.default_rng(0)
+    contract = {
+        "observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+        "observation/wrist_image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+        "observation/state": np.zeros(8),
+        "prompt": INSTRUCTION,
+    }
+    vl_actions = np.asarray(VisionLanguagePolicy().infer(contract)["actions"])
+    found["vision_language_actions_shape"] = list(vl_actions.shape)
 
     # The subgoal model's answers are phase sub-instructions; without the model file the
     # endpoint falls back to a rule whose wording ("... again, then ...") is none of these.
@@ -96,12 +108,14 @@ def main() -> int:
         "package outside the working directory": not package.resolve().is_relative_to(Path.cwd().resolve()),
         "template inside the package": DEFAULT_ROOT.is_relative_to(package),
         "checkpoints inside the package": all(
-            Path(p).is_relative_to(package) and Path(p).is_file() for p in (DEFAULT_CHECKPOINT, VISION_CHECKPOINT)
+            Path(p).is_relative_to(package) and Path(p).is_file()
+            for p in (DEFAULT_CHECKPOINT, VISION_CHECKPOINT, DEFAULT_LOCATOR)
         ),
         "answer from the subgoal model": answer.status == "ok" and answer.subgoal in model_answers,
         "receipt names the packaged template": found["receipt_template_sha256"]
         == hashlib.sha256((DEFAULT_ROOT / "subgoal_v1.txt").read_bytes()).hexdigest(),
         "policy answers a chunk": actions.ndim == 2 and actions.shape[1] == 7 and np.isfinite(actions).all(),
+        "vision-language policy answers a chunk": vl_actions.shape == (8, 7) and np.isfinite(vl_actions).all(),
     }
     found["failed"] = [name for name, ok in checks.items() if not ok]
     print(json.dumps(found))

@@ -64,3 +64,4 @@ def test_wheel_installed_elsewhere_finds_its_prompt_and_models(tmp_path):
     assert found["template_sha256"] == found["receipt_template_sha256"]
     assert found["status"] == "ok" and "bbq sauce" in found["subgoal"]
     assert found["policy_actions_shape"] == [8, 7]
+    assert found["vision_language_actions_shape"] == [8, 7] and Path(found["locator_checkpoint"]).is_relative_to(site)

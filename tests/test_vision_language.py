@@ -15,6 +15,7 @@ import pytest
 
 from rescue.env.libero import LiberoAdapter
 from rescue.observation import OPENPI_LIBERO
+from rescue.policy.phases import parse_pick_place
 from rescue.policy.vision_language import DEFAULT_LOCATOR, VisionLanguagePolicy
 from wrappers.injection import inject
 
@@ -101,7 +102,7 @@ def test_policy_reads_only_the_contract(adapter, policy):
 def test_locator_finds_the_named_object_from_pixels(adapter, policy, task, init):
     """Held-out initial states: the located object is where the simulator has it, and moves when the scene does."""
     reset = adapter.reset(_case(init, task), OPENPI_LIBERO)
-    obj = reset.instruction.split("pick up the ")[1].split(" and place")[0]
+    obj = parse_pick_place(reset.instruction).obj
     located, target = policy.locate(reset.obs["observation/image"], reset.instruction)
     truth = _body(adapter, obj)
     assert np.linalg.norm(located[:2] - truth[:2]) < 0.03

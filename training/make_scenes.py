@@ -24,6 +24,7 @@ import numpy as np
 from rescue.env.libero import SUITE_HORIZON, LiberoAdapter
 from rescue.observation import OPENPI_LIBERO, compose_state, prepare_image
 from rescue.policy.expert import Expert
+from rescue.policy.phases import parse_pick_place
 from rescue.policy.locator import INPUT_SIZE, shrink
 from rescue.vlm.vision import OBJECTS
 from training.make_demos import NOISE
@@ -68,7 +69,7 @@ def collect(suite: str, tasks: list[int], inits: list[int], every: int, sources:
                 case = {"suite": suite, "task_id": task, "init_state_index": idx, "env_seed": idx}
                 reset = adapter.reset(case)
                 obs, expert, chunk = reset.obs, Expert(), []
-                obj = OBJECTS.index(reset.instruction.split("pick up the ")[1].split(" and place")[0])
+                obj = OBJECTS.index(parse_pick_place(reset.instruction).obj)
                 if policy is not None:
                     policy.reset_rng(idx)
                 offset = int(rng.integers(every))
