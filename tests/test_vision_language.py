@@ -147,3 +147,24 @@ def test_bundled_server_announces_the_contract():
     meta = policy_metadata(load_factory(spec), spec)
     assert meta["observation"] == "openpi-libero"
     assert meta["action_horizon"] == 8
+
+
+@pytest.mark.e2e
+def test_served_by_the_bundled_server_like_an_external_vla(tmp_path):
+    """`rescue eval` serves it from its factory; the study resolves openpi-libero from what the server announces."""
+    import json
+
+    from conftest import arm_rows, rescue_cli
+
+    from rescue.records import ArmResult
+
+    study = tmp_path / "eval"
+    rescue_cli("eval", "--suite", "libero_object", "--tasks", "0", "--episodes", "1", "--horizon", "24",
+               "--study", str(study), "--policy-factory", "rescue.policy.vision_language:make_policy")
+    policy = json.loads((study / "config.json").read_text())["policy"]
+    assert policy["observation"] == "openpi-libero" and policy["announced"]["observation"] == "openpi-libero"
+    (data,) = arm_rows(study).values()
+    arm = ArmResult.model_validate_json(data)
+    # Every query carried the two images of the contract (their digests are in the trace), and they changed.
+    assert len(arm.trace) == 3 and all(set(row.images) == {"observation/image", "observation/wrist_image"} for row in arm.trace)
+    assert len({row.images["observation/image"] for row in arm.trace}) == 3

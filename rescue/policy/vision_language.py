@@ -37,7 +37,7 @@ def parse_image(image) -> np.ndarray:
     img = np.asarray(image)
     if np.issubdtype(img.dtype, np.floating):
         img = (255 * img).astype(np.uint8)
-    if img.ndim == 3 and img.shape[0] == 3 and img.shape[-1] != 3:
+    if img.shape[0] == 3:
         img = np.transpose(img, (1, 2, 0))
     return img
 
