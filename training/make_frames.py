@@ -34,6 +34,27 @@ def _frame(adapter: LiberoAdapter) -> np.ndarray:
     return np.stack([downsample(views[v]) for v in VIEWS])
 
 
+def sampled_states(adapter: LiberoAdapter, reset, suite: str, source: str, policy, rng: np.random.Generator, every: int):
+    """Run one episode from `reset` (the noisy expert, or `policy` when source is "policy");
+    yield (step, privileged observation) every `every` steps from a random offset, before acting."""
+    obs, expert, chunk = reset.obs, Expert(), []
+    offset = int(rng.integers(every))  # so frames are not always at the same steps
+    for step in range(SUITE_HORIZON[suite]):
+        if step % every == offset:
+            yield step, obs
+        if source == "expert":
+            action = expert.act(obs)
+            action[:3] = np.clip(action[:3] + rng.normal(0.0, NOISE, 3), -1, 1)
+        else:
+            if not chunk:
+                chunk = list(policy.infer({**obs, "prompt": reset.instruction})["actions"])
+            action = chunk.pop(0)
+        result = adapter.run_chunk(np.asarray(action)[None], 1)
+        obs = result.obs
+        if result.success:
+            return
+
+
 def collect(
     suite: str, tasks: list[int], inits: list[int], every: int, sources: list[str], checkpoint: Path | None, seed: int
 ) -> dict:
@@ -53,29 +74,15 @@ def collect(
                 case = {"suite": suite, "task_id": task, "init_state_index": idx, "env_seed": idx}
                 reset = adapter.reset(case)
                 obj = OBJECTS.index(parse_pick_place(reset.instruction).obj)
-                obs, expert, chunk = reset.obs, Expert(), []
                 if policy is not None:
                     policy.reset_rng(idx)
-                phase_offset = int(rng.integers(every))  # so frames are not always at the same steps
-                for step in range(SUITE_HORIZON[suite]):
-                    if step % every == phase_offset:
-                        out["frames"].append(_frame(adapter))
-                        for k, v in zip(("phase", "object", "task", "init", "source", "step"),
-                                        (PHASES.index(situation_phase(obs)), obj, task, idx, source, step)):
-                            out[k].append(v)
-                        for k in STATE_KEYS:  # kept so the labels can be recomputed without rendering
-                            out[k].append(np.asarray(obs[k], dtype=np.float32))
-                    if source == "expert":
-                        action = expert.act(obs)
-                        action[:3] = np.clip(action[:3] + rng.normal(0.0, NOISE, 3), -1, 1)
-                    else:
-                        if not chunk:
-                            chunk = list(policy.infer({**obs, "prompt": reset.instruction})["actions"])
-                        action = chunk.pop(0)
-                    result = adapter.run_chunk(np.asarray(action)[None], 1)
-                    obs = result.obs
-                    if result.success:
-                        break
+                for step, obs in sampled_states(adapter, reset, suite, source, policy, rng, every):
+                    out["frames"].append(_frame(adapter))
+                    for k, v in zip(("phase", "object", "task", "init", "source", "step"),
+                                    (PHASES.index(situation_phase(obs)), obj, task, idx, source, step)):
+                        out[k].append(v)
+                    for k in STATE_KEYS:  # kept so the labels can be recomputed without rendering
+                        out[k].append(np.asarray(obs[k], dtype=np.float32))
             print(json.dumps({"task": task, "init": idx, "frames": len(out["frames"])}), flush=True)
     adapter.close()
     return {

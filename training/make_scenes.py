@@ -21,13 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from rescue.env.libero import SUITE_HORIZON, LiberoAdapter
+from rescue.env.libero import LiberoAdapter
 from rescue.observation import OPENPI_LIBERO, compose_state, prepare_image
-from rescue.policy.expert import Expert
 from rescue.policy.phases import parse_pick_place
 from rescue.policy.locator import INPUT_SIZE, shrink
 from rescue.vlm.vision import OBJECTS
-from training.make_demos import NOISE
+from training.make_frames import sampled_states
 
 AGENTVIEW = OPENPI_LIBERO.cameras[0]
 # The object's body name in a LIBERO scene (alphabet_soup_1) -> its name in OBJECTS.
@@ -68,30 +67,16 @@ def collect(suite: str, tasks: list[int], inits: list[int], every: int, sources:
             for source in sources:
                 case = {"suite": suite, "task_id": task, "init_state_index": idx, "env_seed": idx}
                 reset = adapter.reset(case)
-                obs, expert, chunk = reset.obs, Expert(), []
                 obj = OBJECTS.index(parse_pick_place(reset.instruction).obj)
                 if policy is not None:
                     policy.reset_rng(idx)
-                offset = int(rng.integers(every))
-                for step in range(SUITE_HORIZON[suite]):
-                    if step % every == offset:
-                        out["image"].append(agentview(adapter))
-                        out["state"].append(compose_state(OPENPI_LIBERO.state.parts, obs).astype(np.float32))
-                        out["objects"].append(scene_positions(obs))
-                        out["target"].append(np.asarray(obs["task/target_pos"], np.float32))
-                        for k, v in zip(("task", "init", "step", "source", "object"), (task, idx, step, source, obj)):
-                            out[k].append(v)
-                    if source == "expert":
-                        action = expert.act(obs)
-                        action[:3] = np.clip(action[:3] + rng.normal(0.0, NOISE, 3), -1, 1)
-                    else:
-                        if not chunk:
-                            chunk = list(policy.infer({**obs, "prompt": reset.instruction})["actions"])
-                        action = chunk.pop(0)
-                    result = adapter.run_chunk(np.asarray(action)[None], 1)
-                    obs = result.obs
-                    if result.success:
-                        break
+                for step, obs in sampled_states(adapter, reset, suite, source, policy, rng, every):
+                    out["image"].append(agentview(adapter))
+                    out["state"].append(compose_state(OPENPI_LIBERO.state.parts, obs).astype(np.float32))
+                    out["objects"].append(scene_positions(obs))
+                    out["target"].append(np.asarray(obs["task/target_pos"], np.float32))
+                    for k, v in zip(("task", "init", "step", "source", "object"), (task, idx, step, source, obj)):
+                        out[k].append(v)
             print(json.dumps({"task": task, "init": idx, "frames": len(out["image"])}), flush=True)
     adapter.close()
     return {
