@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,25 +36,54 @@ def _frame(adapter: LiberoAdapter) -> np.ndarray:
     return np.stack([downsample(views[v]) for v in VIEWS])
 
 
-def sampled_states(adapter: LiberoAdapter, reset, suite: str, source: str, policy, rng: np.random.Generator, every: int):
-    """Run one episode from `reset` (the noisy expert, or `policy` when source is "policy");
-    yield (step, privileged observation) every `every` steps from a random offset, before acting."""
-    obs, expert, chunk = reset.obs, Expert(), []
-    offset = int(rng.integers(every))  # so frames are not always at the same steps
-    for step in range(SUITE_HORIZON[suite]):
-        if step % every == offset:
-            yield step, obs
-        if source == "expert":
-            action = expert.act(obs)
-            action[:3] = np.clip(action[:3] + rng.normal(0.0, NOISE, 3), -1, 1)
-        else:
-            if not chunk:
-                chunk = list(policy.infer({**obs, "prompt": reset.instruction})["actions"])
-            action = chunk.pop(0)
-        result = adapter.run_chunk(np.asarray(action)[None], 1)
-        obs = result.obs
-        if result.success:
-            return
+@dataclass(frozen=True)
+class Sample:
+    """One sampled state of one episode: where it comes from and the privileged observation."""
+
+    task: int
+    init: int
+    source: str
+    obj: int  # index of the task's object in OBJECTS
+    step: int
+    obs: dict
+
+
+def sampled_states(
+    adapter: LiberoAdapter, suite: str, tasks: list[int], inits: list[int], sources: list[str],
+    checkpoint: Path | None, rng: np.random.Generator, every: int,
+) -> Iterator[Sample]:
+    """Run an episode per (task, initial state, source): the noisy expert, or the learned policy
+    (source "policy"); yield a Sample every `every` steps from a random offset, before acting,
+    so the caller renders the state the sample describes. Prints a progress line per initial state."""
+    policy = None
+    if "policy" in sources:
+        from rescue.policy.learned import LearnedPolicy
+
+        policy = LearnedPolicy(checkpoint) if checkpoint is not None else LearnedPolicy()
+    for task in tasks:
+        for idx in inits:
+            for source in sources:
+                reset = adapter.reset({"suite": suite, "task_id": task, "init_state_index": idx, "env_seed": idx})
+                obj = OBJECTS.index(parse_pick_place(reset.instruction).obj)
+                if policy is not None:
+                    policy.reset_rng(idx)
+                obs, expert, chunk = reset.obs, Expert(), []
+                offset = int(rng.integers(every))  # so frames are not always at the same steps
+                for step in range(SUITE_HORIZON[suite]):
+                    if step % every == offset:
+                        yield Sample(task, idx, source, obj, step, obs)
+                    if source == "expert":
+                        action = expert.act(obs)
+                        action[:3] = np.clip(action[:3] + rng.normal(0.0, NOISE, 3), -1, 1)
+                    else:
+                        if not chunk:
+                            chunk = list(policy.infer({**obs, "prompt": reset.instruction})["actions"])
+                        action = chunk.pop(0)
+                    result = adapter.run_chunk(np.asarray(action)[None], 1)
+                    obs = result.obs
+                    if result.success:
+                        break
+            print(json.dumps({"task": task, "init": idx}), flush=True)
 
 
 def collect(
@@ -60,30 +91,15 @@ def collect(
 ) -> dict:
     """Frames, phase labels, object labels and provenance of every rendered state."""
     adapter = LiberoAdapter(cameras=VIEWS)
-    rng = np.random.default_rng(seed)
-    policy = None
-    if "policy" in sources:
-        from rescue.policy.learned import LearnedPolicy
-
-        policy = LearnedPolicy(checkpoint)
     keys = ("frames", "phase", "object", "task", "init", "source", "step", *STATE_KEYS)
     out: dict[str, list] = {k: [] for k in keys}
-    for task in tasks:
-        for idx in inits:
-            for source in sources:
-                case = {"suite": suite, "task_id": task, "init_state_index": idx, "env_seed": idx}
-                reset = adapter.reset(case)
-                obj = OBJECTS.index(parse_pick_place(reset.instruction).obj)
-                if policy is not None:
-                    policy.reset_rng(idx)
-                for step, obs in sampled_states(adapter, reset, suite, source, policy, rng, every):
-                    out["frames"].append(_frame(adapter))
-                    for k, v in zip(("phase", "object", "task", "init", "source", "step"),
-                                    (PHASES.index(situation_phase(obs)), obj, task, idx, source, step)):
-                        out[k].append(v)
-                    for k in STATE_KEYS:  # kept so the labels can be recomputed without rendering
-                        out[k].append(np.asarray(obs[k], dtype=np.float32))
-            print(json.dumps({"task": task, "init": idx, "frames": len(out["frames"])}), flush=True)
+    for at in sampled_states(adapter, suite, tasks, inits, sources, checkpoint, np.random.default_rng(seed), every):
+        out["frames"].append(_frame(adapter))
+        for k, v in zip(("phase", "object", "task", "init", "source", "step"),
+                        (PHASES.index(situation_phase(at.obs)), at.obj, at.task, at.init, at.source, at.step)):
+            out[k].append(v)
+        for k in STATE_KEYS:  # kept so the labels can be recomputed without rendering
+            out[k].append(np.asarray(at.obs[k], dtype=np.float32))
     adapter.close()
     return {
         "frames": np.asarray(out["frames"], dtype=np.uint8),

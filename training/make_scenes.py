@@ -23,7 +23,6 @@ import numpy as np
 
 from rescue.env.libero import LiberoAdapter
 from rescue.observation import OPENPI_LIBERO, compose_state, prepare_image
-from rescue.policy.phases import parse_pick_place
 from rescue.policy.locator import INPUT_SIZE, shrink
 from rescue.vlm.vision import OBJECTS
 from training.make_frames import sampled_states
@@ -54,30 +53,15 @@ def agentview(adapter: LiberoAdapter) -> np.ndarray:
 def collect(suite: str, tasks: list[int], inits: list[int], every: int, sources: list[str], seed: int) -> dict:
     """Frames and labels of every rendered state."""
     adapter = LiberoAdapter(cameras=(AGENTVIEW.camera,))
-    rng = np.random.default_rng(seed)
-    policy = None
-    if "policy" in sources:
-        from rescue.policy.learned import LearnedPolicy
-
-        policy = LearnedPolicy()
     keys = ("image", "state", "objects", "target", "task", "init", "step", "source", "object")
     out: dict[str, list] = {k: [] for k in keys}
-    for task in tasks:
-        for idx in inits:
-            for source in sources:
-                case = {"suite": suite, "task_id": task, "init_state_index": idx, "env_seed": idx}
-                reset = adapter.reset(case)
-                obj = OBJECTS.index(parse_pick_place(reset.instruction).obj)
-                if policy is not None:
-                    policy.reset_rng(idx)
-                for step, obs in sampled_states(adapter, reset, suite, source, policy, rng, every):
-                    out["image"].append(agentview(adapter))
-                    out["state"].append(compose_state(OPENPI_LIBERO.state.parts, obs).astype(np.float32))
-                    out["objects"].append(scene_positions(obs))
-                    out["target"].append(np.asarray(obs["task/target_pos"], np.float32))
-                    for k, v in zip(("task", "init", "step", "source", "object"), (task, idx, step, source, obj)):
-                        out[k].append(v)
-            print(json.dumps({"task": task, "init": idx, "frames": len(out["image"])}), flush=True)
+    for at in sampled_states(adapter, suite, tasks, inits, sources, None, np.random.default_rng(seed), every):
+        out["image"].append(agentview(adapter))
+        out["state"].append(compose_state(OPENPI_LIBERO.state.parts, at.obs).astype(np.float32))
+        out["objects"].append(scene_positions(at.obs))
+        out["target"].append(np.asarray(at.obs["task/target_pos"], np.float32))
+        for k, v in zip(("task", "init", "step", "source", "object"), (at.task, at.init, at.step, at.source, at.obj)):
+            out[k].append(v)
     adapter.close()
     return {
         "image": np.asarray(out["image"], np.uint8),
