@@ -288,9 +288,8 @@ def cmd_manifest_check(args: argparse.Namespace) -> int:
 
 
 def cmd_manifest_from_eval(args: argparse.Namespace) -> int:
-    from rescue.studies import manifest_from_eval
-
     from rescue.config import ConfigError
+    from rescue.studies import manifest_from_eval
 
     inits = None
     if args.inits is not None:
