@@ -27,8 +27,9 @@ from rescue.policy.phases import PHASES, PickPlace, sub_instruction
 from rescue.vlm.vision import OBJECTS
 from wrappers.injection import inject
 
-# Subgoals naming no object, for training; the study's fixed sham text is not among them.
+# Share of examples that name the task's object (the one that is moved, held and hidden by the fingers).
 TASK_OBJECT_SHARE = 0.5
+# Subgoals naming no object, for training; the study's fixed sham text is not among them.
 CONTENT_FREE = ("keep going", "try again", "finish the task", "be careful now", "go on with what you were doing")
 
 
@@ -95,7 +96,6 @@ def main(argv: list[str] | None = None) -> int:
         text_idx, targets = [], []
         for f in frames:
             choices = np.flatnonzero(present[f])
-            # Half the examples name the task's object: the one that moves, is held and hides behind the fingers.
             o = OBJECTS[int(data["object"][f])] if rng.random() < TASK_OBJECT_SHARE else OBJECTS[int(rng.choice(choices))]
             form = rng.random()
             if form < 0.4:
