@@ -7,7 +7,6 @@ simulator, never read from the policy's reply.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 
 import numpy as np
@@ -17,6 +16,7 @@ from rescue.env.libero import LiberoAdapter
 from rescue.observation import OPENPI_LIBERO
 from rescue.policy.phases import parse_pick_place
 from rescue.policy.vision_language import DEFAULT_LOCATOR, VisionLanguagePolicy
+from training.make_scenes import object_body
 from wrappers.injection import inject
 
 pytestmark = pytest.mark.sim
@@ -32,7 +32,7 @@ def _case(init: int, task: int = TASK) -> dict:
 
 
 def _body(adapter: LiberoAdapter, name: str) -> np.ndarray:
-    return adapter._body_pos(name.replace(" ", "_") + "_1")
+    return adapter._body_pos(object_body(name))
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from rescue.policy.expert import situation_phase
 from rescue.policy.learned import DEFAULT_CHECKPOINT, LearnedPolicy
 from rescue.policy.phases import PHASES, parse_pick_place, sub_instruction
 from rescue.querypoint import query_point
+from training.make_demos import ints
 from wrappers.injection import inject
 
 
@@ -109,11 +110,6 @@ def evaluate(checkpoint: Path, suite: str, tasks: list[int], inits: list[int], h
     }
 
 
-def _ints(text: str) -> list[int]:
-    lo, _, hi = text.partition("-")
-    return list(range(int(lo), int(hi) + 1)) if hi else [int(t) for t in text.split(",")]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
@@ -123,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--horizon", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    result = evaluate(args.checkpoint, args.suite, _ints(args.tasks), _ints(args.inits), args.horizon)
+    result = evaluate(args.checkpoint, args.suite, ints(args.tasks), ints(args.inits), args.horizon)
     text = json.dumps(result, indent=2) + "\n"
     if args.out:
         args.out.write_text(text)

@@ -20,10 +20,11 @@ from rescue.env.libero import LiberoAdapter
 from rescue.observation import OPENPI_LIBERO
 from rescue.policy.vision_language import VisionLanguagePolicy
 from rescue.vlm.vision import OBJECTS
+from training.make_scenes import object_body
 
 
 def body(adapter: LiberoAdapter, name: str) -> np.ndarray:
-    return adapter._body_pos(name.replace(" ", "_") + "_1")
+    return adapter._body_pos(object_body(name))
 
 
 def run(adapter, policy, case: dict, prompt: str, queries: int) -> np.ndarray:
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     for task in range(len(OBJECTS)):
         case = {"suite": "libero_object", "task_id": task, "init_state_index": args.init, "env_seed": args.init}
         adapter.reset(case, OPENPI_LIBERO)
-        present = [o for o in OBJECTS if f"{o.replace(' ', '_')}_1" in adapter._env.env.obj_body_id]
+        present = [o for o in OBJECTS if object_body(o) in adapter._env.env.obj_body_id]
         a = OBJECTS[task]
         b = next(o for o in present if o != a)
         pos = {o: body(adapter, o) for o in (a, b)}

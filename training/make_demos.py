@@ -27,6 +27,12 @@ NOISE = 0.3  # std of the executed-motion perturbation, in action units
 HELD_OUT = 10  # initial states 0..9 of every task are never trained on
 
 
+def ints(text: str) -> list[int]:
+    """Ids from the command line: a range "10-29" or a list "0,3,5"."""
+    lo, _, hi = text.partition("-")
+    return list(range(int(lo), int(hi) + 1)) if hi else [int(t) for t in text.split(",")]
+
+
 def rollout(adapter: LiberoAdapter, case: dict, noise: float, rng: np.random.Generator) -> dict:
     """One expert episode: per-step observations, clean actions, phases, and the outcome."""
     obs = adapter.reset(case).obs
@@ -100,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    lo, _, hi = args.tasks.partition("-")
-    tasks = list(range(int(lo), int(hi) + 1)) if hi else [int(t) for t in args.tasks.split(",")]
+    tasks = ints(args.tasks)
     start = time.time()
     data = generate(args.suite, tasks, args.inits, args.noisy_stride, args.seed)
     out = args.out or Path("data/demos") / f"{args.suite}.npz"

@@ -25,7 +25,7 @@ from rescue.env.libero import SUITE_HORIZON, LiberoAdapter
 from rescue.policy.expert import Expert, situation_phase
 from rescue.policy.phases import PHASES, parse_pick_place
 from rescue.vlm.vision import INPUT_SIZE, OBJECTS, VIEWS, downsample
-from training.make_demos import HELD_OUT, NOISE
+from training.make_demos import HELD_OUT, NOISE, ints
 
 STATE_KEYS = ("robot0_eef_pos", "robot0_gripper_qpos", "task/object_pos", "task/target_pos")
 RENDER_SIZE = 256  # what the study sends; downsampled exactly as the advisor does
@@ -145,10 +145,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("data/frames/libero_object.npz"))
     args = parser.parse_args(argv)
-
-    def ints(text: str) -> list[int]:
-        lo, _, hi = text.partition("-")
-        return list(range(int(lo), int(hi) + 1)) if hi else [int(t) for t in text.split(",")]
 
     inits = ints(args.inits)
     if any(i < HELD_OUT for i in inits):

@@ -25,18 +25,20 @@ from rescue.env.libero import LiberoAdapter
 from rescue.observation import OPENPI_LIBERO, compose_state, prepare_image
 from rescue.policy.locator import INPUT_SIZE, shrink
 from rescue.vlm.vision import OBJECTS
+from training.make_demos import ints
 from training.make_frames import sampled_states
 
 AGENTVIEW = OPENPI_LIBERO.cameras[0]
-# The object's body name in a LIBERO scene (alphabet_soup_1) -> its name in OBJECTS.
-BODY_SUFFIX = "_1"
+def object_body(name: str) -> str:
+    """The body of an OBJECTS name in a libero_object scene: "alphabet soup" -> "alphabet_soup_1"."""
+    return name.replace(" ", "_") + "_1"
 
 
 def scene_positions(obs: dict) -> np.ndarray:
     """(len(OBJECTS), 3) positions of the scene's objects from the privileged observation; NaN if absent."""
     out = np.full((len(OBJECTS), 3), np.nan, np.float32)
     for i, name in enumerate(OBJECTS):
-        key = f"object/{name.replace(' ', '_')}{BODY_SUFFIX}"
+        key = f"object/{object_body(name)}"
         if key in obs:
             out[i] = np.asarray(obs[key], np.float32)
     return out
@@ -91,10 +93,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("data/scenes/libero_object.npz"))
     args = parser.parse_args(argv)
-
-    def ints(text: str) -> list[int]:
-        lo, _, hi = text.partition("-")
-        return list(range(int(lo), int(hi) + 1)) if hi else [int(t) for t in text.split(",")]
 
     import multiprocessing
 
