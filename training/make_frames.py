@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,23 +115,23 @@ def collect(
     }
 
 
-def _one_task(args: tuple) -> dict:
-    return collect(*args)
-
-
-def collect_isolated(suite: str, tasks: list[int], *rest) -> dict:
-    """`collect` with every task in a fresh process, one at a time.
+def in_fresh_processes(fn: Callable[..., dict], jobs: list[tuple], workers: int = 1) -> dict:
+    """`fn(*job)` for every job, each in a fresh process (`workers` at a time); the arrays concatenated.
 
     Once an env is closed in a process (the adapter evicts old envs), later
-    offscreen renders of the other envs come back stale; a process per task
-    never closes an env before its last render.
+    offscreen renders of the other envs come back stale; a process per job
+    (one task each) never closes an env before its last render.
     """
     import multiprocessing
 
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(1, maxtasksperchild=1) as pool:
-        parts = pool.map(_one_task, [(suite, [task], *rest) for task in tasks], chunksize=1)
+    with multiprocessing.get_context("spawn").Pool(workers, maxtasksperchild=1) as pool:
+        parts = pool.starmap(fn, jobs, chunksize=1)
     return {k: (np.concatenate([p[k] for p in parts]) if parts[0][k].ndim else parts[0][k]) for k in parts[0]}
+
+
+def collect_isolated(suite: str, tasks: list[int], *rest) -> dict:
+    """`collect` with every task in a fresh process, one at a time."""
+    return in_fresh_processes(collect, [(suite, [task], *rest) for task in tasks])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ from rescue.observation import OPENPI_LIBERO, compose_state, prepare_image
 from rescue.policy.locator import INPUT_SIZE, shrink
 from rescue.vlm.vision import OBJECTS
 from training.make_demos import ints
-from training.make_frames import sampled_states
+from training.make_frames import in_fresh_processes, sampled_states
 
 AGENTVIEW = OPENPI_LIBERO.cameras[0]
 def object_body(name: str) -> str:
@@ -78,10 +78,6 @@ def collect(suite: str, tasks: list[int], inits: list[int], every: int, sources:
     }
 
 
-def _one_task(args: tuple) -> dict:
-    return collect(*args)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="libero_object")
@@ -94,15 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("data/scenes/libero_object.npz"))
     args = parser.parse_args(argv)
 
-    import multiprocessing
-
     start = time.time()
-    tasks = ints(args.tasks)
-    jobs = [(args.suite, [t], ints(args.inits), args.every, args.sources.split(","), args.seed + t) for t in tasks]
-    # A fresh process per task: once an env is closed in a process, later renders there come back stale.
-    with multiprocessing.get_context("spawn").Pool(args.workers, maxtasksperchild=1) as pool:
-        parts = pool.map(_one_task, jobs, chunksize=1)
-    data = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    sources = args.sources.split(",")
+    jobs = [(args.suite, [t], ints(args.inits), args.every, sources, args.seed + t) for t in ints(args.tasks)]
+    data = in_fresh_processes(collect, jobs, args.workers)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out, **data)
     print(json.dumps({"out": str(args.out), "frames": int(len(data["image"])), "seconds": round(time.time() - start, 1),
