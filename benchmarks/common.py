@@ -17,20 +17,21 @@ from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from rescue import logs
-from rescue.config import StudyConfig
-from rescue.engine import run_study
-from rescue.layout import StudyLayout
-from rescue.observation import get_profile
-from rescue.services import resolved_config, start_services
-from rescue.study import create_study
+from rescue.core.config import StudyConfig
+from rescue.core.images import VLM_VIEWS
+from rescue.core.manifest import Case, Manifest, parse_manifest
+from rescue.core.observation import get_profile
+from rescue.core.querypoint import query_point
+from rescue.core.records import ReceiptRef
 from rescue.env.pool import as_float_chunk
-from rescue.env.protocol import VLM_VIEWS
-from rescue.manifest import Case, Manifest, parse_manifest
-from rescue.policy.ws_client import WebsocketPolicyClient
-from rescue.querypoint import query_point
-from rescue.records import ReceiptRef
-from rescue.vlm.client import SubgoalRequest, VLMClient
+from rescue.policy.client import WebsocketPolicyClient
+from rescue.run.engine import run_study
+from rescue.run.peers import resolved_config, start_services
+from rescue.study import logs
+from rescue.study.folder import create_study
+from rescue.study.layout import StudyLayout
+from rescue.vlm.answers import SubgoalRequest
+from rescue.vlm.client import VLMClient
 from wrappers.injection import inject
 
 

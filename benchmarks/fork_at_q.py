@@ -15,7 +15,8 @@ import resource
 import sys
 
 from common import cases, manifest, timed_study
-from rescue.config import StudyConfig
+
+from rescue.core.config import StudyConfig
 from rescue.env.pool import SimProcess
 
 
@@ -47,11 +48,11 @@ def failures(n: int, horizon: int) -> list:
     import tempfile
     from pathlib import Path
 
-    from rescue.engine import run_study
-    from rescue.services import resolved_config
-    from rescue.study import create_study
-    from rescue.evaluation import failure_cases
-    from rescue.journal import Journal
+    from rescue.core.evaluation import failure_cases
+    from rescue.run.engine import run_study
+    from rescue.run.peers import resolved_config
+    from rescue.study.folder import create_study
+    from rescue.study.journal import Journal
 
     root = Path(tempfile.mkdtemp(prefix="bench-eval-"))
     try:

@@ -11,9 +11,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from rescue.journal import Journal
-from rescue.manifest import parse_manifest
-from rescue.records import ArmResult, Assistance, TraceRow, Verdict
+from rescue.core.manifest import parse_manifest
+from rescue.core.records import ArmResult, Assistance, TraceRow, Verdict
+from rescue.study.journal import Journal
 
 N = 100_000
 BOOKKEEPING_CASES = 2_000

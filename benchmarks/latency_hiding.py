@@ -11,7 +11,8 @@ from __future__ import annotations
 import sys
 
 from common import Endpoint, cases, timed_study
-from rescue.config import StudyConfig
+
+from rescue.core.config import StudyConfig
 
 SEED_MEDIAN_S, SEED_HORIZON = 46.16, 1800
 

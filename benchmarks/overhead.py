@@ -11,7 +11,8 @@ from __future__ import annotations
 import sys
 
 from common import cases, timed_bare, timed_study
-from rescue.config import StudyConfig
+
+from rescue.core.config import StudyConfig
 
 
 def main() -> None:

@@ -15,7 +15,8 @@ import sys
 from collections import Counter
 
 from common import cases, timed_study
-from rescue.config import StudyConfig
+
+from rescue.core.config import StudyConfig
 
 
 def top(path: str, k: int = 15) -> None:

@@ -1,6 +1,6 @@
 """Render cost per policy query: the `openpi-libero` profile (2 cameras at 256) vs `privileged` (none).
 
-Runs control arms through the real arm runner (`rescue.arm.run_arm`) on one
+Runs control arms through the real arm runner (`rescue.run.arm.run_arm`) on one
 LIBERO case, the simulator adapter in this process so its renders can be
 timed, each policy behind the bundled websocket server on loopback:
 - `privileged`: the scripted reference policy (it reads privileged keys);
@@ -26,16 +26,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import numpy as np  # noqa: E402
 
-from rescue import logs, observation  # noqa: E402
-from rescue.arm import ArmSpec, run_arm  # noqa: E402
+from rescue.core import observation  # noqa: E402
+from rescue.core.manifest import Case  # noqa: E402
+from rescue.core.observation import get_profile  # noqa: E402
+from rescue.embedded.scripted import make_policy  # noqa: E402
 from rescue.env.libero import LiberoAdapter  # noqa: E402
 from rescue.env.pool import Simulator  # noqa: E402
-from rescue.manifest import Case  # noqa: E402
-from rescue.observation import get_profile  # noqa: E402
 from rescue.policy.bundled import policy_metadata  # noqa: E402
-from rescue.policy.scripted import make_policy  # noqa: E402
-from rescue.policy.ws_client import WebsocketPolicyClient  # noqa: E402
-from rescue.policy.ws_server import PolicyServer  # noqa: E402
+from rescue.policy.client import WebsocketPolicyClient  # noqa: E402
+from rescue.policy.server import PolicyServer  # noqa: E402
+from rescue.run.arm import ArmSpec, run_arm  # noqa: E402
+from rescue.study import logs  # noqa: E402
 
 CASE = dict(case_id="render-0", suite="libero_object", task_id=0, init_state_index=0, env_seed=0, group="object")
 

@@ -19,14 +19,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rescue.config import StudyConfig  # noqa: E402
-from rescue.journal import Journal  # noqa: E402
-from rescue.manifest import parse_manifest  # noqa: E402
-from rescue.records import ArmResult, Assistance, Receipt, TraceRow, Verdict  # noqa: E402
-from rescue.status import study_status  # noqa: E402
-from rescue.study import create_study  # noqa: E402
-from rescue.layout import StudyLayout  # noqa: E402
-from rescue.vlm.receipts import ReceiptLog  # noqa: E402
+from rescue.core.config import StudyConfig  # noqa: E402
+from rescue.core.manifest import parse_manifest  # noqa: E402
+from rescue.core.records import ArmResult, Assistance, Receipt, TraceRow, Verdict  # noqa: E402
+from rescue.read.status import study_status  # noqa: E402
+from rescue.study.folder import create_study  # noqa: E402
+from rescue.study.journal import Journal  # noqa: E402
+from rescue.study.layout import StudyLayout  # noqa: E402
+from rescue.study.receipts import ReceiptLog  # noqa: E402
 
 N = 10_000
 FINISHED = N // 2

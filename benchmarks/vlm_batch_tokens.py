@@ -15,10 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from rescue.vlm.client import VIEW_NAMES, SubgoalRequest, VLMClient, VLMConfig
-from rescue.vlm.endpoint import EndpointOptions, start_endpoint
-from rescue.vlm.receipts import ReceiptLog, read_receipts
-from rescue.vlm.usage import usage_summary
+from rescue.core.config import VLMConfig
+from rescue.core.images import VLM_VIEWS
+from rescue.embedded.endpoint import EndpointOptions, start_endpoint
+from rescue.study.receipts import ReceiptLog, read_receipts
+from rescue.study.usage import usage_summary
+from rescue.vlm.answers import SubgoalRequest
+from rescue.vlm.client import VLMClient
 
 INSTRUCTIONS = [
     "pick up the black bowl between the plate and the ramekin and place it on the plate",
@@ -39,7 +42,7 @@ def _cases(size: int = 256) -> list[SubgoalRequest]:
             case_id=f"bench-{i}",
             instruction=text,
             remaining_steps=400,
-            views={n: rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for n in VIEW_NAMES},
+            views={n: rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for n in VLM_VIEWS},
         )
         for i, text in enumerate(INSTRUCTIONS)
     ]

@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console
-
-from rescue import __version__, layout
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -21,6 +19,9 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+
+from rescue import __version__
+from rescue.study import layout
 
 console = Console(stderr=False)
 
@@ -42,7 +43,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _config(args: argparse.Namespace):
-    from rescue.config import load_config
+    from rescue.core.config import load_config
 
     return load_config(getattr(args, "config", None), _overrides(args))
 
@@ -111,28 +112,28 @@ class _Live:
 
 
 def _print_rescue_summary(study: Path) -> None:
-    from rescue.export import export_study
-    from rescue.report import render_summary
+    from rescue.read.export import export_study
+    from rescue.read.terminal import render_summary
 
     console.print(render_summary(export_study(study)))
 
 
 def _print_eval_summary(study: Path) -> None:
-    from rescue.report import render_eval
-    from rescue.studies import eval_summary
+    from rescue.read.terminal import render_eval
+    from rescue.run.commands import eval_summary
 
     console.print(render_eval(eval_summary(study)))
 
 
 def _summary_for(study: Path) -> None:
-    from rescue.study import load_study_config
+    from rescue.study.folder import load_study_config
 
     (_print_eval_summary if load_study_config(study).is_evaluation else _print_rescue_summary)(study)
 
 
 def _outcome(study: Path) -> int:
     """Print why a run ended as it did; its exit code (README: exit codes)."""
-    from rescue.study import study_outcome
+    from rescue.study.folder import study_outcome
 
     outcome = study_outcome(study)
     if outcome.code:
@@ -141,13 +142,13 @@ def _outcome(study: Path) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rescue import studies
+    from rescue.run import commands
 
     with _Live("cases") as live:
         if args.continue_from:
-            study = studies.continue_from(Path(args.continue_from), Path(args.target), live, args.verbose, _backend(args))
+            study = commands.continue_from(Path(args.continue_from), Path(args.target), live, args.verbose, _backend(args))
         else:
-            study = studies.run_manifest(Path(args.target), args.study and Path(args.study), _config(args), live,
+            study = commands.run_manifest(Path(args.target), args.study and Path(args.study), _config(args), live,
                                          args.verbose, _backend(args))
     console.print(f"study: {study}")
     if args.continue_from:
@@ -159,10 +160,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from rescue import studies
+    from rescue.run import commands
 
     with _Live("cases") as live:
-        interrupted = studies.resume(Path(args.study), live, args.verbose, _backend(args))
+        interrupted = commands.resume(Path(args.study), live, args.verbose, _backend(args))
     if interrupted:
         console.print(f"{len(interrupted)} started-unfinished case(s) recorded as unknown (interrupted): {', '.join(interrupted)}")
     _summary_for(Path(args.study))
@@ -170,11 +171,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from rescue import studies
+    from rescue.run import commands
 
     tasks = [int(t) for t in args.tasks.split(",")]
     with _Live("episodes") as live:
-        study = studies.evaluate(args.suite, tasks, args.episodes, args.horizon, args.study and Path(args.study),
+        study = commands.evaluate(args.suite, tasks, args.episodes, args.horizon, args.study and Path(args.study),
                                  _config(args), live, args.verbose, args.first_init, _backend(args))
     console.print(f"study: {study}")
     _print_eval_summary(study)
@@ -182,12 +183,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from rescue import studies
-    from rescue.verify import verify_study
+    from rescue.read.verify import verify_study
+    from rescue.run import commands
 
     tasks = tuple(int(t) for t in args.tasks.split(","))
     with _Live("episodes, then cases") as live:
-        paths = studies.demo(Path(args.root), tasks, args.episodes, args.max_cases, live, args.verbose)
+        paths = commands.demo(Path(args.root), tasks, args.episodes, args.max_cases, live, args.verbose)
     console.print(f"baseline evaluation: {paths['baseline']}")
     _print_eval_summary(paths["baseline"])
     if "rescue" not in paths:
@@ -195,7 +196,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 0
     console.print(f"failure manifest: {paths['manifest']}\nrescue study: {paths['rescue']}")
     _print_rescue_summary(paths["rescue"])
-    from rescue.htmlreport import write_report
+    from rescue.read.html.report import write_report
 
     console.print(f"report: {write_report(paths['rescue'])}")
     report = verify_study(paths["rescue"])
@@ -204,7 +205,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from rescue.status import render_status, study_status
+    from rescue.read.status import render_status, study_status
 
     while True:
         status = study_status(Path(args.study))
@@ -223,7 +224,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    from rescue.study import open_journal
+    from rescue.study.folder import open_journal
 
     with open_journal(Path(args.study), readonly=False) as journal:
         journal.request_drain()
@@ -232,9 +233,8 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from rescue.export import export_study, write_export
-
-    from rescue.layout import StudyLayout
+    from rescue.read.export import export_study, write_export
+    from rescue.study.layout import StudyLayout
 
     study = Path(args.study)
     out = Path(args.out) if args.out else StudyLayout.of(study).export_json
@@ -254,15 +254,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rescue.htmlreport import write_report
+    from rescue.read.html.report import write_report
 
     console.print(f"wrote {write_report(Path(args.study), args.out, video=args.video)}")
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from rescue.study import open_journal
-    from rescue.verify import verify_study
+    from rescue.read.verify import verify_study
+    from rescue.study.folder import open_journal
 
     open_journal(Path(args.study)).close()  # a folder that is not a study is bad input, not a failed check
     report = verify_study(Path(args.study))
@@ -271,7 +271,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from rescue.preflight import preflight
+    from rescue.run.preflight import preflight
 
     report = preflight(Path(args.manifest), _config(args), args.cases, args.clients, args.idle_s)
     print(report.render())
@@ -279,7 +279,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def cmd_manifest_check(args: argparse.Namespace) -> int:
-    from rescue.manifest import load_manifest
+    from rescue.core.manifest import load_manifest
 
     # Checked against the shipped benchmark catalog: no simulator starts.
     manifest = load_manifest(args.file, catalog=None if args.no_env else "libero")
@@ -288,8 +288,8 @@ def cmd_manifest_check(args: argparse.Namespace) -> int:
 
 
 def cmd_manifest_from_eval(args: argparse.Namespace) -> int:
-    from rescue.config import ConfigError
-    from rescue.studies import manifest_from_eval
+    from rescue.core.config import ConfigError
+    from rescue.run.commands import manifest_from_eval
 
     inits = None
     if args.inits is not None:
@@ -307,10 +307,10 @@ def cmd_manifest_from_eval(args: argparse.Namespace) -> int:
 def cmd_ablate(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from rescue import studies
+    from rescue.run import commands
 
     with _Live("episodes, setting by setting") as live:
-        root, rows = studies.ablate(Path(args.manifest), args.rules.split(","), args.study and Path(args.study),
+        root, rows = commands.ablate(Path(args.manifest), args.rules.split(","), args.study and Path(args.study),
                                     _config(args), live, args.verbose)
     table = Table(title=f"ablation: {root}")
     for col in ("setting", "rules on", "success", "unknown", "vs all_on: wins", "losses", "McNemar p", "difference [95% CI]"):
@@ -325,8 +325,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from rescue.diagnose import diagnose, from_arm_result, plot_timelines, summary_table, write_csv, write_transitions
-    from rescue.study import open_journal
+    from rescue.run.diagnose import diagnose, from_arm_result, plot_timelines, summary_table, write_csv, write_transitions
+    from rescue.study.folder import open_journal
 
     arms = []
     for study in args.studies:
@@ -350,8 +350,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from rescue import compare
-    from rescue.report import render_compare
+    from rescue.read.terminal import render_compare
+    from rescue.run import compare
 
     interrupted: dict[str, list[str]] = {}
     if args.resume:
@@ -439,7 +439,7 @@ def _add_backend_options(p: argparse.ArgumentParser) -> None:
 
 
 def _backend(args: argparse.Namespace):
-    from rescue.config import ConfigError
+    from rescue.core.config import ConfigError
     from rescue.env.backend import Backend
 
     if args.backend == "local":
@@ -617,9 +617,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("serve-vlm", help="the local OpenAI-compatible endpoint", add_help=False)
-    p.set_defaults(func=None, forward="rescue.vlm.endpoint:serve_main")
+    p.set_defaults(func=None, forward="rescue.embedded.endpoint:serve_main")
     p = sub.add_parser("serve-policy", help="serve an in-process policy over the openpi websocket protocol", add_help=False)
-    p.set_defaults(func=None, forward="rescue.policy.ws_server:serve_main")
+    p.set_defaults(func=None, forward="rescue.policy.server:serve_main")
     return parser
 
 
@@ -634,21 +634,21 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rescue` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("serve-vlm", "serve-policy"):
-        import pkgutil
+        from rescue.core.names import resolve
 
-        serve: Callable[[list[str]], int] = pkgutil.resolve_name(build_parser().parse_known_args(argv[:1])[0].forward)
+        serve: Callable[[list[str]], int] = resolve(build_parser().parse_known_args(argv[:1])[0].forward)
         return serve(argv[1:])
     args = build_parser().parse_args(argv)
     import sqlite3
 
-    from rescue import logs
-    from rescue.config import ConfigError
+    from rescue.core.config import ConfigError
+    from rescue.core.identity import IdentityError
+    from rescue.core.manifest import ManifestError
     from rescue.env.backend import BackendError
-    from rescue.identity import IdentityError
-    from rescue.journal import JournalError
-    from rescue.layout import LayoutError
-    from rescue.manifest import ManifestError
-    from rescue.study import StudyError
+    from rescue.study import logs
+    from rescue.study.folder import StudyError
+    from rescue.study.journal import JournalError
+    from rescue.study.layout import LayoutError
 
     logs.configure(None, args.verbose)
     try:

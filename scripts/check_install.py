@@ -39,11 +39,14 @@ def serve_vlm() -> tuple[subprocess.Popen, str]:
 
 async def ask_subgoal(base_url: str, receipts: Path):
     """One subgoal for one synthetic case, through the real client (and so the packaged template)."""
-    from rescue.vlm.client import VIEW_NAMES, SubgoalRequest, VLMClient, VLMConfig
-    from rescue.vlm.receipts import ReceiptLog
+    from rescue.core.config import VLMConfig
+    from rescue.core.images import VLM_VIEWS
+    from rescue.study.receipts import ReceiptLog
+    from rescue.vlm.answers import SubgoalRequest
+    from rescue.vlm.client import VLMClient
 
     rng = np.random.default_rng(0)
-    views = {name: rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for name in VIEW_NAMES}
+    views = {name: rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for name in VLM_VIEWS}
     client = VLMClient(VLMConfig(base_url=base_url, request_timeout_s=60.0, max_attempts=2), ReceiptLog(receipts))
     try:
         return await client.ask(SubgoalRequest("install-check", INSTRUCTION, 120, views))
@@ -54,11 +57,11 @@ async def ask_subgoal(base_url: str, receipts: Path):
 def main() -> int:
     """Run the checks; print what was found; 0 when all hold."""
     import rescue
-    from rescue.policy.learned import DEFAULT_CHECKPOINT, LearnedPolicy
-    from rescue.policy.phases import PHASES, parse_pick_place, sub_instruction
-    from rescue.prompts import DEFAULT_ROOT, load_template
-    from rescue.policy.vision_language import DEFAULT_LOCATOR, VisionLanguagePolicy
-    from rescue.vlm.vision import DEFAULT_CHECKPOINT as VISION_CHECKPOINT
+    from rescue.core.prompts import DEFAULT_ROOT, load_template
+    from rescue.embedded.learned import DEFAULT_CHECKPOINT, LearnedPolicy
+    from rescue.embedded.phases import PHASES, parse_pick_place, sub_instruction
+    from rescue.embedded.subgoal_model import DEFAULT_CHECKPOINT as VISION_CHECKPOINT
+    from rescue.embedded.vision_language import DEFAULT_LOCATOR, VisionLanguagePolicy
 
     # Not resolved: in a checkout, rescue/assets/ links to the top-level folders.
     package = Path(rescue.__file__).parent

@@ -1,6 +1,6 @@
 """A policy factory that differs from the scripted default only in its announced action horizon."""
 
-from rescue.policy.scripted import ScriptedPickPlace
+from rescue.embedded.scripted import ScriptedPickPlace
 
 
 def make_ten_step_policy() -> ScriptedPickPlace:

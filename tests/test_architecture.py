@@ -18,7 +18,28 @@ PACKAGE = ROOT / "rescue"
 
 # What a read-side command must not load: SDKs, servers, processes, the simulator, torch.
 RUNTIME = ("openai", "aiohttp", "multiprocessing", "torch", "robosuite", "mujoco", "libero", "websockets", "tenacity", "ray")
-READ_SIDE = ("rescue.status", "rescue.export", "rescue.verify", "rescue.htmlreport", "rescue.report")
+# Every module of the read side (status, export, verify, the reports), found by folder.
+READ_SIDE = tuple(sorted(
+    ".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (PACKAGE / "read").rglob("*.py") if p.name != "__init__.py"
+))
+
+# The floors: what each folder of the package may import (besides itself). The read side may
+# import core and study only, so `status`, `export`, `verify` and `report` never load the runtime;
+# nothing imports a floor above its own; the embedded default is imported only by what starts it.
+FLOORS: dict[str, set[str]] = {
+    "core": set(),
+    "study": {"core"},
+    "read": {"core", "study"},
+    "env": {"core"},
+    "policy": {"core"},
+    "vlm": {"core", "study"},
+    "embedded": {"core", "env", "policy"},
+    "run": {"core", "study", "env", "policy", "vlm", "embedded"},
+    "service": {"core", "study", "read", "run"},
+    "cli": {"core", "study", "read", "env", "run", "service"},
+}
+# At most this many modules directly in rescue/: the floors are folders.
+MAX_TOP_LEVEL_MODULES = 8
 
 
 def _module_name(path: Path) -> str:
@@ -88,6 +109,43 @@ def test_no_import_cycles_in_the_package():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 
+def floor_of(module: str) -> str:
+    """The floor of a rescue module: its folder under rescue/, or its own name for a top-level module."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "rescue"
+
+
+def floor_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from one floor into a floor it may not import."""
+    bad = []
+    for module, deps in sorted(graph.items()):
+        mine = floor_of(module)
+        allowed = FLOORS.get(mine)
+        for dep in sorted(deps):
+            theirs = floor_of(dep)
+            if theirs in (mine, "rescue"):
+                continue  # its own floor, or the package root (`__version__`)
+            if allowed is None or theirs not in allowed:
+                bad.append(f"{module} -> {dep}")
+    return bad
+
+
+def test_every_import_goes_to_a_floor_it_may_use():
+    graph = import_graph()
+    assert {floor_of(m) for m in graph} - {"rescue"} == set(FLOORS)  # every folder has its rule
+    assert floor_violations(graph) == []
+
+
+def test_the_floor_rule_would_see_a_read_module_importing_the_engine():
+    graph = {"rescue.read.export": {"rescue.run.engine", "rescue.core.stats"}, "rescue.core.stats": {"rescue.study.layout"}}
+    assert floor_violations(graph) == ["rescue.core.stats -> rescue.study.layout", "rescue.read.export -> rescue.run.engine"]
+
+
+def test_the_package_root_holds_few_modules():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
@@ -109,20 +167,20 @@ def test_read_side_commands_load_no_runtime():
 
 def test_the_runtime_check_would_see_a_runtime_import():
     # The same probe on the engine does see the runtime, so an empty list above means something.
-    code = "import json, sys; import rescue.engine; print(json.dumps(sorted(m for m in ('openai', 'multiprocessing') if m in sys.modules)))"
+    code = "import json, sys; import rescue.run.engine; print(json.dumps(sorted(m for m in ('openai', 'multiprocessing') if m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == ["multiprocessing", "openai"]
 
 
 def test_the_local_backend_never_imports_ray():
     # Ray is an optional extra: the engine, the commands and the local pool must work without it.
-    code = ("import json, sys; import rescue.cli, rescue.studies, rescue.engine, rescue.env.backend; "
+    code = ("import json, sys; import rescue.cli, rescue.run.commands, rescue.run.engine, rescue.env.backend; "
             "print(json.dumps('ray' in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) is False
 
 
-# File names of the study folder; only rescue/layout.py may spell them.
+# File names of the study folder; only rescue/study/layout.py may spell them.
 STUDY_FILES = ("journal.sqlite", "manifest.jsonl", "config.json", "receipts.jsonl", "events.jsonl", "simulator.log",
                "export.json", "export.csv", "report.html")
 

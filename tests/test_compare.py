@@ -8,9 +8,15 @@ import sqlite3
 
 import numpy as np
 import pytest
-
 from conftest import kill_mid_study, rescue_cli
-from rescue.compare import (
+
+from rescue.core.config import StudyConfig
+from rescue.core.digest import digest_text
+from rescue.core.evaluation import classify_episode, episode_cases, summarize_eval, summarize_labels
+from rescue.core.manifest import Case, parse_manifest
+from rescue.core.records import ArmResult, Assistance, Verdict
+from rescue.core.stats import paired_diff_ci
+from rescue.run.compare import (
     PLAN_FILE,
     RESULT_FILE,
     ComparePlan,
@@ -23,15 +29,9 @@ from rescue.compare import (
     pair_episodes,
     side_config,
 )
-from rescue.config import StudyConfig
-from rescue.digest import digest_text
-from rescue.engine import recover
-from rescue.study import StudyError, create_study
-from rescue.evaluation import classify_episode, episode_cases, summarize_eval, summarize_labels
-from rescue.journal import Journal
-from rescue.manifest import Case, parse_manifest
-from rescue.records import ArmResult, Assistance, Verdict
-from rescue.stats import paired_diff_ci
+from rescue.run.engine import recover
+from rescue.study.folder import StudyError, create_study
+from rescue.study.journal import Journal
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
@@ -269,8 +269,8 @@ def test_compare_studies_reads_two_journals(tmp_path):
 
 def test_a_comparison_is_laid_out_before_either_side_runs(tmp_path):
     configs = (
-        side_config(None, "rescue.policy.scripted:make_policy")[0],
-        side_config(None, "rescue.policy.variants:make_steady_policy", {"cases_in_flight": 1})[0],
+        side_config(None, "rescue.embedded.scripted:make_policy")[0],
+        side_config(None, "rescue.embedded.variants:make_steady_policy", {"cases_in_flight": 1})[0],
     )
     plan = create_compare(tmp_path, "libero_object", [3, 4], 2, 64, configs, ("a", "b"), seed=5)
     assert load_plan(tmp_path) == plan and plan.seed == 5
@@ -300,8 +300,8 @@ def test_rescue_compare_end_to_end(tmp_path):
     study = tmp_path / "cmp"
     out = rescue_cli(
         "compare",
-        "--policy-a", "rescue.policy.scripted:make_policy",
-        "--policy-b", "rescue.policy.variants:make_shaky_policy",
+        "--policy-a", "rescue.embedded.scripted:make_policy",
+        "--policy-b", "rescue.embedded.variants:make_shaky_policy",
         "--suite", "libero_object", "--tasks", "3", "--first-init", "2", "--episodes", "2", "--horizon", "150",
         "--seed", "9", "--reps", "300", "--study", str(study),
     )
@@ -346,7 +346,7 @@ def test_rescue_compare_end_to_end(tmp_path):
 def test_sigkill_mid_compare_then_resume_excludes_interrupted_pairs_as_unknown(tmp_path):
     study = tmp_path / "cmp"
     kill_mid_study(
-        ["compare", "--policy-a", "rescue.policy.scripted:make_policy", "--policy-b", "rescue.policy.variants:make_steady_policy",
+        ["compare", "--policy-a", "rescue.embedded.scripted:make_policy", "--policy-b", "rescue.embedded.variants:make_steady_policy",
          "--tasks", "3", "--episodes", "3", "--horizon", "48", "--cases-in-flight", "1", "--study", str(study)],
         study / "a",
     )

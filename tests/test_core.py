@@ -9,12 +9,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from rescue.classify import classify
-from rescue.digest import digest_array, digest_bytes, digest_json, digest_obs, digest_text
-from rescue.proofs import check_evidence, prefix_match, trace_is_regular
-from rescue.querypoint import query_point
-from rescue.records import Assistance, ArmResult, CaseRecord, Receipt, TraceRow, Verdict
-from rescue.stats import block_bootstrap_ci, mcnemar_exact, paired_diff_ci, summarize
+from rescue.core.classify import classify
+from rescue.core.digest import digest_array, digest_bytes, digest_json, digest_obs, digest_text
+from rescue.core.proofs import check_evidence, prefix_match, trace_is_regular
+from rescue.core.querypoint import query_point
+from rescue.core.records import ArmResult, Assistance, CaseRecord, Receipt, TraceRow, Verdict
+from rescue.core.stats import block_bootstrap_ci, mcnemar_exact, paired_diff_ci, summarize
 
 pytestmark = pytest.mark.fast
 
@@ -683,8 +683,8 @@ def test_empty_summary():
 
 
 def test_deviation_detail_names_the_differing_fingerprint_parts():
-    from rescue.classify import deviation_detail
-    from rescue.records import ArmResult, Assistance, CaseRecord
+    from rescue.core.classify import deviation_detail
+    from rescue.core.records import ArmResult, Assistance, CaseRecord
 
     def arm(name, parts):
         return ArmResult(case_id="c", arm=name, status="complete", success=False, steps=10,
@@ -702,7 +702,7 @@ def test_deviation_detail_names_the_differing_fingerprint_parts():
 
 
 def test_vlm_flags_without_a_vlm_url_keep_the_local_endpoint():
-    from rescue.config import load_config
+    from rescue.core.config import load_config
 
     config = load_config(None, {"vlm.model": "other-model", "vlm.api": "responses", "vlm.batch_size": 4})
     assert config.vlm.base_url == "local" and config.vlm.model == "other-model" and config.vlm.batch_size == 4

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rescue.diagnose import (
+from rescue.core.digest import digest_array
+from rescue.run.diagnose import (
     ArmBehaviour,
     QueryRecord,
     arm_metrics,
@@ -25,7 +26,6 @@ from rescue.diagnose import (
     write_csv,
     write_transitions,
 )
-from rescue.digest import digest_array
 
 pytestmark = pytest.mark.fast
 
@@ -198,7 +198,7 @@ def test_transitions_json_and_timeline_plot(tmp_path):
     arms = seed_arms()
     diag = diagnose(arms)
     data = json.loads(write_transitions(diag, tmp_path / "transitions.json").read_text())
-    assert data["schema"] == "rescue.diagnose/1"
+    assert data["schema"] == "rescue.run.diagnose/1"
     c303 = data["configs"]["codegen"]["303"]
     assert c303[0] == {"step": 0, "from": None, "to": 0}
     assert sum(t["from"] == 4 and t["to"] == 2 for t in c303) == 7
@@ -241,7 +241,7 @@ def test_query_records_from_an_arm_s_observation_and_reply():
 
 
 def test_from_arm_result_reads_a_journal_arm():
-    class Arm:  # the fields of rescue.records.ArmResult the diagnostics read
+    class Arm:  # the fields of rescue.core.records.ArmResult the diagnostics read
         case_id, status, success, steps = "c1", "complete", True, 40
         queries = [{"step": 0, "stage": 2, "ee_pos": [0.0, 0.0, 1.0]}]
 
@@ -253,7 +253,7 @@ def test_from_arm_result_reads_a_journal_arm():
 
 def test_diagnose_loads_no_runtime():
     code = (
-        "import sys, json; import rescue.diagnose; "
+        "import sys, json; import rescue.run.diagnose; "
         "print(json.dumps([m for m in ('openai','aiohttp','multiprocessing','torch','mujoco','robosuite','libero','matplotlib') if m in sys.modules]))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,

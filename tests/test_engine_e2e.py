@@ -11,11 +11,21 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import (
+    ROOT,
+    arm_rows,
+    assert_resumed_without_rerun,
+    case_states,
+    cli_env,
+    export_of,
+    kill_mid_study,
+    rescue_cli,
+    states_before_resume,
+    write_cases,
+)
 
-from conftest import (ROOT, arm_rows, assert_resumed_without_rerun, case_states, cli_env, export_of, kill_mid_study,
-                      rescue_cli, states_before_resume, write_cases)
-from rescue.digest import digest_text
-from rescue.querypoint import query_point
+from rescue.core.digest import digest_text
+from rescue.core.querypoint import query_point
 from wrappers.injection import inject
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]

@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import kill_mid_study, rescue_cli
-from rescue.export import EPISODE_COLUMNS
-from rescue.journal import Journal, arm_digest
-from rescue.manifest import load_manifest
-from rescue.records import ArmResult
+
+from rescue.core.manifest import load_manifest
+from rescue.core.records import ArmResult
+from rescue.read.export import EPISODE_COLUMNS
+from rescue.study.journal import Journal, arm_digest
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 

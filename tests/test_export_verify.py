@@ -16,13 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import resolved_config
 
-from rescue.classify import classify
-from rescue.digest import digest_array, digest_obs, digest_text
-from rescue.engine import recover
-from rescue.layout import RECEIPTS as RECEIPTS_FILE
-from rescue.study import case_record, create_study, outcome_receipts, store_summary
-from rescue.export import (
+from rescue.core.classify import classify
+from rescue.core.digest import digest_array, digest_obs, digest_text
+from rescue.core.manifest import Case, parse_manifest
+from rescue.core.querypoint import query_point
+from rescue.core.records import ArmResult, Assistance, Receipt, TraceRow, Usage, Verdict
+from rescue.read.export import (
     CSV_COLUMNS,
     EXPORT_SCHEMA,
     csv_rows,
@@ -30,16 +31,14 @@ from rescue.export import (
     export_study,
     write_export,
 )
-from rescue.journal import SUMMARY_KEY, Journal, JournalError, arm_digest
-from rescue.manifest import Case, parse_manifest
-from rescue.querypoint import query_point
-from rescue.records import ArmResult, Assistance, Receipt, TraceRow, Usage, Verdict
-from rescue.status import render_status, study_status
-from rescue.verify import outcome_line_sha256, verify_study
-from rescue.vlm.receipts import ReceiptLog, read_receipts
+from rescue.read.status import render_status, study_status
+from rescue.read.verify import outcome_line_sha256, verify_study
+from rescue.run.engine import recover
+from rescue.study.folder import case_record, create_study, outcome_receipts, store_summary
+from rescue.study.journal import SUMMARY_KEY, Journal, JournalError, arm_digest
+from rescue.study.layout import RECEIPTS as RECEIPTS_FILE
+from rescue.study.receipts import ReceiptLog, read_receipts
 from wrappers.injection import inject
-
-from conftest import resolved_config
 
 pytestmark = pytest.mark.fast
 
@@ -475,7 +474,7 @@ def test_missing_line_sha256_is_a_warning_not_a_pass_of_the_receipt(study_copy):
 
 
 def test_evaluation_study_verifies_and_exports_episode_rates(tmp_path):
-    evaluation = pytest.importorskip("rescue.evaluation")
+    evaluation = pytest.importorskip("rescue.core.evaluation")
     lines = [
         dict(case_id=f"ep-{i}", suite="libero_spatial", task_id=i % 2, init_state_index=i, env_seed=i, horizon=H)
         for i in range(3)
@@ -503,9 +502,9 @@ def test_evaluation_study_verifies_and_exports_episode_rates(tmp_path):
 
 def test_two_outcome_lines_for_one_call_read_the_same_everywhere(study_copy):
     """The engine's index, the read model, usage and verify all take a call's FIRST outcome line."""
-    from rescue.study import outcome_receipts as read_model_outcomes
-    from rescue.vlm.receipts import OutcomeIndex, read_receipt_file
-    from rescue.vlm.usage import usage_summary
+    from rescue.study.folder import outcome_receipts as read_model_outcomes
+    from rescue.study.receipts import OutcomeIndex, read_receipt_file
+    from rescue.study.usage import usage_summary
 
     path = study_copy / RECEIPTS_FILE
     first = next(l for l in read_receipt_file(path) if l.receipt and l.receipt.kind == "outcome" and l.receipt.call_id == "call-b")
@@ -568,7 +567,7 @@ def test_verify_accepts_an_assisted_arm_that_failed_right_after_its_subgoal_was_
 def test_the_terminal_summary_of_a_drained_study_keeps_the_manifests_n(tmp_path):
     from rich.console import Console
 
-    from rescue.report import render_summary
+    from rescue.read.terminal import render_summary
 
     data = "".join(json.dumps(line) + "\n" for line in manifest_lines()).encode()
     manifest = parse_manifest(data, "manifest.jsonl", catalog=None)

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, arm_rows, cli_env, events_of, rescue_cli, write_cases
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]

@@ -11,7 +11,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import ROOT, case_states, cli_env, rescue_cli, write_cases
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
@@ -87,7 +86,7 @@ def test_a_dead_policy_server_stops_the_study_before_it_consumes_the_queue(tmp_p
     port = _free_port()
     manifest = write_cases(tmp_path / "m.jsonl", 6, horizon=48)
     study = tmp_path / "study"
-    server = _serve(["serve-policy", "--policy", "rescue.policy.scripted:make_policy"], port)
+    server = _serve(["serve-policy", "--policy", "rescue.embedded.scripted:make_policy"], port)
     url = f"ws://127.0.0.1:{port}"
     run = subprocess.Popen(
         [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study), "--policy-url", url,
@@ -111,7 +110,7 @@ def test_a_dead_policy_server_stops_the_study_before_it_consumes_the_queue(tmp_p
     # At most the case in flight when the server died is lost; the rest were never claimed.
     assert states.count("pending") >= 3 and states.count("claimed") == 0
     # The study is resumable once the server is back: the never-claimed cases run.
-    server = _serve(["serve-policy", "--policy", "rescue.policy.scripted:make_policy"], port)
+    server = _serve(["serve-policy", "--policy", "rescue.embedded.scripted:make_policy"], port)
     try:
         proc = rescue_cli("resume", str(study), check=False, timeout=600)
     finally:

@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, cli_env, rescue_cli, write_cases
-from rescue.config import StudyConfig, load_config
-from rescue.identity import IdentityError, identity_changes, resolve_interval
-from rescue.manifest import load_manifest
-from rescue.services import resolve_config
-from rescue.studies import new_study
-from rescue.study import load_study_config
+
+from rescue.core.config import StudyConfig, load_config
+from rescue.core.identity import IdentityError, identity_changes, resolve_interval
+from rescue.core.manifest import load_manifest
+from rescue.run.commands import new_study
+from rescue.run.peers import resolve_config
+from rescue.study.folder import load_study_config
 
 pytestmark = pytest.mark.fast
 
@@ -82,7 +82,7 @@ def test_resolution_is_pure_and_names_what_changed():
 @pytest.mark.e2e
 def test_resume_and_continuation_refuse_a_server_announcing_another_horizon(tmp_path):
     manifest = load_manifest(write_cases(tmp_path / "m.jsonl", 2))
-    first, url_a = _serve("rescue.policy.scripted:make_policy")  # announces action_horizon 8
+    first, url_a = _serve("rescue.embedded.scripted:make_policy")  # announces action_horizon 8
     try:
         study = new_study(tmp_path / "study", manifest, load_config(None, {"policy.url": url_a}))
     finally:
@@ -126,8 +126,8 @@ def test_resume_and_continuation_refuse_a_server_announcing_another_horizon(tmp_
 def test_an_older_studys_config_digest_holds_after_later_settings_were_added():
     # A config.json written before [vlm] max_concurrent_calls / requests_per_minute or [sham] by_task
     # existed lacks them; loaded today it must hash as it did then, or verify would fail every older study.
-    from rescue.config import HASHED_WHEN_SET
-    from rescue.digest import canonical_json, digest_text
+    from rescue.core.config import HASHED_WHEN_SET
+    from rescue.core.digest import canonical_json, digest_text
 
     now = StudyConfig().model_dump(mode="json")
     older = {sec: ({k: v for k, v in part.items() if (sec, k) not in HASHED_WHEN_SET} if isinstance(part, dict) else part)

@@ -11,7 +11,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -42,8 +41,8 @@ def test_wheel_installed_elsewhere_finds_its_prompt_and_models(tmp_path):
                  "models/locator_libero_object.pt"):
         assert f"rescue/assets/{data}" in names
         assert zipfile.ZipFile(wheel).read(f"rescue/assets/{data}") == (ROOT / data).read_bytes()
-    assert {"rescue/env/libero.py", "rescue/vlm/endpoint.py", "rescue/policy/learned.py",
-            "rescue/policy/vision_language.py", "wrappers/injection.py"} <= names
+    assert {"rescue/env/libero.py", "rescue/embedded/endpoint.py", "rescue/embedded/learned.py",
+            "rescue/embedded/vision_language.py", "wrappers/injection.py"} <= names
 
     site = tmp_path / "site"
     run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q", "--target", str(site), str(wheel)])

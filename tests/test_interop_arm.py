@@ -7,18 +7,18 @@ import socket
 
 import pytest
 import structlog
+from conftest import write_cases
 from openpi_server import WebsocketPolicyServer
 
-from conftest import write_cases
-from rescue.arm import ArmSpec, run_arm
-from rescue.config import load_config
-from rescue.digest import digest_text
+from rescue.core.config import load_config
+from rescue.core.digest import digest_text
+from rescue.core.manifest import load_manifest
+from rescue.embedded.scripted import make_policy
 from rescue.env.pool import SimPool
-from rescue.manifest import load_manifest
 from rescue.policy.bundled import serve_factory
-from rescue.policy.scripted import make_policy
-from rescue.policy.ws_client import WebsocketPolicyClient
-from rescue.preflight import run_preflight
+from rescue.policy.client import WebsocketPolicyClient
+from rescue.run.arm import ArmSpec, run_arm
+from rescue.run.preflight import run_preflight
 from wrappers.async_rules import AsyncRuleWrapper, RulesConfig
 
 pytestmark = pytest.mark.sim
@@ -73,7 +73,7 @@ def test_arm_completes_against_openpi_server_without_rng_extension(tmp_path):
             finally:
                 await _stop(task)
             # The same policy and seed behind our server, where the arm resets the RNG itself.
-            ours = await serve_factory("rescue.policy.scripted:make_policy")
+            ours = await serve_factory("rescue.embedded.scripted:make_policy")
             try:
                 bundled = await _arm(ours.url, case, sim)
             finally:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rescue.journal import DuplicateRecord, Journal, JournalError, journal_path
-from rescue.manifest import Case
-from rescue.records import ArmResult, Assistance, Verdict
+from rescue.core.manifest import Case
+from rescue.core.records import ArmResult, Assistance, Verdict
+from rescue.study.journal import DuplicateRecord, Journal, JournalError, journal_path
 
 pytestmark = pytest.mark.fast
 
@@ -198,7 +198,7 @@ def test_processes_never_share_a_case(study):
     Journal.create(study, make_cases(200), {}).close()
     code = (
         "import json, sys\n"
-        "from rescue.journal import Journal\n"
+        "from rescue.study.journal import Journal\n"
         f"j = Journal.open({str(study)!r})\n"
         "ids = []\n"
         "while (c := j.claim_next(sys.argv[-1] if len(sys.argv) > 1 else 'p')) is not None:\n"
@@ -254,7 +254,7 @@ def test_recover_interrupted_is_final(journal):
 def test_killed_worker_leaves_its_case_claimed_then_interrupted(journal, study):
     code = (
         "import sys, time\n"
-        "from rescue.journal import Journal\n"
+        "from rescue.study.journal import Journal\n"
         f"j = Journal.open({str(study)!r})\n"
         "case = j.claim_next('doomed')\n"
         "print(case.case_id, flush=True)\n"
@@ -373,9 +373,9 @@ def test_read_only_view_sees_writes_and_cannot_write(study):
 
 
 def test_finish_case_records_arms_receipt_and_verdict_at_once(tmp_path):
-    from rescue.journal import Journal
-    from rescue.manifest import Case
-    from rescue.records import ArmResult, Assistance, Verdict
+    from rescue.core.manifest import Case
+    from rescue.core.records import ArmResult, Assistance, Verdict
+    from rescue.study.journal import Journal
 
     case = Case(case_id="c1", suite="libero_object", task_id=0, init_state_index=0, env_seed=0, horizon=16)
     journal = Journal.create(tmp_path / "s", [case], {})
@@ -395,9 +395,9 @@ def test_finish_case_records_arms_receipt_and_verdict_at_once(tmp_path):
 
 
 def test_finish_case_is_atomic_on_a_duplicate_arm(tmp_path):
-    from rescue.journal import DuplicateRecord, Journal
-    from rescue.manifest import Case
-    from rescue.records import ArmResult, Assistance, Verdict
+    from rescue.core.manifest import Case
+    from rescue.core.records import ArmResult, Assistance, Verdict
+    from rescue.study.journal import DuplicateRecord, Journal
 
     case = Case(case_id="c1", suite="libero_object", task_id=0, init_state_index=0, env_seed=0, horizon=16)
     journal = Journal.create(tmp_path / "s", [case], {})

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rescue.embedded.expert import Expert, situation_phase
+from rescue.embedded.learned import DEFAULT_CHECKPOINT, LearnedPolicy, text_features
+from rescue.embedded.phases import PHASES, parse_pick_place, sub_instruction
 from rescue.env.libero import LiberoAdapter
-from rescue.policy.expert import Expert, situation_phase
-from rescue.policy.learned import DEFAULT_CHECKPOINT, LearnedPolicy, text_features
-from rescue.policy.phases import PHASES, parse_pick_place, sub_instruction
 from wrappers.injection import inject
 
 pytestmark = pytest.mark.sim

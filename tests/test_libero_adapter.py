@@ -8,10 +8,10 @@ import asyncio
 import numpy as np
 import pytest
 
+from rescue.core.manifest import Case
+from rescue.core.observation import get_profile
 from rescue.env.libero import VIEW_PREFIX, LiberoAdapter
 from rescue.env.pool import SimLease, SimPool, SimProcess
-from rescue.manifest import Case
-from rescue.observation import get_profile
 
 pytestmark = pytest.mark.sim
 

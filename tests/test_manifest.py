@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, cli_env, rescue_cli, write_cases
 
-from rescue.catalog import CATALOG_FILE, OFFICIAL_HORIZON, build_libero_catalog, libero_catalog, render
-from rescue.manifest import (
+from rescue.core.catalog import CATALOG_FILE, OFFICIAL_HORIZON, build_libero_catalog, libero_catalog, render
+from rescue.core.manifest import (
     MAX_LINE_BYTES,
     MAX_MANIFEST_BYTES,
     MAX_PROBLEMS,
@@ -26,8 +26,8 @@ from rescue.manifest import (
     derive_policy_seed,
     load_manifest,
     parse_manifest,
-    write_manifest,
 )
+from rescue.study.files import write_manifest
 
 pytestmark = pytest.mark.fast
 
@@ -314,7 +314,7 @@ def test_shipped_catalog_equals_the_installed_libero():
     built = build_libero_catalog()
     assert built.suites == libero_catalog().suites
     shipped = (ROOT / "rescue" / CATALOG_FILE).read_text(encoding="utf-8")
-    assert render(built) == shipped, "regenerate with `python -m rescue.catalog`"
+    assert render(built) == shipped, "regenerate with `python -m rescue.core.catalog`"
 
 
 def test_checking_a_manifest_starts_no_simulator_and_is_fast(tmp_path):
@@ -323,7 +323,7 @@ def test_checking_a_manifest_starts_no_simulator_and_is_fast(tmp_path):
     code = (
         "import sys, time\n"
         "t = time.perf_counter()\n"
-        "from rescue.manifest import load_manifest\n"
+        "from rescue.core.manifest import load_manifest\n"
         f"m = load_manifest({str(path)!r})\n"
         "elapsed = time.perf_counter() - t\n"
         "heavy = sorted({n.split('.')[0] for n in sys.modules} & {'libero', 'robosuite', 'mujoco', 'torch', 'openai'})\n"

@@ -8,10 +8,10 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import ROOT
 from openpi_client import image_tools
 
-from conftest import ROOT
-from rescue.observation import (
+from rescue.core.observation import (
     LEROBOT_LIBERO,
     OPENPI_LIBERO,
     PRIVILEGED,
@@ -65,7 +65,7 @@ def test_profile_sha256_is_stable_and_covers_every_field():
     digests = {p.sha256() for p in PROFILES.values()}
     assert len(digests) == 3
     # The same data gives the same digest in a fresh interpreter (no hash-seed or id dependence).
-    code = "from rescue.observation import PROFILES; import json; print(json.dumps({k: p.sha256() for k, p in PROFILES.items()}))"
+    code = "from rescue.core.observation import PROFILES; import json; print(json.dumps({k: p.sha256() for k, p in PROFILES.items()}))"
     for seed in ("1", "2"):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={"PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}, check=True)
         assert json.loads(out.stdout) == {k: p.sha256() for k, p in PROFILES.items()}
@@ -148,6 +148,6 @@ def test_custom_profile_and_bad_parts():
 
 
 def test_observation_module_needs_no_simulator():
-    code = "import sys, rescue.observation; print(sorted(m for m in ('robosuite', 'mujoco', 'libero', 'torch', 'openpi_client') if m in sys.modules))"
+    code = "import sys, rescue.core.observation; print(sorted(m for m in ('robosuite', 'mujoco', 'libero', 'torch', 'openpi_client') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}, check=True)
     assert out.stdout.strip() == "[]"

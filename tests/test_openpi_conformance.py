@@ -20,16 +20,16 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from conftest import rescue_cli
 from openpi_libero_policy import load_received, openpi_server, received_sha256
-from rescue.digest import digest_array, digest_obs, digest_text
+
+from rescue.core.digest import digest_array, digest_obs, digest_text
+from rescue.core.manifest import Case
+from rescue.core.observation import get_profile
 from rescue.env.pool import SimProcess
-from rescue.journal import Journal
-from rescue.manifest import Case
-from rescue.observation import get_profile
-from rescue.policy.ws_client import PolicyServerError, WebsocketPolicyClient
-from rescue.study import load_study_config
+from rescue.policy.client import PolicyServerError, WebsocketPolicyClient
+from rescue.study.folder import load_study_config
+from rescue.study.journal import Journal
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 

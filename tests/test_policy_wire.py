@@ -22,9 +22,9 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from openpi_server import WebsocketPolicyServer
 
 from rescue.policy import msgpack_numpy
+from rescue.policy.client import PolicyConnectionClosed, PolicyServerError, WebsocketPolicyClient
 from rescue.policy.protocol import EPISODE_EXTENSION, Policy, SeededPolicy
-from rescue.policy.ws_client import PolicyConnectionClosed, PolicyServerError, WebsocketPolicyClient
-from rescue.policy.ws_server import PolicyServer, load_factory, policy_metadata
+from rescue.policy.server import PolicyServer, load_factory, policy_metadata
 
 pytestmark = pytest.mark.fast
 
@@ -522,8 +522,8 @@ class LerobotShaped:
 
 
 def test_a_served_policy_announces_its_profile_and_chunk_and_the_study_takes_them():
-    from rescue.config import load_config
-    from rescue.services import resolve_config
+    from rescue.core.config import load_config
+    from rescue.run.peers import resolve_config
 
     async def main():
         server = PolicyServer(LerobotShaped, policy_metadata(LerobotShaped, "mine:make_policy"))
@@ -556,7 +556,7 @@ def test_serve_main_in_a_subprocess():
     cmd = [
         sys.executable,
         "-c",
-        "import sys; from rescue.policy.ws_server import serve_main; sys.exit(serve_main(sys.argv[1:]))",
+        "import sys; from rescue.policy.server import serve_main; sys.exit(serve_main(sys.argv[1:]))",
         "--policy",
         "test_policy_wire:NoisePolicy",
         "--port",

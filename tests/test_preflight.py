@@ -11,19 +11,20 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, cli_env, rescue_cli, write_cases
 from openpi_libero_policy import openpi_server
-from rescue.config import load_config
-from rescue.layout import StudyLayout
-from rescue.services import resolved_config, start_services
-from rescue.manifest import load_manifest
+
+from rescue.core.config import load_config
+from rescue.core.manifest import load_manifest
+from rescue.core.records import ArmResult, Assistance, TraceRow
+from rescue.embedded.endpoint import STATE as ENDPOINT_STATE
+from rescue.embedded.endpoint import EndpointOptions, start_endpoint
+from rescue.embedded.scripted import make_policy
 from rescue.policy.bundled import policy_metadata
-from rescue.policy.scripted import make_policy
-from rescue.policy.ws_server import PolicyServer
-from rescue.preflight import agreement, check_idle_hold, run_preflight
-from rescue.vlm.endpoint import STATE as ENDPOINT_STATE, EndpointOptions, start_endpoint
-from rescue.records import ArmResult, Assistance, TraceRow
+from rescue.policy.server import PolicyServer
+from rescue.run.peers import resolved_config, start_services
+from rescue.run.preflight import agreement, check_idle_hold, run_preflight
+from rescue.study.layout import StudyLayout
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
@@ -169,7 +170,7 @@ def _preflight_with_vlm(tmp_path, monkeypatch, presented_key: str):
         runner, base_url = await start_endpoint(EndpointOptions(expected_api_key=VLM_KEY))
         try:
             config = load_config(None, {
-                "policy.factory": "rescue.policy.scripted:make_policy",
+                "policy.factory": "rescue.embedded.scripted:make_policy",
                 "vlm.base_url": base_url, "vlm.api_key_env": VLM_KEY_ENV, "vlm.max_attempts": 2,
             })
             report = await run_preflight(list(manifest.cases), config, k=0, clients=1, idle_s=0.5)

@@ -17,10 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, arm_rows, case_states, cli_env, ensure_stopped, events_of, export_of, rescue_cli, write_cases
 from ray.cluster_utils import Cluster
-
-from conftest import (ROOT, arm_rows, case_states, cli_env, ensure_stopped, events_of, export_of, rescue_cli,
-                      write_cases)
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 

@@ -16,17 +16,16 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-
-from rescue.export import StudyExport, export_study
-from rescue.htmlreport import write_report
-from rescue.journal import Journal
-from rescue.layout import report_files
-from rescue.report_html.page import pct
-from rescue.report_html.reading import significance_reading
-from rescue.stats import mcnemar_exact, paired_diff_ci
-
 from conftest import rescue_cli, write_cases
 from test_export_verify import build_study
+
+from rescue.core.stats import mcnemar_exact, paired_diff_ci
+from rescue.read.export import StudyExport, export_study
+from rescue.read.html.page import pct
+from rescue.read.html.report import write_report
+from rescue.read.html.significance import significance_reading
+from rescue.study.journal import Journal
+from rescue.study.layout import report_files
 
 pytestmark = pytest.mark.fast
 
@@ -62,7 +61,7 @@ def test_reading_with_many_discordant_pairs_says_little_power_not_impossible():
 
 
 def test_keyframes_are_shown_in_episode_order():
-    from rescue.report_html.cases import keyframe_order
+    from rescue.read.html.cases import keyframe_order
 
     assert sorted(["end", "q112", "s0016", "q48"], key=keyframe_order) == ["s0016", "q48", "q112", "end"]
 

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import rescue_cli, write_cases
-from rescue.arm import ArmSpec, run_arm
+
+from rescue.core.config import load_config
+from rescue.core.digest import digest_array
+from rescue.core.manifest import load_manifest
 from rescue.env.pool import SimPool
-from rescue.manifest import load_manifest
 from rescue.policy.bundled import serve_factory
-from rescue.config import load_config
-from rescue.digest import digest_array
-from rescue.journal import Journal
-from rescue.policy.ws_client import WebsocketPolicyClient
-from rescue.policy.ws_server import PolicyServer
+from rescue.policy.client import WebsocketPolicyClient
+from rescue.policy.server import PolicyServer
+from rescue.run.arm import ArmSpec, run_arm
+from rescue.study.journal import Journal
 from wrappers.async_rules import AsyncRuleWrapper, RulesConfig, rule_inputs_problems
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
@@ -208,7 +208,7 @@ def test_chunk_compression_in_a_real_arm_replanning_within_the_compressed_chunk(
 
 # --- the three rules on the embedded default (the learned policy), direct real arms ----
 
-EMBEDDED = "rescue.policy.learned:make_policy"
+EMBEDDED = "rescue.embedded.learned:make_policy"
 
 
 class RecordingRules(AsyncRuleWrapper):

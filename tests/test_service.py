@@ -15,9 +15,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from conftest import (ROOT, arm_rows, assert_resumed_without_rerun, case_states, cli_env, ensure_stopped,
-                      rescue_cli, states_before_resume, write_cases)
+from conftest import (
+    ROOT,
+    arm_rows,
+    assert_resumed_without_rerun,
+    case_states,
+    cli_env,
+    ensure_stopped,
+    rescue_cli,
+    states_before_resume,
+    write_cases,
+)
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 

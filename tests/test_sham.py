@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-
-from rescue.classify import classify
-from rescue.digest import digest_text
-from rescue.manifest import Case
-from rescue.records import ArmResult, Assistance
-from rescue.sham import DEFAULT_SHAM_TEXT, donor_group, sham_donors
-from rescue.stats import summarize
 from test_core import ORIGINAL, Q, injected, make_case, make_trace
+
+from rescue.core.classify import classify
+from rescue.core.digest import digest_text
+from rescue.core.manifest import Case
+from rescue.core.records import ArmResult, Assistance
+from rescue.core.sham import DEFAULT_SHAM_TEXT, donor_group, sham_donors
+from rescue.core.stats import summarize
 
 pytestmark = pytest.mark.fast
 
@@ -161,7 +161,7 @@ def test_a_three_arm_study_killed_and_resumed_verifies_with_its_sham_table(tmp_p
     assert all(after[k] == v for k, v in before.items())  # nothing that ran before the kill ran again
     cases = {c["case_id"]: c for c in export["cases"]}
     assert any(c["state"] == "interrupted" and c["sham_label"] == "unknown" for c in cases.values())
-    from rescue.vlm.receipts import outcomes_by_call, read_receipt_file
+    from rescue.study.receipts import outcomes_by_call, read_receipt_file
 
     outcomes = outcomes_by_call(read_receipt_file(study / "receipts" / "receipts.jsonl"))
     applied = 0
@@ -202,8 +202,9 @@ def test_tampering_with_a_sham_trace_row_or_its_source_fails_verify(tmp_path):
     import sqlite3
 
     from conftest import rescue_cli, write_cases
-    from rescue.journal import arm_digest
-    from rescue.records import ArmResult
+
+    from rescue.core.records import ArmResult
+    from rescue.study.journal import arm_digest
 
     manifest = write_cases(tmp_path / "m.jsonl", 2, horizon=64)
     config = tmp_path / "study.toml"
@@ -245,8 +246,8 @@ def test_tampering_with_a_sham_trace_row_or_its_source_fails_verify(tmp_path):
 def test_a_fixed_sham_text_can_be_declared_per_task_and_counts_in_the_digest_only_when_set():
     from pydantic import ValidationError
 
-    from rescue.config import StudyConfig
-    from rescue.sham import ShamConfig
+    from rescue.core.config import StudyConfig
+    from rescue.core.sham import ShamConfig
 
     sham = ShamConfig(source="fixed", by_task={"libero_object/0": "grasp the butter"})
     assert sham.text_for("libero_object/0") == "grasp the butter"

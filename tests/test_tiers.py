@@ -9,7 +9,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, TIERS, module_tiers
 
 pytestmark = pytest.mark.fast

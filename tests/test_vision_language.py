@@ -12,11 +12,11 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
+from rescue.core.observation import OPENPI_LIBERO
+from rescue.embedded.phases import parse_pick_place
+from rescue.embedded.training.make_scenes import object_body
+from rescue.embedded.vision_language import DEFAULT_LOCATOR, VisionLanguagePolicy
 from rescue.env.libero import LiberoAdapter
-from rescue.observation import OPENPI_LIBERO
-from rescue.policy.phases import parse_pick_place
-from rescue.policy.vision_language import DEFAULT_LOCATOR, VisionLanguagePolicy
-from training.make_scenes import object_body
 from wrappers.injection import inject
 
 pytestmark = pytest.mark.sim
@@ -141,9 +141,9 @@ def test_a_subgoal_naming_another_object_redirects_the_gripper(adapter, policy):
 
 
 def test_bundled_server_announces_the_contract():
-    from rescue.policy.ws_server import load_factory, policy_metadata
+    from rescue.policy.server import load_factory, policy_metadata
 
-    spec = "rescue.policy.vision_language:make_policy"
+    spec = "rescue.embedded.vision_language:make_policy"
     meta = policy_metadata(load_factory(spec), spec)
     assert meta["observation"] == "openpi-libero"
     assert meta["action_horizon"] == 8
@@ -156,11 +156,11 @@ def test_served_by_the_bundled_server_like_an_external_vla(tmp_path):
 
     from conftest import arm_rows, rescue_cli
 
-    from rescue.records import ArmResult
+    from rescue.core.records import ArmResult
 
     study = tmp_path / "eval"
     rescue_cli("eval", "--suite", "libero_object", "--tasks", "0", "--episodes", "1", "--horizon", "24",
-               "--study", str(study), "--policy-factory", "rescue.policy.vision_language:make_policy")
+               "--study", str(study), "--policy-factory", "rescue.embedded.vision_language:make_policy")
     policy = json.loads((study / "config.json").read_text())["policy"]
     assert policy["observation"] == "openpi-libero" and policy["announced"]["observation"] == "openpi-libero"
     (data,) = arm_rows(study).values()

@@ -20,19 +20,12 @@ import structlog
 from PIL import Image
 from structlog.testing import capture_logs
 
-from rescue.prompts import load_template, render
-from rescue.records import Receipt, Usage
-from rescue.vlm.client import (
-    VIEW_NAMES,
-    SubgoalRequest,
-    VLMClient,
-    check_answers,
-    encode_png,
-    parse_answers,
-)
-from rescue.vlm.endpoint import EndpointOptions, endpoint_state, start_endpoint
-from rescue.vlm.settings import MissingAPIKey, VLMConfig
-from rescue.vlm.receipts import (
+from rescue.core.config import MissingAPIKey, VLMConfig
+from rescue.core.images import VLM_VIEWS, encode_png
+from rescue.core.prompts import load_template, render
+from rescue.core.records import Receipt, Usage
+from rescue.embedded.endpoint import EndpointOptions, endpoint_state, start_endpoint
+from rescue.study.receipts import (
     ReceiptLog,
     check_artifacts,
     check_attempt_refs,
@@ -45,7 +38,9 @@ from rescue.vlm.receipts import (
     scan_receipts,
     unfinished_calls,
 )
-from rescue.vlm.usage import usage_summary
+from rescue.study.usage import usage_summary
+from rescue.vlm.answers import SubgoalRequest, check_answers, parse_answers
+from rescue.vlm.client import VLMClient
 
 pytestmark = pytest.mark.fast
 
@@ -68,7 +63,7 @@ def make_request(i: int, instruction: str = CASES[0][0], blank: bool = False) ->
     rng = np.random.default_rng(i)
     views = {
         n: np.full((32, 32, 3), 128, np.uint8) if blank else rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
-        for n in VIEW_NAMES
+        for n in VLM_VIEWS
     }
     return SubgoalRequest(case_id=f"case-{i}", instruction=instruction, remaining_steps=120, views=views)
 
@@ -366,11 +361,14 @@ def _asking_child(receipts, kill_after_answer: bool) -> str:
         f"""
         import asyncio, os, signal, sys
         import numpy as np
-        from rescue.vlm.client import VIEW_NAMES, SubgoalRequest, VLMClient, VLMConfig
-        from rescue.vlm.receipts import ReceiptLog
+        from rescue.core.config import VLMConfig
+        from rescue.core.images import VLM_VIEWS
+        from rescue.vlm.answers import SubgoalRequest
+        from rescue.vlm.client import VLMClient
+        from rescue.study.receipts import ReceiptLog
 
         async def main():
-            views = {{n: np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8) for n in VIEW_NAMES}}
+            views = {{n: np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8) for n in VLM_VIEWS}}
             client = VLMClient(VLMConfig(base_url=sys.argv[1]), ReceiptLog({str(receipts)!r}))
             await client.ask(SubgoalRequest("case-kill", "put the cream cheese in the bowl", 100, views))
             {kill}
@@ -476,7 +474,7 @@ def test_a_cancelled_ask_still_leaves_an_outcome(tmp_path):
 def test_serve_vlm_runs_until_sigterm():
     import openai
 
-    code = "import sys; from rescue.vlm.endpoint import serve_main; sys.exit(serve_main(['--port', '0']))"
+    code = "import sys; from rescue.embedded.endpoint import serve_main; sys.exit(serve_main(['--port', '0']))"
     env = os.environ | {"PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
     try:
@@ -667,7 +665,7 @@ def test_images_prompt_and_response_are_kept_by_sha256(tmp_path):
     answer = run(go())
     outcome = answer.receipt
     assert len(outcome.sent_image_sha256) == 3
-    for name, sha in zip(VIEW_NAMES, outcome.sent_image_sha256):
+    for name, sha in zip(VLM_VIEWS, outcome.sent_image_sha256):
         png = artifacts / f"{sha}.png"
         assert hashlib.sha256(png.read_bytes()).hexdigest() == sha
         assert np.array_equal(np.asarray(Image.open(png)), request.views[name])  # the exact pixels sent
@@ -726,7 +724,7 @@ def test_a_refusal_is_recorded_as_a_refusal(tmp_path, api):
 
 
 def test_a_configured_key_is_sent_but_never_written(tmp_path, monkeypatch):
-    from rescue.config import StudyConfig
+    from rescue.core.config import StudyConfig
 
     key = "sk-cfg-Kq81distinctive-config-key"
     monkeypatch.delenv("RESCUE_TEST_VLM_KEY", raising=False)

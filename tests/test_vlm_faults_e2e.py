@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, cli_env, rescue_cli, write_cases
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rescue.digest import digest_array
-from wrappers.chunk_broker import ActionChunkBroker
+from rescue.core.digest import digest_array
 from wrappers.injection import inject, parse_injection
 from wrappers.rules import (
     ActionLayout,
@@ -53,61 +52,6 @@ def test_parse_injection_without_subgoal():
     assert parse_injection("open the drawer") == ("open the drawer", None)
     partial = "open the drawer\nImmediate next actions: x"
     assert parse_injection(partial) == (partial, None)
-
-
-# --- chunk broker ----------------------------------------------------------
-
-
-class CountingPolicy:
-    """Returns chunks whose values tell which call and which row they came from."""
-
-    def __init__(self, chunk: int = 4, dim: int = 7) -> None:
-        self.calls = 0
-        self.resets = 0
-        self.prompts: list[str] = []
-        self.chunk, self.dim = chunk, dim
-
-    def infer(self, obs: dict) -> dict:
-        self.calls += 1
-        self.prompts.append(obs.get("prompt", ""))
-        rows = np.arange(self.chunk, dtype=np.float32)[:, None] + 100 * self.calls
-        return {"actions": np.repeat(rows, self.dim, axis=1), "server_timing": {"infer_ms": 1.0}}
-
-    def reset(self) -> None:
-        self.resets += 1
-
-
-def test_broker_hands_out_chunk_then_requeries():
-    inner = CountingPolicy(chunk=4)
-    broker = ActionChunkBroker(inner, action_horizon=3)
-    firsts = [broker.infer({"prompt": "a"})["actions"][0] for _ in range(4)]
-    assert firsts == [100, 101, 102, 200]
-    assert inner.calls == 2
-    step = broker.infer({})
-    assert step["actions"].shape == (7,)
-    assert step["server_timing"] == {"infer_ms": 1.0}  # non-chunk entries pass through
-
-
-def test_broker_flush_discards_old_plan():
-    inner = CountingPolicy(chunk=8)
-    broker = ActionChunkBroker(inner, action_horizon=8)
-    broker.infer({"prompt": "old"})
-    broker.infer({"prompt": "old"})
-    assert broker.remaining == 6
-    broker.flush()
-    assert broker.remaining == 0
-    out = broker.infer({"prompt": inject("old", "new step")})
-    assert out["actions"][0] == 200  # first row of a fresh chunk
-    assert inner.prompts[-1].endswith("Then complete the original task.")
-
-
-def test_broker_reset_resets_inner_and_flushes():
-    inner = CountingPolicy(chunk=4)
-    broker = ActionChunkBroker(inner, action_horizon=4)
-    broker.infer({})
-    broker.reset()
-    assert inner.resets == 1
-    assert broker.infer({})["actions"][0] == 200
 
 
 # --- rules -----------------------------------------------------------------

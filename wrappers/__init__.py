@@ -1,1 +1,1 @@
-"""Numpy-only policy wrappers: instruction injection, chunk brokering, rule wrappers."""
+"""Numpy-only policy wrappers: the instruction injection and the correction-rule wrappers."""

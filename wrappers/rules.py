@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from rescue.digest import digest_array
+from rescue.core.digest import digest_array
 
 
 @dataclass(frozen=True)

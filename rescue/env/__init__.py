@@ -1,0 +1,1 @@
+"""The simulator seam and its backends: the LIBERO adapter, simulator processes, Ray actors."""

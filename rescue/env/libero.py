@@ -16,10 +16,19 @@ from collections import OrderedDict
 
 import numpy as np
 
-from rescue.catalog import OFFICIAL_HORIZON
-from rescue.digest import digest_array, digest_bytes, digest_json, digest_text
-from rescue.env.protocol import CaseLike, ChunkResult, Observe, ProfileLike, ResetResult, case_fields, process_info, resolve_profile
-from rescue.observation import PRIVILEGED, ObservationProfile, shape_observation
+from rescue.core.catalog import OFFICIAL_HORIZON
+from rescue.core.digest import digest_array, digest_bytes, digest_json, digest_text
+from rescue.core.observation import PRIVILEGED, ObservationProfile, shape_observation
+from rescue.env.protocol import (
+    CaseLike,
+    ChunkResult,
+    Observe,
+    ProfileLike,
+    ResetResult,
+    case_fields,
+    process_info,
+    resolve_profile,
+)
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])

@@ -8,7 +8,6 @@ A simulator process is held by one arm at a time.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import multiprocessing as mp
 import os
 import threading
@@ -18,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 import structlog
 
+from rescue.core.names import resolve
 from rescue.env.protocol import CaseLike, ChunkResult, Observe, ProfileLike, ResetResult, case_fields
 
 log = structlog.get_logger()
@@ -25,11 +25,6 @@ log = structlog.get_logger()
 
 class SimulatorError(RuntimeError):
     """The simulator process failed or died; the message carries its traceback."""
-
-
-def _load(spec: str):
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def _quiet(log_path: str | None) -> None:
@@ -44,7 +39,7 @@ def _serve(conn, adapter_spec: str, adapter_kwargs: dict, log_path: str | None =
     """Process main: build the adapter, then answer (method, args) requests until told to stop."""
     _quiet(log_path)
     try:
-        adapter = _load(adapter_spec)(**adapter_kwargs)
+        adapter = resolve(adapter_spec)(**adapter_kwargs)
     except BaseException:  # report the failure instead of dying silently
         conn.send(("error", traceback.format_exc()))
         return

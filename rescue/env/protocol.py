@@ -10,11 +10,8 @@ from typing import Any, Literal, NamedTuple, Protocol, Union
 
 import numpy as np
 
-from rescue.manifest import Case
-from rescue.observation import PRIVILEGED, ObservationProfile, get_profile
-
-# The three views sent to the VLM at the query point, in this fixed order.
-VLM_VIEWS = ("agentview", "frontview", "robot0_eye_in_hand")
+from rescue.core.manifest import Case
+from rescue.core.observation import PRIVILEGED, ObservationProfile, get_profile
 
 # A case as the adapter accepts it: the typed manifest case, or a mapping with the same fields.
 CaseLike = Union[Case, Mapping[str, Any]]

@@ -32,8 +32,9 @@ import structlog
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from rescue import __version__
-from rescue.env.pool import SIM_HASH_SEED, SimPool, Simulator, SimulatorError, _load
-from rescue.failfast import one_line
+from rescue.core.failfast import one_line
+from rescue.core.names import resolve
+from rescue.env.pool import SIM_HASH_SEED, SimPool, Simulator, SimulatorError
 
 log = structlog.get_logger()
 
@@ -99,7 +100,7 @@ class SimulatorActor:
     """One simulator in a Ray actor process."""
 
     def __init__(self, adapter_spec: str, adapter_kwargs: dict):
-        self.adapter = _load(adapter_spec)(**adapter_kwargs)
+        self.adapter = resolve(adapter_spec)(**adapter_kwargs)
 
     def where(self) -> dict[str, Any]:
         """Where the actor runs, and what it runs."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rescue.policy.ws_server import PolicyServer, load_factory, policy_metadata
+from rescue.policy.server import PolicyServer, load_factory, policy_metadata
 
 __all__ = ["load_factory", "policy_metadata", "serve_factory"]
 

@@ -66,13 +66,8 @@ class RngState(BaseModel):
     server_instance: str
 
 
-class AsyncPolicyClient(Protocol):
-    """A connection to a policy server, as the arm runner uses it."""
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        """The metadata frame the server sent first."""
-        ...
+class PolicyConnection(Protocol):
+    """A connection to a policy server, as the arm runner uses it (`WebsocketPolicyClient` is one)."""
 
     @property
     def supports_rng(self) -> bool:

@@ -16,12 +16,13 @@ import html
 import json
 import time
 from pathlib import Path
+
 from aiohttp import web
 
-from rescue import layout
-from rescue.config import ConfigError
-from rescue.manifest import ManifestError
+from rescue.core.config import ConfigError
+from rescue.core.manifest import ManifestError
 from rescue.service.queue import QueueError, cancel_job, config_problems, find_job, job_view, list_jobs, submit_job
+from rescue.study import layout
 
 QUEUE = web.AppKey("queue", Path)
 API_KEY = web.AppKey("api_key", str)
@@ -80,7 +81,7 @@ async def job(request: web.Request) -> web.Response:
 
 
 def _export(study: Path) -> dict:
-    from rescue.export import export_study
+    from rescue.read.export import export_study
 
     export = export_study(study)
     partial = not all(c.complete for c in export.coverage.values() if c.n_manifest)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rescue.config import StudyConfig
-from rescue.layout import StudyLayout
+from rescue.core.config import StudyConfig
 from rescue.service.queue import JobLayout
+from rescue.study.layout import StudyLayout
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 1
@@ -23,22 +23,22 @@ EXIT_INTERNAL = 1
 
 def run_job(job_dir: Path, verbose: bool = False) -> int:
     """Create and run, or resume, the study of one job; write its report when every case has a verdict."""
-    from rescue import studies
-    from rescue.study import EXIT_ALL_UNKNOWN, EXIT_OK, study_outcome
+    from rescue.run import commands
+    from rescue.study.folder import EXIT_ALL_UNKNOWN, EXIT_OK, study_outcome
 
     job = JobLayout(Path(job_dir))
     if StudyLayout.of(job.study).is_study():
-        interrupted = studies.resume(job.study, verbose=verbose)
+        interrupted = commands.resume(job.study, verbose=verbose)
         print(f"resumed {job.study}: {len(interrupted)} started-unfinished case(s) recorded as unknown (interrupted)"
               + (f": {', '.join(interrupted)}" if interrupted else ""), flush=True)
     else:
         config = StudyConfig.model_validate_json(job.config.read_text(encoding="utf-8"))
-        studies.run_manifest(job.manifest, job.study, config, verbose=verbose)
+        commands.run_manifest(job.manifest, job.study, config, verbose=verbose)
         print(f"ran {job.study}", flush=True)
     outcome = study_outcome(job.study)
     print(outcome.message, flush=True)
     if outcome.code in (EXIT_OK, EXIT_ALL_UNKNOWN):
-        from rescue.htmlreport import write_report
+        from rescue.read.html.report import write_report
 
         print(f"report: {write_report(job.study)}", flush=True)
     return outcome.code
@@ -52,12 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m rescue.service.job [-v] JOB_DIR", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from rescue import logs
-    from rescue.config import ConfigError
-    from rescue.identity import IdentityError
-    from rescue.journal import JournalError
-    from rescue.manifest import ManifestError
-    from rescue.study import StudyError
+    from rescue.core.config import ConfigError
+    from rescue.core.identity import IdentityError
+    from rescue.core.manifest import ManifestError
+    from rescue.study import logs
+    from rescue.study.folder import StudyError
+    from rescue.study.journal import JournalError
 
     logs.configure(None, verbose)
     try:

@@ -27,11 +27,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from rescue import layout
-from rescue.config import ConfigError, StudyConfig, validate_config
-from rescue.files import write_atomic
-from rescue.manifest import Manifest, ManifestError, parse_manifest
-from rescue.study import StudyError
+from rescue.core.config import ConfigError, StudyConfig, validate_config
+from rescue.core.manifest import Manifest, ManifestError, parse_manifest
+from rescue.study import layout
+from rescue.study.files import write_atomic
+from rescue.study.folder import StudyError
 
 JOBS = "jobs"
 QUEUE_LOCK = ".queue.lock"
@@ -277,7 +277,7 @@ def cancel_job(queue: str | os.PathLike[str], job_id: str) -> str:
         write_state(job, cancel_requested=True)
     study = job.layout.study
     if layout.StudyLayout.of(study).is_study():
-        from rescue.study import open_journal
+        from rescue.study.folder import open_journal
 
         with open_journal(study, readonly=False) as journal:
             journal.request_drain()
@@ -316,7 +316,7 @@ def job_view(job: Job, now: float | None = None) -> JobView:
     study = layout.StudyLayout.of(job.layout.study)
     if not study.is_study():
         return view
-    from rescue.status import study_status
+    from rescue.read.status import study_status
 
     try:
         status = study_status(study.root)

@@ -31,10 +31,10 @@ from pathlib import Path
 import structlog
 
 import rescue
-from rescue.layout import StudyLayout
-from rescue.owner import StudyBusy, own_study
 from rescue.service.queue import OPEN_STATES, Job, list_jobs, queue_lock, write_state
-from rescue.study import EXIT_ALL_UNKNOWN, EXIT_OK, EXIT_STOPPED, open_journal
+from rescue.study.folder import EXIT_ALL_UNKNOWN, EXIT_OK, EXIT_STOPPED, open_journal
+from rescue.study.layout import StudyLayout
+from rescue.study.owner import StudyBusy, own_study
 
 log = structlog.get_logger("rescue.service")
 

@@ -1,11 +1,12 @@
 """The VLM client: one bounded subgoal per case, with a receipt for every attempt.
 
 It speaks to any OpenAI-compatible endpoint through the `openai` SDK (Chat
-Completions or Responses). Infrastructure failures (connection, timeout, 408,
-409, 429, 5xx) are retried by `tenacity` with the SDK's own retries switched
-off; a response that arrived but is unusable is never asked again (DESIGN §4).
-Each answer must echo our request id and per-request token. Optionally several
-waiting cases share one call: a contact sheet of their views, one answer each.
+Completions or Responses; the request and reply formats are `rescue.vlm.wire`).
+Infrastructure failures are retried by `tenacity` with the SDK's own retries
+switched off; a response that arrived but is unusable is never asked again
+(DESIGN §4). Answers are parsed and matched to their requests by
+`rescue.vlm.answers`. Optionally several waiting cases share one call: a
+contact sheet of their views, one answer each.
 
 Every attempt leaves an `attempt_started` line before it is sent and an
 `attempt` line when it ends; every call ends with one `outcome` line, which
@@ -19,27 +20,18 @@ or newer (the first with `client.responses.create`).
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
-import io
 import json
-import os
 import random
-import re
 import secrets
 import time
 import uuid
-from collections import defaultdict
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
 import openai
 import structlog
-from PIL import Image
-from pydantic import BaseModel, ConfigDict, ValidationError
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -47,281 +39,23 @@ from tenacity import (
     stop_after_attempt,
 )
 
-from rescue.prompts import Template, load_template, prompt_sha256, render
-from rescue.records import Receipt, ReceiptRef, Usage
+from rescue.core.config import VLMConfig
+from rescue.core.images import VLM_VIEWS, contact_sheet, encode_png
+from rescue.core.prompts import Template, load_template, prompt_sha256, render
+from rescue.core.records import Receipt, ReceiptRef
+from rescue.study.files import fsync_dir, write_atomic
+from rescue.study.receipts import ReceiptLog, artifact_path
+from rescue.vlm.answers import InvalidResponse, SubgoalAnswer, SubgoalRequest, check_answers, parse_answers
 from rescue.vlm.limits import RequestLimiter
-from rescue.vlm.receipts import ReceiptLog, artifact_path
-from rescue.vlm.settings import VLMConfig
+from rescue.vlm.wire import AttemptError, Reply, classify_error, read_usage, reply_text, request_kwargs
 
 log = structlog.get_logger(__name__)
 
-# The fixed camera order of every request and of every contact-sheet row.
-VIEW_NAMES = ("agentview", "frontview", "robot0_eye_in_hand")
-
-AnswerStatus = Literal["ok", "broker_error", "invalid_response", "timeout"]
 _RECEIPT_STATUS = {"ok": "ok", "broker_error": "error", "invalid_response": "invalid_response", "timeout": "timeout"}
-
-
-@dataclass
-class SubgoalRequest:
-    """One case's question: its instruction, step budget and the three current views."""
-
-    case_id: str
-    instruction: str
-    remaining_steps: int
-    views: dict[str, np.ndarray]
-
-    def __post_init__(self) -> None:
-        if set(self.views) != set(VIEW_NAMES):
-            raise ValueError(f"views must be exactly {VIEW_NAMES}, got {sorted(self.views)}")
-        for name, view in self.views.items():
-            if not (isinstance(view, np.ndarray) and view.dtype == np.uint8 and view.ndim == 3 and view.shape[2] == 3):
-                raise ValueError(f"view {name} must be a uint8 HxWx3 array")
-
-
-class SubgoalAnswer(BaseModel):
-    """What the VLM call gave one case, with the call's outcome receipt."""
-
-    status: AnswerStatus
-    subgoal: str | None = None
-    call_id: str
-    request_id: str
-    error_kind: str | None = None
-    error: str | None = None
-    receipt: Receipt | None = None
-    receipt_ref: ReceiptRef | None = None
-    """Where the call's outcome line was written (file, line, sha256 of its bytes)."""
-
-
-class AnswerItem(BaseModel):
-    """One answer of the structured output."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    request_id: str
-    token: str
-    subgoal: str
-
-
-class AnswerSheet(BaseModel):
-    """The structured output: one answer per request, in row order."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    answers: list[AnswerItem]
-
-
-def answer_schema(tokens: dict[str, str]) -> dict[str, Any]:
-    """The JSON schema of `AnswerSheet`, narrowed to exactly these request ids and tokens."""
-    schema = AnswerSheet.model_json_schema()
-    item = schema["$defs"]["AnswerItem"]
-    item["additionalProperties"] = False
-    item["properties"]["request_id"]["enum"] = list(tokens)
-    item["properties"]["token"]["enum"] = list(tokens.values())
-    schema["additionalProperties"] = False
-    schema["properties"]["answers"]["minItems"] = len(tokens)
-    schema["properties"]["answers"]["maxItems"] = len(tokens)
-    return schema
-
-
-# ---- answers: parse and check (pure) ------------------------------------------------
-
-
-class InvalidResponse(Exception):
-    """The body arrived but cannot be read as answers."""
-
-
-_LINE = re.compile(r"^\s*(REQUEST_ID|TOKEN|SUBGOAL)\s*:\s*(.*?)\s*$", re.IGNORECASE)
-
-
-def _json_object(text: str) -> Any | None:
-    candidates = [text]
-    fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.DOTALL)
-    if fenced:
-        candidates.append(fenced.group(1))
-    if "{" in text and "}" in text:
-        candidates.append(text[text.index("{") : text.rindex("}") + 1])
-    for c in candidates:
-        try:
-            return json.loads(c)
-        except ValueError:
-            continue
-    return None
-
-
-def _items_from_json(obj: Any) -> list[dict[str, Any]]:
-    if isinstance(obj, dict) and isinstance(obj.get("answers"), list):
-        items = obj["answers"]
-    elif isinstance(obj, dict) and "subgoal" in obj:
-        items = [obj]
-    else:
-        raise InvalidResponse("JSON answer has neither `answers` nor `subgoal`")
-    if not all(isinstance(i, dict) for i in items):
-        raise InvalidResponse("an answer is not a JSON object")
-    return items
-
-
-def parse_answers(text: str, structured: bool) -> list[dict[str, Any]]:
-    """Read answers from a reply: strict JSON when structured, else JSON or `SUBGOAL:` lines."""
-    if structured:
-        try:
-            return [a.model_dump() for a in AnswerSheet.model_validate_json(text).answers]
-        except ValidationError as exc:
-            raise InvalidResponse(f"structured output does not match the schema: {exc.errors()[0]['msg']}") from None
-    obj = _json_object(text.strip())
-    if obj is not None:
-        return _items_from_json(obj)
-    items: list[dict[str, Any]] = []
-    current: dict[str, Any] = {}
-    for line in text.splitlines():
-        m = _LINE.match(line)
-        if m is None:
-            continue
-        key, value = m.group(1).lower(), m.group(2)
-        if key == "request_id" or key in current:
-            # A new request id, or a repeated field, starts another answer.
-            if current:
-                items.append(current)
-            current = {"request_id": current.get("request_id")} if key != "request_id" else {}
-        current[key] = value
-    if current:
-        items.append(current)
-    if not items:
-        raise InvalidResponse("reply holds neither a JSON object nor a SUBGOAL line")
-    return items
-
-
-def check_answers(
-    items: list[dict[str, Any]], tokens: dict[str, str], max_chars: int
-) -> tuple[dict[str, str | None], dict[str, str]]:
-    """Match answers to request ids; return (subgoal or None, reason) per request id."""
-    by_id: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    for item in items:
-        by_id[item.get("request_id")].append(item)
-    stray = sorted(str(k) for k in by_id if k not in tokens)
-    subgoals: dict[str, str | None] = {}
-    errors: dict[str, str] = {}
-    for rid, token in tokens.items():
-        got = by_id.get(rid, [])
-        subgoal = got[0].get("subgoal") if len(got) == 1 else None
-        if not got:
-            errors[rid] = "no answer carries this request id" + (f" (unknown ids: {', '.join(stray)})" if stray else "")
-        elif len(got) > 1:
-            errors[rid] = f"{len(got)} answers for one request"
-        elif got[0].get("token") != token:
-            errors[rid] = "token does not match the request's token"
-        elif not isinstance(subgoal, str) or not subgoal.strip():
-            errors[rid] = "subgoal is empty"
-        elif len(subgoal.strip()) > max_chars:
-            errors[rid] = f"subgoal has {len(subgoal.strip())} characters, more than {max_chars}"
-        if rid in errors:
-            subgoals[rid] = None
-        else:
-            subgoals[rid] = subgoal.strip()
-    return subgoals, errors
-
-
-# ---- images -------------------------------------------------------------------------
-
-
-def encode_png(pixels: np.ndarray) -> bytes:
-    """PNG bytes of an RGB array (what is sent and what receipts hash)."""
-    buf = io.BytesIO()
-    Image.fromarray(pixels, mode="RGB").save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def contact_sheet(rows: list[list[np.ndarray]]) -> np.ndarray:
-    """One image: a row per case, its views side by side in fixed order, cells padded black."""
-    cell_h = max(v.shape[0] for row in rows for v in row)
-    cell_w = max(v.shape[1] for row in rows for v in row)
-    cols = max(len(row) for row in rows)
-    sheet = np.zeros((cell_h * len(rows), cell_w * cols, 3), dtype=np.uint8)
-    for r, row in enumerate(rows):
-        for c, view in enumerate(row):
-            h, w = view.shape[:2]
-            sheet[r * cell_h : r * cell_h + h, c * cell_w : c * cell_w + w] = view
-    return sheet
 
 
 def _sha(data: bytes | str) -> str:
     return hashlib.sha256(data.encode("utf-8") if isinstance(data, str) else data).hexdigest()
-
-
-def _data_url(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-
-
-# ---- errors -------------------------------------------------------------------------
-
-
-class AttemptError(Exception):
-    """One failed attempt, classified for the retry decision."""
-
-    def __init__(
-        self,
-        kind: str,
-        message: str,
-        retryable: bool,
-        retry_after: float | None,
-        provider_id: str | None,
-        response_sha256: str | None = None,
-    ):
-        super().__init__(message)
-        self.kind = kind
-        self.retryable = retryable
-        self.retry_after = retry_after
-        self.provider_id = provider_id
-        self.response_sha256 = response_sha256
-
-
-def _retry_after(headers: Any) -> float | None:
-    if headers is None:
-        return None
-    ms = headers.get("retry-after-ms")
-    if ms:
-        try:
-            return max(0.0, float(ms) / 1000)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        try:
-            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-        except (TypeError, ValueError):
-            return None
-
-
-def _classify(exc: Exception) -> AttemptError:
-    if isinstance(exc, openai.APITimeoutError):
-        return AttemptError("timeout", str(exc), True, None, None)
-    if isinstance(exc, openai.APIConnectionError):
-        return AttemptError("connection", f"{exc}: {exc.__cause__!r}", True, None, None)
-    if isinstance(exc, openai.APIStatusError):
-        status, headers = exc.status_code, exc.response.headers
-        provider_id = headers.get("x-request-id")
-        message = exc.message
-        if status == 429 and "insufficient_quota" in {exc.code, exc.type}:
-            return AttemptError("quota", message, False, None, provider_id)
-        if status == 429:
-            return AttemptError("rate_limit", message, True, _retry_after(headers), provider_id)
-        if status == 408:
-            return AttemptError("timeout", message, True, _retry_after(headers), provider_id)
-        if status == 409 or status >= 500:
-            return AttemptError("server", message, True, _retry_after(headers), provider_id)
-        # Kinds no retry can fix, named so a study can stop on them (rescue/failfast.py).
-        kind = {401: "auth", 403: "permission", 404: "not_found"}.get(status, "client")
-        return AttemptError(kind, message, False, None, provider_id)
-    if isinstance(exc, openai.APIResponseValidationError):
-        return AttemptError("invalid_response", str(exc), False, None, None)
-    return AttemptError("client", f"{type(exc).__name__}: {exc}", False, None, None)
-
-
-# ---- the client ---------------------------------------------------------------------
 
 
 @dataclass
@@ -332,17 +66,6 @@ class _Pending:
     future: asyncio.Future[SubgoalAnswer] | None = None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     token: str = field(default_factory=lambda: secrets.token_hex(16))
-
-
-@dataclass
-class _Reply:
-    text: str
-    refusal: str | None
-    body_sha256: str
-    provider_id: str | None
-    model: str | None
-    usage: Usage
-    n_outputs: int
 
 
 @dataclass
@@ -359,50 +82,6 @@ class _Call:
     @property
     def tokens(self) -> dict[str, str]:
         return {p.request_id: p.token for p in self.group}
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _usage(body: dict[str, Any], api: str) -> Usage:
-    u = body.get("usage") or {}
-    if api == "chat":
-        names = ("prompt_tokens", "prompt_tokens_details", "completion_tokens", "completion_tokens_details")
-    else:
-        names = ("input_tokens", "input_tokens_details", "output_tokens", "output_tokens_details")
-    in_details, out_details = u.get(names[1]) or {}, u.get(names[3]) or {}
-    return Usage(
-        input_tokens=_int(u.get(names[0])),
-        cached_input_tokens=_int(in_details.get("cached_tokens")),
-        output_tokens=_int(u.get(names[2])),
-        reasoning_tokens=_int(out_details.get("reasoning_tokens")),
-    )
-
-
-def _reply_text(body: dict[str, Any], api: str) -> tuple[str, int, str | None]:
-    """The model's text, how many separate outputs carried text or a refusal, and the refusal if any."""
-    texts: list[str] = []
-    refusals: list[str] = []
-    if api == "chat":
-        for choice in body.get("choices") or []:
-            message = choice.get("message") or {}
-            if isinstance(message.get("refusal"), str) and message["refusal"].strip():
-                refusals.append(message["refusal"])
-            elif isinstance(message.get("content"), str):
-                texts.append(message["content"])
-    else:
-        for item in body.get("output") or []:
-            if item.get("type") != "message":
-                continue
-            parts = item.get("content") or []
-            refused = [p.get("refusal") for p in parts if p.get("type") == "refusal" and isinstance(p.get("refusal"), str)]
-            if refused:
-                refusals.append(" ".join(refused))
-            else:
-                texts.append("".join(p.get("text", "") for p in parts if p.get("type") == "output_text"))
-    n = len(texts) + len(refusals)
-    return (texts[0] if texts else ""), n, (refusals[0] if refusals else None)
 
 
 class VLMClient:
@@ -487,19 +166,19 @@ class VLMClient:
     # -- one call --
 
     def _build(self, group: list[_Pending]) -> _Call:
-        view_pngs = {p.request_id: [encode_png(p.req.views[n]) for n in VIEW_NAMES] for p in group}
+        view_pngs = {p.request_id: [encode_png(p.req.views[n]) for n in VLM_VIEWS] for p in group}
         if len(group) == 1:
             images = view_pngs[group[0].request_id]
             instruction, remaining = group[0].req.instruction, str(group[0].req.remaining_steps)
         else:
-            sheet = contact_sheet([[p.req.views[n] for n in VIEW_NAMES] for p in group])
+            sheet = contact_sheet([[p.req.views[n] for n in VLM_VIEWS] for p in group])
             images = [encode_png(sheet)]
             instruction = remaining = "given per request in the list below (one image row each)"
         text = render(
             self.template,
             instruction=instruction,
             remaining_steps=remaining,
-            view_names=", ".join(VIEW_NAMES),
+            view_names=", ".join(VLM_VIEWS),
             max_chars=self.config.max_subgoal_chars,
         )
         requests = [
@@ -522,44 +201,7 @@ class VLMClient:
             view_sha256={rid: [_sha(b) for b in pngs] for rid, pngs in view_pngs.items()},
         )
 
-    def _request_kwargs(self, call: _Call) -> dict[str, Any]:
-        cfg = self.config
-        urls = [_data_url(png) for png in call.images]
-        schema = answer_schema(call.tokens)
-        if cfg.api == "chat":
-            content: list[dict[str, Any]] = [{"type": "text", "text": call.prompt}]
-            content += [{"type": "image_url", "image_url": {"url": u, "detail": cfg.image_detail}} for u in urls]
-            kwargs: dict[str, Any] = {"model": cfg.model, "messages": [{"role": "user", "content": content}]}
-            if cfg.structured:
-                kwargs["response_format"] = {
-                    "type": "json_schema",
-                    "json_schema": {"name": "subgoal_answers", "strict": True, "schema": schema},
-                }
-            wire = {
-                "max_completion_tokens": cfg.max_output_tokens,
-                "temperature": cfg.temperature,
-                "seed": cfg.seed,
-                "reasoning_effort": cfg.reasoning_effort,
-            }
-        else:
-            content = [{"type": "input_text", "text": call.prompt}]
-            content += [{"type": "input_image", "image_url": u, "detail": cfg.image_detail} for u in urls]
-            kwargs = {"model": cfg.model, "input": [{"role": "user", "content": content}]}
-            if cfg.structured:
-                kwargs["text"] = {
-                    "format": {"type": "json_schema", "name": "subgoal_answers", "strict": True, "schema": schema}
-                }
-            wire = {
-                "max_output_tokens": cfg.max_output_tokens,
-                "temperature": cfg.temperature,
-                "reasoning": {"effort": cfg.reasoning_effort} if cfg.reasoning_effort is not None else None,
-            }
-        # Unset settings are not sent; `store` always is, so a provider never keeps a call by default.
-        kwargs |= {k: v for k, v in wire.items() if v is not None}
-        kwargs["store"] = cfg.store
-        return kwargs
-
-    async def _send(self, kwargs: dict[str, Any]) -> _Reply:
+    async def _send(self, kwargs: dict[str, Any]) -> Reply:
         if self.config.api == "chat":
             raw = await self._client.chat.completions.with_raw_response.create(**kwargs)
         else:
@@ -573,14 +215,14 @@ class VLMClient:
             raise AttemptError("invalid_response", "response body is not JSON", False, None, provider_id, body_sha) from None
         if not isinstance(body, dict):
             raise AttemptError("invalid_response", "response body is not a JSON object", False, None, provider_id, body_sha)
-        text, n_outputs, refusal = _reply_text(body, self.config.api)
-        return _Reply(
+        text, n_outputs, refusal = reply_text(body, self.config.api)
+        return Reply(
             text=text,
             refusal=refusal,
             body_sha256=body_sha,
             provider_id=provider_id,
             model=body.get("model") if isinstance(body.get("model"), str) else None,
-            usage=_usage(body, self.config.api),
+            usage=read_usage(body, self.config.api),
             n_outputs=n_outputs,
         )
 
@@ -599,23 +241,9 @@ class VLMClient:
         if path.is_file():
             return sha  # content-addressed: an existing complete file holds these bytes
         new_dir = not self.artifacts_dir.is_dir()
-        self.artifacts_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        for folder in [self.artifacts_dir] + ([self.artifacts_dir.parent] if new_dir else []):
-            dir_fd = os.open(folder, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+        write_atomic(path, data, durable_entry=True)
+        if new_dir:
+            fsync_dir(self.artifacts_dir.parent)
         return sha
 
     def _write(self, call: _Call, receipt: Receipt) -> ReceiptRef:
@@ -650,11 +278,11 @@ class VLMClient:
             **fields,
         )
 
-    async def _attempt(self, call: _Call, kwargs: dict[str, Any], deadline_at: float) -> _Reply:
+    async def _attempt(self, call: _Call, kwargs: dict[str, Any], deadline_at: float) -> Reply:
         async with self._limiter.slot():
             return await self._limited_attempt(call, kwargs, deadline_at)
 
-    async def _limited_attempt(self, call: _Call, kwargs: dict[str, Any], deadline_at: float) -> _Reply:
+    async def _limited_attempt(self, call: _Call, kwargs: dict[str, Any], deadline_at: float) -> Reply:
         call.attempts += 1
         started = time.time()
         # Evidence first: a kill while the request is in flight still leaves this line.
@@ -674,7 +302,7 @@ class VLMClient:
             )
             raise
         except Exception as exc:
-            err = exc if isinstance(exc, AttemptError) else _classify(exc)
+            err = exc if isinstance(exc, AttemptError) else classify_error(exc)
             self._write(
                 call,
                 self._receipt(
@@ -703,7 +331,7 @@ class VLMClient:
         backoff = min(cfg.backoff_max_s, cfg.backoff_initial_s * 2 ** (state.attempt_number - 1))
         return backoff + random.uniform(0.0, cfg.backoff_jitter_s)
 
-    async def _retrying_send(self, call: _Call, kwargs: dict[str, Any], deadline_at: float) -> _Reply:
+    async def _retrying_send(self, call: _Call, kwargs: dict[str, Any], deadline_at: float) -> Reply:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.config.max_attempts),
             wait=self._wait,
@@ -717,7 +345,7 @@ class VLMClient:
 
     async def _call(self, group: list[_Pending]) -> list[SubgoalAnswer]:
         call = self._build(group)
-        kwargs = self._request_kwargs(call)
+        kwargs = request_kwargs(self.config, call.prompt, call.images, call.tokens)
         # What the call sees is on disk before anything is sent, hence before its outcome line.
         for png in call.images:
             self._keep(png, ".png")
@@ -788,7 +416,7 @@ class VLMClient:
             )
         return answers
 
-    def _judge(self, call: _Call, reply: _Reply) -> tuple[str, dict[str, Any]]:
+    def _judge(self, call: _Call, reply: Reply) -> tuple[str, dict[str, Any]]:
         """Turn a delivered reply into per-request subgoals or reasons for rejection."""
         tokens = call.tokens
         common = {

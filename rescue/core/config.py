@@ -1,0 +1,259 @@
+"""The study configuration: one pydantic model, loadable from TOML, overridable by flags.
+
+It holds how the VLM is asked too (`VLMConfig`), with no SDK import, so the read side
+can load a study's configuration without the runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from rescue.core.digest import canonical_json, digest_text
+from rescue.core.sham import ShamConfig
+from wrappers.async_rules import RulesConfig
+
+# What a masked SecretStr dumps as; older study folders stored it in config.json.
+_MASK = "**********"
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
+class MissingAPIKey(ValueError):
+    """The study's key came from its config file, which is never stored, and none was supplied again."""
+
+
+class VLMConfig(BaseModel):
+    """Everything that decides how the VLM is asked. It holds no secret in its dumps: `api_key` is excluded."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str = "local"  # "local": the bundled endpoint on loopback
+    api_key: SecretStr | None = Field(default=None, exclude=True, repr=False)
+    """Used for calls, never written (not in dumps, receipts or logs); prefer `api_key_env`."""
+    api_key_from_config: bool = False
+    """Set when `api_key` was given: a resumed study must be given the key again (see `missing_key_message`)."""
+    api_key_env: str = "OPENAI_API_KEY"
+    model: str = "rescue-advisor-v0"
+    api: Literal["chat", "responses"] = "chat"
+    structured: bool = True
+    deadline_s: float = 1200.0
+    request_timeout_s: float = 120.0
+    max_attempts: int = 5
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+    """Also the cap on a server's Retry-After."""
+    backoff_jitter_s: float = 1.0
+    max_subgoal_chars: int = 1500
+    prompt_template: str = "subgoal_v1"
+    prompt_root: str | None = None  # None: the shipped prompts folder
+    # One limit for the whole study, however many simulators or cluster nodes feed it (None: none).
+    max_concurrent_calls: int | None = Field(default=None, gt=0)
+    """Requests in flight at once."""
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    """Requests start at most this often, evenly spaced; retries count."""
+    batch_size: int = 1  # 1 = every case gets its own call
+    batch_window_s: float = 60.0
+    image_format: Literal["png"] = "png"
+    image_detail: Literal["auto", "low", "high"] = "auto"
+    # Generation settings (DESIGN §9): part of the study's identity, recorded in every receipt.
+    # None: not sent (the provider's default applies).
+    max_output_tokens: int | None = Field(default=None, gt=0)
+    """Sent as `max_completion_tokens` (chat) or `max_output_tokens` (responses)."""
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    seed: int | None = None
+    """Chat only: the Responses API has no seed."""
+    reasoning_effort: ReasoningEffort | None = None
+    """Sent as `reasoning_effort` (chat) or `reasoning.effort` (responses), only when set."""
+    store: bool = False
+    """Whether the provider may store the request and response (sent on both APIs)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _key_given(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("api_key") is not None:
+            data = dict(data)
+            key = data["api_key"]
+            if (key.get_secret_value() if isinstance(key, SecretStr) else key) == _MASK:
+                data["api_key"] = None  # a mask written by an older version is not a key
+            data["api_key_from_config"] = True
+        return data
+
+    @model_validator(mode="after")
+    def _seed_needs_chat(self) -> "VLMConfig":
+        if self.seed is not None and self.api == "responses":
+            raise ValueError("the Responses API has no seed: unset vlm.seed or use vlm.api = 'chat'")
+        return self
+
+    def generation(self) -> dict[str, Any]:
+        """The generation settings as recorded in receipts (None: not sent)."""
+        return {
+            "max_output_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
+            "seed": self.seed,
+            "reasoning_effort": self.reasoning_effort,
+            "store": self.store,
+        }
+
+    def missing_key_message(self) -> str | None:
+        """Why no key can be sent, and how to supply it again (None: a key is at hand or none is needed)."""
+        if self.api_key is not None or os.environ.get(self.api_key_env) or not self.api_key_from_config:
+            return None
+        return (
+            "this study's VLM key was given as [vlm] api_key and is never stored in the study; "
+            f"supply it again by setting the environment variable {self.api_key_env} "
+            "(the study's vlm.api_key_env) before resuming"
+        )
+
+    def resolved_api_key(self) -> str:
+        """The key to send: explicit, else from `api_key_env`, else a placeholder for local servers."""
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        message = self.missing_key_message()
+        if message is not None:
+            raise MissingAPIKey(message)
+        return os.environ.get(self.api_key_env) or "none"
+
+
+class PolicyConfig(BaseModel):
+    """Where the frozen policy is served, or which in-process policy to serve."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = None  # ws://host:port; None serves `factory` on loopback
+    factory: str = "rescue.embedded.learned:make_policy"
+    api_key_env: str | None = None
+    # C. None before a study is created: then the server's `action_horizon` decides it,
+    # and the study's config.json holds the resolved value from then on.
+    replan_interval: int | None = Field(default=None, gt=0)
+    # The observation profile (DESIGN §7). None: what the server announces, else the
+    # default for its kind (`privileged` for the bundled policies, `openpi-libero` otherwise).
+    observation: str | None = None
+    # The sha256 of that profile's definition, fixed at creation (a changed built-in is refused on resume).
+    observation_sha256: str | None = None
+    # What the server announced about itself when the study was created (identity.IDENTITY_KEYS);
+    # a later start against a server announcing otherwise is refused.
+    announced: dict[str, Any] | None = None
+
+
+class EnvConfig(BaseModel):
+    """Which simulator adapter to run and how many processes of it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    adapter: str = "rescue.env.libero:LiberoAdapter"
+    simulators: int = 2
+    image_size: int = 256
+
+
+class StudyConfig(BaseModel):
+    """Everything that decides how a study runs; its sha256 is written into the study folder."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    # base_url "local" serves the bundled OpenAI-compatible endpoint on loopback.
+    vlm: VLMConfig = Field(default_factory=lambda: VLMConfig(base_url="local"))
+    # More cases than simulators keep the simulators busy while assisted arms wait for the VLM.
+    cases_in_flight: int = 4
+    # An assisted arm waiting at q snapshots its simulator and gives it back to the pool.
+    release_simulator_while_waiting: bool = True
+    # Opt-in: run the common prefix once and both arms from one snapshot at q (a disclosed mode).
+    fork_at_q: bool = False
+    # Render one view of each arm at q and at its end into the study's frames/ (for `rescue report`).
+    keyframes: bool = True
+    keepalive_s: float = 120.0
+    # Stop claiming when the first K arms (or the first K assisted arms' VLM calls) all fail with
+    # the same infrastructure error; 0 turns it off.
+    fail_fast_arms: int = Field(default=3, ge=0)
+    arms: tuple[str, ...] = ("control", "assisted")
+    # Correction rules between the policy and the simulator; all off unless named in rules.enabled.
+    rules: RulesConfig = Field(default_factory=RulesConfig)
+    # An enabled rule whose inputs the policy's replies lack stops the study at its first query,
+    # unless this is set (then the rule stays idle, and the arm records it in `idle_rules`).
+    allow_idle_rules: bool = False
+    # The sham (placebo) arm, off by default: DESIGN §8 and rescue/core/sham.py.
+    sham: ShamConfig = Field(default_factory=ShamConfig)
+    # The query point: the first regular policy query at or after half the horizon (DESIGN §2).
+    query_rule: Literal["ceil(H/2/C)*C"] = "ceil(H/2/C)*C"
+
+    @model_validator(mode="after")
+    def _sham_arm(self) -> "StudyConfig":
+        # A rescue study with a sham source runs the sham arm as its third arm.
+        if self.sham.on and "assisted" in self.arms and "sham" not in self.arms:
+            self.arms = (*self.arms, "sham")
+        if "sham" in self.arms and not self.sham.on:
+            raise ValueError("arms lists 'sham' but [sham] source is off")
+        return self
+
+    @property
+    def is_evaluation(self) -> bool:
+        """An evaluation study runs the control arm only and labels episodes."""
+        return tuple(self.arms) == ("control",)
+
+    @property
+    def interval(self) -> int:
+        """C of a created study (its config always holds the resolved value)."""
+        if self.policy.replan_interval is None:
+            raise ValueError("the configuration has no resolved replan_interval (not a created study's)")
+        return self.policy.replan_interval
+
+    def sha256(self) -> str:
+        """Digest of the resolved configuration.
+
+        Settings added after studies already existed count only when set, so the
+        digest of an older study's config.json (written without them) still holds."""
+        data = self.model_dump(mode="json")
+        for section, key in HASHED_WHEN_SET:
+            if data[section].get(key) is None:
+                data[section].pop(key, None)
+        return digest_text(canonical_json(data))
+
+
+# (section, key) of settings added after studies existed: in the digest only when not None.
+HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute"), ("sham", "by_task"))
+
+
+class ConfigError(ValueError):
+    """A configuration file or flag that cannot be used, named in one line."""
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> StudyConfig:
+    """Read a TOML file (if any), apply dotted-key overrides, validate; ConfigError names what is wrong."""
+    data: dict[str, Any] = {}
+    where = str(path) if path is not None else "the command line"
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such configuration file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read it ({exc})") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return validate_config(data, where)
+
+
+def validate_config(data: dict[str, Any], where: str) -> StudyConfig:
+    """A StudyConfig from plain data, or ConfigError naming every problem in one line (`where` first)."""
+    try:
+        return StudyConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(part) for part in err["loc"]) or "(top level)"
+            what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            problems.append(f"{key}: {what}")
+        raise ConfigError(f"{where}: " + "; ".join(problems)) from None

@@ -1,0 +1,100 @@
+"""Stop a study that fails for one infrastructure reason, before it burns its cohort (pure).
+
+When the first K arms of a study all end in the same infrastructure error
+(the policy lacks an observation key, the server refuses connections) or the
+first K assisted arms all get the same systematic VLM error (401, 403, a
+model that does not exist, no quota), running the rest would only turn every
+case into `unknown`. The study stops claiming instead; the cases that ran
+keep their results (no retries), and `rescue resume` after the fix runs the
+never-claimed ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rescue.core.records import ArmResult
+
+# VLM error kinds that no retry and no other case can fix.
+SYSTEMATIC_VLM_ERRORS = frozenset({"auth", "permission", "not_found", "quota", "connection"})
+
+_FIXES = {
+    "KeyError": "the policy reads an observation key the study's observation profile does not send: "
+    "choose the profile it was trained with ([policy] observation = \"openpi-libero\", \"lerobot-libero\" or \"privileged\")",
+    "ConnectionRefusedError": "start the policy server, or fix [policy] url",
+    "PolicyConnectionClosed": "check that the policy server is up and keeps connections open",
+    "auth": "the VLM endpoint rejects the API key: set the variable named by [vlm] api_key_env",
+    "permission": "the VLM API key may not use this model or endpoint",
+    "not_found": "the VLM endpoint does not know the model or path: fix [vlm] model or [vlm] base_url",
+    "quota": "the VLM account is out of quota",
+    "connection": "the VLM endpoint cannot be reached: fix [vlm] base_url",
+}
+
+
+def one_line(text: str) -> str:
+    """One line that names an error: the exception line of a traceback, else the first line."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if any(line.startswith("Traceback (most recent call last)") for line in lines):
+        return lines[-1]
+    return lines[0]
+
+
+def error_line(exc: BaseException) -> str:
+    """How an arm record names the exception it ended in: its kind, then its one line.
+
+    The kind is the exception's class name, or its `arm_error_kind` when it has one
+    (a lost Ray worker says `worker_lost`)."""
+    return f"{getattr(exc, 'arm_error_kind', type(exc).__name__)}: {one_line(str(exc))}"
+
+
+def arm_cause(arm: ArmResult) -> str | None:
+    """The infrastructure error an arm ended in, as a comparable one-line signature (None: it ran)."""
+    if arm.status == "error" and arm.error:
+        return one_line(arm.error)
+    return None
+
+
+def vlm_cause(arm: ArmResult) -> str | None:
+    """The systematic VLM error an assisted arm's single call ended in (None: none, or a passing one)."""
+    a = arm.assistance
+    if arm.arm == "assisted" and a.error_kind in SYSTEMATIC_VLM_ERRORS:
+        return f"VLM {a.error_kind}: {one_line(a.error or '')}"
+    return None
+
+
+def fix_for(cause: str) -> str:
+    """A hint at the fix for a cause, when one is known."""
+    for key, fix in _FIXES.items():
+        if key in cause:
+            return fix
+    return "fix the cause"
+
+
+@dataclass
+class FailFast:
+    """Watches the first K arms (and the first K assisted arms' VLM calls) of a study."""
+
+    k: int = 3
+    arms: list[str | None] = field(default_factory=list)
+    calls: list[str | None] = field(default_factory=list)
+
+    def observe(self, results: list[ArmResult]) -> str | None:
+        """Record a finished case's arms; the shared cause once the first K all failed alike, else None."""
+        if self.k <= 0:
+            return None
+        for arm in results:
+            if len(self.arms) < self.k:
+                self.arms.append(arm_cause(arm))
+            if arm.arm == "assisted" and arm.status == "complete" and len(self.calls) < self.k:
+                self.calls.append(vlm_cause(arm))
+        for seen in (self.arms, self.calls):
+            if len(seen) == self.k and seen[0] is not None and all(c == seen[0] for c in seen):
+                cause = seen[0]
+                seen.append(None)  # say it once
+                return (
+                    f"the first {self.k} {'arms' if seen is self.arms else 'VLM calls'} all failed with "
+                    f"{cause}; {fix_for(cause)}, then `rescue resume` runs the cases never started"
+                )
+        return None

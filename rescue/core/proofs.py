@@ -1,0 +1,157 @@
+"""Proofs that a pair of arms is comparable and the assistance is real (DESIGN §2).
+
+Each check returns (ok, reason) so a verdict can say why a case failed it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rescue.core.digest import digest_text
+from rescue.core.records import ArmResult, Assistance, CaseRecord, Receipt, TraceRow
+
+
+def trace_is_regular(trace: Sequence[TraceRow], interval: int) -> bool:
+    """True when the trace's steps are exactly 0, C, 2C, ... with none missing."""
+    if interval <= 0:
+        raise ValueError(f"interval must be positive, got {interval}")
+    # Every arm queries the policy at step 0, so an empty trace is not regular.
+    if not trace:
+        return False
+    return all(row.step == i * interval for i, row in enumerate(trace))
+
+
+def _changed_fields(a: TraceRow, b: TraceRow) -> list[str]:
+    return [name for name in TraceRow.model_fields if getattr(a, name) != getattr(b, name)]
+
+
+def prefix_match(
+    control_trace: Sequence[TraceRow], assisted_trace: Sequence[TraceRow], q: int
+) -> tuple[bool, str]:
+    """Whether the arms' trace rows before step q are equal, in order, and at least one."""
+    control = [row for row in control_trace if row.step < q]
+    assisted = [row for row in assisted_trace if row.step < q]
+    if len(control) != len(assisted):
+        return False, (
+            f"prefix length differs before step {q}: "
+            f"control {len(control)} rows, assisted {len(assisted)}"
+        )
+    if not control:
+        # An empty prefix proves nothing about the two arms being the same run.
+        return False, f"no trace rows before step {q}"
+    for c_row, a_row in zip(control, assisted):
+        if c_row != a_row:
+            fields = ", ".join(_changed_fields(c_row, a_row))
+            return False, (
+                f"prefix differs at control step {c_row.step} / assisted step {a_row.step}"
+                f" ({fields})"
+            )
+    return True, f"{len(control)} rows before step {q} match"
+
+
+def q_state_match(control: ArmResult, assisted: ArmResult, prefix_why: str) -> tuple[bool, str]:
+    """Whether both arms stood in one simulator state at q (the digest of its full state).
+
+    In fork mode the prefix is shared by construction and this is its proof; in
+    independent mode it backs the trace prefix. Only an adapter that records no
+    state digest at all (both missing, independent mode) leaves the trace alone as the proof.
+    """
+    if control.mode != assisted.mode:
+        return False, f"arms ran in different modes ({control.mode}, {assisted.mode})"
+    if assisted.assistance.status == "not_reached":
+        return True, prefix_why
+    if control.mode == "fork":
+        if control.q_state is None or control.q_state != assisted.q_state:
+            return False, "fork: the arms' simulator states at q differ or are missing"
+        return True, f"fork: shared prefix, one simulator state at q ({prefix_why})"
+    if control.q_state is None and assisted.q_state is None:
+        return True, prefix_why
+    if control.q_state != assisted.q_state:
+        return False, "the arms' simulator states at q differ (or one is missing) although their traces match"
+    return True, f"{prefix_why}; one simulator state at q"
+
+
+def _receipt_problem(a: Assistance, r: Receipt | None, names: str) -> str | None:
+    """Why an applied subgoal is not the answer a valid outcome receipt gave the request (None: it is)."""
+    if r is None:
+        return "no receipt"
+    if r.kind != "outcome":
+        return f"receipt kind is {r.kind!r}, not 'outcome'"
+    if r.status != "ok":
+        return f"receipt status is {r.status!r}"
+    if names not in r.case_ids:
+        return f"receipt does not name case {names!r}"
+    if a.call_id != r.call_id:
+        return f"assistance call id {a.call_id!r} != receipt call id {r.call_id!r}"
+    if a.request_id is None or a.request_id not in r.request_ids:
+        return f"request id {a.request_id!r} not in the receipt"
+    # A batched call can be ok overall while rejecting this one request.
+    if a.request_id in getattr(r, "request_errors", {}):
+        return f"receipt rejected request {a.request_id!r}: {r.request_errors[a.request_id]}"
+    if r.subgoals.get(a.request_id) != a.subgoal:
+        return "applied subgoal differs from the receipt's subgoal for this request"
+    return None
+
+
+def _applied_problem(rec: CaseRecord, arm: ArmResult) -> str | None:
+    """Why the applied instruction is not what the arm queried with from q on (None: it is)."""
+    a = arm.assistance
+    if a.query_step != rec.query_step:
+        return f"assistance at step {a.query_step}, query point is {rec.query_step}"
+    if a.instruction is None or a.instruction_digest is None:
+        return "applied instruction or its digest is missing"
+    if digest_text(a.instruction) != a.instruction_digest:
+        return "applied instruction does not hash to its recorded digest"
+    if a.subgoal is None or a.subgoal.strip() not in a.instruction:
+        return "applied instruction does not carry the subgoal"
+    rows = [row for row in arm.trace if row.step == rec.query_step]
+    if len(rows) != 1:
+        return f"{len(rows)} {arm.arm} trace rows at step {rec.query_step}, expected 1"
+    if rows[0].instruction != a.instruction_digest:
+        return f"trace row at step {rec.query_step} was not queried with the applied instruction"
+    return None
+
+
+def check_evidence(rec: CaseRecord) -> tuple[bool, str]:
+    """Whether the assisted arm's applied subgoal is tied to a valid receipt and its trace."""
+    arm = rec.assisted
+    if arm is None:
+        return False, "no assisted arm"
+    a = arm.assistance
+    if a.status != "applied":
+        return False, f"assistance status is {a.status!r}, not 'applied'"
+    if a.subgoal is None or not a.subgoal.strip():
+        return False, "applied subgoal is empty"
+    problem = _receipt_problem(a, rec.receipt, rec.case_id) or _applied_problem(rec, arm)
+    if problem is not None:
+        return False, problem
+    r = rec.receipt
+    return True, f"receipt {r.call_id}/{a.request_id} applied at step {rec.query_step}"
+
+
+def check_sham_evidence(rec: CaseRecord) -> tuple[bool, str]:
+    """Whether the sham arm (in the record's assisted slot) applied what it was declared to: the fixed
+    text, or its declared donor's answer as the donor's outcome receipt (in the receipt slot) holds it."""
+    arm = rec.assisted
+    if arm is None:
+        return False, "no sham arm"
+    a = arm.assistance
+    if a.status != "applied":
+        return False, f"sham subgoal status is {a.status!r}, not 'applied'"
+    if a.source != rec.sham_source:
+        return False, f"sham subgoal came from {a.source!r}, the study declared {rec.sham_source!r}"
+    if rec.sham_source == "fixed":
+        if rec.sham_text is None or a.subgoal != rec.sham_text or a.source_sha256 != digest_text(rec.sham_text):
+            return False, "sham subgoal is not the study's fixed text"
+        where = "the fixed text"
+    else:
+        if a.donor_case_id is None or a.donor_case_id != rec.sham_donor:
+            return False, f"sham donor {a.donor_case_id!r} is not the declared donor {rec.sham_donor!r}"
+        problem = _receipt_problem(a, rec.receipt, rec.sham_donor)
+        if problem is not None:
+            return False, f"donor receipt: {problem}"
+        where = f"donor {rec.sham_donor}'s receipt {a.call_id}/{a.request_id}"
+    problem = _applied_problem(rec, arm)
+    if problem is not None:
+        return False, problem
+    return True, f"{where} applied at step {rec.query_step}"

@@ -1,0 +1,312 @@
+"""Paired statistics and the fixed-denominator summary (DESIGN §3)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from rescue.core.records import CaseRecord, Label, Verdict
+
+LABELS: tuple[Label, ...] = ("rescued", "not_rescued", "unknown", "initial_state_deviation")
+
+
+def _count(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return int(value)
+
+
+def _z(confidence: float) -> float:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    from scipy.stats import norm  # imported when used: scipy.stats alone costs 0.7 s, and `rescue status` needs none of it
+
+    return float(norm.ppf(0.5 + confidence / 2.0))
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value: binomial test of b discordant wins out of b + c."""
+    b, c = _count("b", b), _count("c", c)
+    if b + c == 0:
+        return 1.0
+    from scipy.stats import binomtest
+
+    return float(binomtest(b, b + c, 0.5).pvalue)
+
+
+def wilson_interval(x: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion x / n."""
+    z = _z(confidence)
+    p = x / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def paired_diff_ci(
+    b: int, c: int, n: int, confidence: float = 0.95, *, both_success: int = 0
+) -> tuple[float, float]:
+    """Newcombe's square-and-add interval (1998, method 10) for p_first - p_second on paired data.
+
+    b = pairs where only the first arm succeeded, c = only the second, n = all pairs,
+    both_success = pairs where both did (0 in a rescue study of historical failures).
+    """
+    b, c, n, a = _count("b", b), _count("c", c), _count("n", n), _count("both_success", both_success)
+    if n == 0:
+        return math.nan, math.nan
+    d = n - a - b - c
+    if d < 0:
+        raise ValueError(f"b + c + both_success exceeds n ({a + b + c} > {n})")
+    p1, p2 = (a + b) / n, (a + c) / n
+    l1, u1 = wilson_interval(a + b, n, confidence)
+    l2, u2 = wilson_interval(a + c, n, confidence)
+    # Correlation between the two marginals, with Newcombe's n/2 shrink of a positive
+    # cross-product so that the interval does not get too narrow.
+    margins = (a + b) * (c + d) * (a + c) * (b + d)
+    cross = a * d - b * c
+    if margins == 0:
+        phi = 0.0
+    elif cross > n / 2:
+        phi = (cross - n / 2) / math.sqrt(margins)
+    elif cross >= 0:
+        phi = 0.0
+    else:
+        phi = cross / math.sqrt(margins)
+    delta = p1 - p2
+    lower = delta - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    upper = delta + math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
+    return max(-1.0, lower), min(1.0, upper)
+
+
+def block_bootstrap_ci(
+    pairs: Sequence[tuple[str, bool, bool]],
+    seed: int,
+    reps: int = 2000,
+    confidence: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile interval of mean(b) - mean(a) over (block, a, b) pairs, resampling whole blocks."""
+    if reps < 1:
+        raise ValueError(f"reps must be positive, got {reps}")
+    _z(confidence)
+    if not pairs:
+        return math.nan, math.nan
+    # Pairs of one task are correlated; resampling tasks keeps that correlation.
+    keys = sorted({key for key, _, _ in pairs})
+    index = {key: i for i, key in enumerate(keys)}
+    size = np.zeros(len(keys))
+    wins_a = np.zeros(len(keys))
+    wins_b = np.zeros(len(keys))
+    for key, a_ok, b_ok in pairs:
+        i = index[key]
+        size[i] += 1
+        wins_a[i] += bool(a_ok)
+        wins_b[i] += bool(b_ok)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(keys), size=(reps, len(keys)))
+    diff = (wins_b[draws].sum(axis=1) - wins_a[draws].sum(axis=1)) / size[draws].sum(axis=1)
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(diff, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
+class Breakdown(BaseModel):
+    """Counts of one group or task."""
+
+    n: int
+    counts: dict[str, int]
+    rescued: int
+    rate: float | None  # rescued / n
+
+
+class PairTable(BaseModel):
+    """The raw 2x2 of arm outcomes over the pairs in M."""
+
+    assisted_only: int = 0
+    control_only: int = 0
+    both_success: int = 0
+    both_fail: int = 0
+
+
+class ShamPairTable(BaseModel):
+    """The raw 2x2 of assisted against sham over K: cases whose three arms are valid with both subgoals applied."""
+
+    assisted_only: int = 0
+    sham_only: int = 0
+    both_success: int = 0
+    both_fail: int = 0
+
+
+class ShamSummary(BaseModel):
+    """The placebo comparison (DESIGN §8): the sham arm against control, and assisted against sham."""
+
+    counts: dict[str, int]  # the sham arm's own DESIGN §3 labels against control, over N
+    r: int  # cases the sham "rescued"
+    m: int  # sham pairs in M (valid, matched prefix, no deviation)
+    e: int  # of those, with the sham subgoal applied and its source proven
+    k: int  # cases where assisted and sham are both in E: the paired comparison's n
+    pairs: ShamPairTable
+    mcnemar_p: float
+    diff: float | None  # assisted minus sham success rate over K: the effect of the VLM's content
+    diff_ci: tuple[float, float] | None
+
+
+class Summary(BaseModel):
+    """The fixed-denominator summary of a study's main cohort (DESIGN §3)."""
+
+    n: int
+    counts: dict[str, int]
+    r: int
+    m: int
+    e: int
+    r_over_n: float | None
+    r_over_m: float | None
+    r_over_e: float | None
+    pairs: PairTable
+    mcnemar_p: float
+    diff: float | None  # assisted minus control success rate over M
+    diff_ci: tuple[float, float] | None  # Newcombe square-and-add over M
+    confidence: float = 0.95
+    per_group: dict[str, Breakdown] = Field(default_factory=dict)
+    per_task: dict[str, Breakdown] = Field(default_factory=dict)
+    pilot_ids: list[str] = Field(default_factory=list)
+    pilot: Summary | None = None
+    sham: ShamSummary | None = None  # when the study has a sham arm
+
+
+def _ratio(x: int, n: int) -> float | None:
+    return x / n if n else None
+
+
+def _label_counts(labels: Iterable[str]) -> dict[str, int]:
+    counts = dict.fromkeys(LABELS, 0)
+    for label in labels:
+        counts[label] += 1
+    return counts
+
+
+def _breakdowns(cases: Sequence[tuple[CaseRecord, Verdict]], key: str) -> dict[str, Breakdown]:
+    buckets: dict[str, list[str]] = {}
+    for rec, v in cases:
+        buckets.setdefault(getattr(rec, key), []).append(v.label)
+    out = {}
+    for name in sorted(buckets):
+        counts = _label_counts(buckets[name])
+        n = len(buckets[name])
+        rescued = counts["rescued"]
+        out[name] = Breakdown(n=n, counts=counts, rescued=rescued, rate=_ratio(rescued, n))
+    return out
+
+
+def _pair_table(cases: Sequence[tuple[CaseRecord, Verdict]]) -> PairTable:
+    table = PairTable()
+    outcomes = []
+    for rec, v in cases:
+        if not v.in_m:
+            continue
+        if rec.control is None or rec.assisted is None:
+            raise ValueError(f"case {rec.case_id} is in M without both arms")
+        outcomes.append((bool(rec.assisted.success), bool(rec.control.success)))
+    table.assisted_only, table.control_only, table.both_success, table.both_fail = _tally(outcomes)
+    return table
+
+
+def _tally(pairs: Iterable[tuple[bool, bool]]) -> tuple[int, int, int, int]:
+    """A paired 2x2 from (first succeeded, second succeeded): first only, second only, both, neither."""
+    counts = Counter((bool(a), bool(b)) for a, b in pairs)
+    return counts[(True, False)], counts[(False, True)], counts[(True, True)], counts[(False, False)]
+
+
+def sham_summary(cases: Sequence[tuple[CaseRecord, Verdict]], confidence: float = 0.95) -> ShamSummary | None:
+    """The sham arm's own labels and the assisted-vs-sham paired comparison, or None without a sham arm."""
+    judged = [(rec, v) for rec, v in cases if v.sham is not None]
+    if not judged:
+        return None
+    if len(judged) != len(cases):
+        raise ValueError("some cases of a sham study have no sham verdict")
+    counts = _label_counts(v.sham.label for _, v in judged)
+    for rec, v in judged:
+        if v.sham.in_e and not v.sham.in_m:
+            raise ValueError(f"case {rec.case_id}'s sham arm is in E but not in M")
+    table = ShamPairTable()
+    table.assisted_only, table.sham_only, table.both_success, table.both_fail = _tally(
+        (rec.assisted.success, rec.sham.success) for rec, v in judged if v.in_e and v.sham.in_e
+    )
+    k = table.assisted_only + table.sham_only + table.both_success + table.both_fail
+    b, c = table.assisted_only, table.sham_only
+    return ShamSummary(
+        counts=counts,
+        r=counts["rescued"],
+        m=sum(v.sham.in_m for _, v in judged),
+        e=sum(v.sham.in_e for _, v in judged),
+        k=k,
+        pairs=table,
+        mcnemar_p=mcnemar_exact(b, c),
+        diff=_ratio(b - c, k),
+        diff_ci=paired_diff_ci(b, c, k, confidence, both_success=table.both_success) if k else None,
+    )
+
+
+def _summarize_cohort(cases: Sequence[tuple[CaseRecord, Verdict]], confidence: float) -> Summary:
+    for rec, v in cases:
+        if v.in_e and not v.in_m:
+            raise ValueError(f"case {rec.case_id} is in E but not in M")
+    counts = _label_counts(v.label for _, v in cases)
+    n = len(cases)
+    r = counts["rescued"]
+    m = sum(v.in_m for _, v in cases)
+    e = sum(v.in_e for _, v in cases)
+    if not r <= e <= m <= n:
+        raise ValueError(f"invariant R <= E <= M <= N violated: R={r} E={e} M={m} N={n}")
+    table = _pair_table(cases)
+    b, c = table.assisted_only, table.control_only
+    return Summary(
+        n=n,
+        counts=counts,
+        r=r,
+        m=m,
+        e=e,
+        r_over_n=_ratio(r, n),
+        r_over_m=_ratio(r, m),
+        r_over_e=_ratio(r, e),
+        pairs=table,
+        mcnemar_p=mcnemar_exact(b, c),
+        diff=_ratio(b - c, m),
+        diff_ci=paired_diff_ci(b, c, m, confidence, both_success=table.both_success) if m else None,
+        confidence=confidence,
+        per_group=_breakdowns(cases, "group"),
+        per_task=_breakdowns(cases, "task"),
+        sham=sham_summary(cases, confidence),
+    )
+
+
+def summarize(
+    records: Sequence[CaseRecord], verdicts: Sequence[Verdict], confidence: float = 0.95
+) -> Summary:
+    """Summarize a study: the main cohort with N fixed, and pilot cases apart."""
+    by_id: dict[str, Verdict] = {}
+    for v in verdicts:
+        if v.case_id in by_id:
+            raise ValueError(f"two verdicts for case {v.case_id}")
+        by_id[v.case_id] = v
+    seen: set[str] = set()
+    main: list[tuple[CaseRecord, Verdict]] = []
+    pilot: list[tuple[CaseRecord, Verdict]] = []
+    for rec in records:
+        if rec.case_id in seen:
+            raise ValueError(f"case {rec.case_id} appears twice")
+        seen.add(rec.case_id)
+        # A case without a verdict would silently leave the denominator.
+        if rec.case_id not in by_id:
+            raise ValueError(f"no verdict for case {rec.case_id}")
+        (pilot if rec.pilot else main).append((rec, by_id[rec.case_id]))
+    extra = set(by_id) - seen
+    if extra:
+        raise ValueError(f"verdicts for unknown cases: {sorted(extra)[:5]}")
+    summary = _summarize_cohort(main, confidence)
+    summary.pilot_ids = [rec.case_id for rec, _ in pilot]
+    summary.pilot = _summarize_cohort(pilot, confidence) if pilot else None
+    return summary

@@ -1,0 +1,314 @@
+"""`rescue report`: one self-contained HTML page a person can look at, built from the study folder alone.
+
+The page is one file; its images, plots, videos and raw records go into one
+folder beside it (`report.html` -> `report_files/`), linked by relative
+paths, so the two travel together and open offline. Numbers come from the
+export (the same document `rescue export` writes); the per-case panels read
+the arms, receipts and kept VLM artifacts (DESIGN §9).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rescue.core.manifest import Case
+from rescue.core.proofs import check_evidence, prefix_match
+from rescue.core.stats import wilson_interval
+from rescue.read.export import StudyExport, export_study
+from rescue.read.html import plots
+from rescue.read.html.cases import CaseView, case_panel, case_table, keyframe_order
+from rescue.read.html.page import breakdown_table, esc, page, pct, summary_block, usage_block
+from rescue.study.files import write_atomic
+from rescue.study.folder import StudyRecords, open_journal, read_study
+from rescue.study.layout import LayoutError, StudyLayout, report_files, safe_part
+from rescue.study.receipts import artifact_path
+
+ARM_ORDER = {"control": 0, "assisted": 1, "sham": 2}
+VIDEO_NOTE = (
+    "Built from the keyframes the study stored (at q and at the end), one per second: "
+    "the engine records no other frames, so this is a flip-book, not a recording."
+)
+
+
+def _arm_order(name: str) -> tuple[int, str]:
+    return ARM_ORDER.get(name, 9), name
+
+
+class Assets:
+    """The report's folder of files; hrefs are relative to the page."""
+
+    def __init__(self, folder: Path, final: Path) -> None:
+        self.folder, self.prefix = folder, final.name
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def href(self, name: str) -> str:
+        """The page's link to a file of the folder."""
+        return f"{self.prefix}/{name}"
+
+    def copy(self, src: Path, name: str) -> str | None:
+        """Copy a file in (once); None when the source is missing."""
+        if not src.is_file():
+            return None
+        dst = self.folder / name
+        if not dst.exists():
+            shutil.copyfile(src, dst)
+        return self.href(name)
+
+    def write(self, name: str, data: bytes) -> str:
+        """Write a file into the folder."""
+        (self.folder / name).write_bytes(data)
+        return self.href(name)
+
+
+def _display_name(study: Path, study_id: str | None, kind: str) -> str:
+    # A study folder named after its kind ("rescue" inside a demo folder) says nothing alone.
+    name = study_id or study.resolve().name
+    if name in {kind, "rescue", "baseline", "evaluation"}:
+        name = f"{study.resolve().parent.name}/{name}"
+    return name
+
+
+def _read_text(path: Path, limit: int = 20000) -> str | None:
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return text if len(text) <= limit else text[:limit] + f"\n… ({len(text) - limit} more characters in {path.name})"
+
+
+def _receipt_line(layout: StudyLayout, ref, cache: dict[str, list[bytes]]) -> tuple[bytes | None, str | None]:
+    """The exact bytes of a referenced receipt line and whether they still hash to the reference."""
+    try:
+        path = layout.receipts_file(ref.path)
+    except LayoutError as exc:
+        return None, str(exc)
+    if ref.path not in cache:
+        cache[ref.path] = path.read_bytes().split(b"\n") if path.is_file() else []
+    lines = cache[ref.path]
+    if not 1 <= ref.lineno <= len(lines):
+        return None, f"{ref.path} has no line {ref.lineno}"
+    raw = lines[ref.lineno - 1]
+    if hashlib.sha256(raw).hexdigest() != ref.sha256:
+        return raw, f"line {ref.lineno} of {ref.path} no longer hashes to the arm's reference"
+    return raw, None
+
+
+def _case_view(study: Path, records: StudyRecords, case: Case, entry, assets: Assets, video: bool,
+               cache: dict[str, list[bytes]]) -> CaseView:
+    layout = StudyLayout.of(study)
+    safe_part(case.case_id, "case id")  # it names files of the report's folder
+    arms = records.arms.get(case.case_id, {})
+    v = CaseView(entry=entry, horizon=case.horizon, arms=arms)
+    for name, arm in arms.items():
+        frames = []
+        for key in sorted(arm.keyframes, key=keyframe_order):
+            sha = arm.keyframes[key]
+            try:
+                src = layout.keyframe(case.case_id, name, key)
+            except LayoutError:
+                frames.append((key, None))
+                continue
+            frames.append((key, assets.copy(src, f"{sha}.png")))
+        v.keyframes[name] = frames
+        trace = [row.model_dump(mode="json") for row in arm.trace]
+        v.traces[name] = assets.write(f"{case.case_id}.{name}.trace.json", (json.dumps(trace, indent=1) + "\n").encode())
+        pngs = [assets.folder / href.rsplit("/", 1)[1] for _, href in frames if href]
+        if video and pngs:
+            from rescue.read.html.video import frames_video
+
+            out = frames_video(pngs, assets.folder / f"{case.case_id}.{name}.mp4")
+            v.videos[name] = assets.href(out.name)
+    rec = records.record(case)
+    if rec.control is not None and rec.assisted is not None:
+        v.prefix = prefix_match(rec.control.trace, rec.assisted.trace, rec.query_step)
+    assisted = arms.get("assisted")
+    if assisted is None or assisted.assistance.call_id is None:
+        return v
+    v.evidence = check_evidence(rec)
+    a = assisted.assistance
+    if a.receipt is not None:
+        raw, v.receipt_check = _receipt_line(layout, a.receipt, cache)
+        if raw is not None:
+            v.receipt_line = raw.decode("utf-8", "replace")
+            v.receipt_href = assets.write(f"{case.case_id}.receipt.json", raw + b"\n")
+    r = records.receipts.get(a.call_id)
+    v.receipt = r
+    if r is None:
+        return v
+    folder = layout.vlm_artifacts
+    views = r.image_sha256.get(a.request_id or "", [])
+    if views and all(artifact_path(folder, sha, ".png").is_file() for sha in views):
+        v.views = [(f"view {i + 1}", assets.copy(artifact_path(folder, sha, ".png"), f"{sha}.png")) for i, sha in enumerate(views)]
+    elif r.sent_image_sha256:
+        # A batched call sends a contact sheet of several cases; that sheet is what the VLM saw.
+        v.views = [(f"image sent {i + 1}", assets.copy(artifact_path(folder, sha, ".png"), f"{sha}.png"))
+                   for i, sha in enumerate(r.sent_image_sha256)]
+        v.views_note = f" (a contact sheet shared by {len(r.case_ids)} case(s))" if len(r.case_ids) > 1 else ""
+    v.prompt = _read_text(artifact_path(folder, r.prompt_sha256, ".txt"))
+    if r.response_sha256:
+        v.response = _read_text(artifact_path(folder, r.response_sha256, ".txt"))
+    return v
+
+
+def _plots(export: StudyExport, records: StudyRecords, assets: Assets) -> str:
+    s = export.summary
+    figs: list[tuple[str, bytes | None]] = []
+    if s is not None:
+        for what, rows in (("group", s.per_group), ("task", s.per_task)):
+            data = [(name, b.rescued, b.n, wilson_interval(b.rescued, b.n)) for name, b in rows.items() if b.n]
+            figs.append((f"rate-{what}", plots.rate_plot(data, f"rescue rate per {what} (main cohort)")))
+        matrix: dict[str, list[int]] = {}
+        for e in export.cases:
+            if e.pilot or e.label is None:
+                continue
+            counts = matrix.setdefault(e.task, [0] * len(plots.MATRIX_COLUMNS))
+            if e.in_m and e.control is not None and e.assisted is not None:
+                c_ok, a_ok = bool(e.control.success), bool(e.assisted.success)
+                counts[0 if a_ok and not c_ok else 1 if c_ok and not a_ok else 2 if a_ok else 3] += 1
+            else:
+                counts[4] += 1
+        figs.append(("outcomes", plots.outcome_matrix(sorted(matrix.items()))))
+        horizons = {c.case_id: c.horizon for c in records.cases}
+        steps = [(e.case_id, e.query_step or 0, e.assisted.steps, horizons[e.case_id])
+                 for e in export.cases if e.label == "rescued" and e.assisted is not None]
+        figs.append(("steps", plots.steps_plot(steps)))
+    latencies = sorted(r.latency_s for r in records.receipts.values() if r.latency_s is not None)
+    figs.append(("latency", plots.latency_plot(latencies)))
+    imgs = [f'<img src="{esc(assets.write(f"plot-{name}.png", png))}" alt="{esc(name)}" data-plot="{esc(name)}">'
+            for name, png in figs if png is not None]
+    return '<div class="plots">' + "".join(imgs) + "</div>" if imgs else '<p class="note">nothing to plot yet</p>'
+
+
+def _partition_dirs(study: Path, meta: dict) -> list[tuple[str, Path]]:
+    """The studies this one continues and is continued by, as far as their folders are found."""
+    parts: list[tuple[str, Path]] = []
+
+    def find(name: str) -> Path | None:
+        for cand in (Path(name), study.parent / Path(name).name):
+            if StudyLayout.of(cand).is_study():
+                return cand
+        return None
+
+    for key, role in (("continues", "earlier part"), ("continued_by", "later part")):
+        seen, value = set(), meta.get(key)
+        while value and value not in seen:
+            seen.add(value)
+            found = find(value)
+            parts.append((role, found if found else Path(value)))
+            if found is None:
+                break
+            with open_journal(found) as journal:
+                value = journal.meta().get(key)
+    return parts
+
+
+def _partitions(study: Path, export: StudyExport, meta: dict) -> str:
+    others = _partition_dirs(study, meta)
+    if not others:
+        return ""
+    rows = [("this study", study, export)]
+    for role, path in others:
+        rows.append((role, path, export_study(path) if StudyLayout.of(path).is_study() else None))
+    head = "<tr><th>part</th><th>study</th><th class=num>cases</th><th class=num>summarized</th><th class=num>R</th><th class=num>M</th><th class=num>E</th><th class=num>R/N</th></tr>"
+    body, merged = "", {}
+    for role, path, ex in rows:
+        if ex is None or ex.summary is None:
+            body += f"<tr><td>{esc(role)}</td><td>{esc(path)}</td><td colspan=6>not found</td></tr>"
+            continue
+        s, cov = ex.summary, ex.coverage["main"]
+        body += (f"<tr><td>{esc(role)}</td><td>{esc(ex.study.study_id)}</td><td class=num>{cov.n_manifest}</td><td class=num>{cov.n_summarized}</td>"
+                 f"<td class=num>{s.r}</td><td class=num>{s.m}</td><td class=num>{s.e}</td><td class=num>{pct(s.r_over_n)}</td></tr>")
+        for e in ex.cases:
+            if e.label is not None and not e.pilot:
+                merged.setdefault(e.case_id, []).append(e.label)
+    conflicts = sorted(k for k, labels in merged.items() if len(labels) > 1)
+    counts: dict[str, int] = {}
+    for labels in merged.values():
+        counts[labels[0]] = counts.get(labels[0], 0) + 1
+    text = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    note = f"Merged by case id (each case counted in the part that claimed it): {len(merged)} case(s): {esc(text)}."
+    if conflicts:
+        note += f" <span class=bad>Classified in more than one part: {esc(', '.join(conflicts))}</span>"
+    return ("<h2>Continuation partitions</h2><p class=note>A continuation runs the complement of the cases claimed before it; "
+            f"each part is reported on its own and merged only by case id.</p><table>{head}{body}</table><p>{note}</p>")
+
+
+def _evaluation(export: StudyExport) -> str:
+    ep = export.episodes or {}
+    cols = ("n", "success", "failure", "unknown", "unexecuted")
+    rows = [*sorted((ep.get("per_task") or {}).items()), ("overall", ep.get("overall") or {})]
+    body = "".join(
+        f"<tr><td>{esc(task)}</td>" + "".join(f"<td class=num>{esc(r.get(c))}</td>" for c in cols)
+        + f"<td class=num>{pct(r.get('rate'))}</td></tr>"
+        for task, r in rows
+    )
+    head = "<tr><th>task</th>" + "".join(f"<th class=num>{c}</th>" for c in ("episodes", *cols[1:])) + "<th class=num>success rate</th></tr>"
+    return f"<h2>Episodes (baseline evaluation)</h2><table>{head}{body}</table>"
+
+
+def write_report(study_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, video: bool = False) -> Path:
+    """Write the study's HTML report (default `<study>/report.html`, files in `report_files/` beside it); return its path.
+
+    `video`: also an mp4 per arm from the frames the study stored (needs imageio and imageio-ffmpeg).
+    """
+    study = Path(study_dir)
+    out_path = Path(out) if out else StudyLayout.of(study).report
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    export = export_study(study)
+    with open_journal(study) as journal:
+        records = read_study(study, journal)
+    final = report_files(out_path)
+    building = final.with_name(f".{final.name}.building-{os.getpid()}")
+    shutil.rmtree(building, ignore_errors=True)
+    assets = Assets(building, final)
+    try:
+        body = _body(study, export, records, assets, video)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(building, final)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    info = export.study
+    write_atomic(out_path, page(f"{_display_name(study, info.study_id, info.kind)} · {info.kind} study report", body))
+    return out_path
+
+
+def _body(study: Path, export: StudyExport, records: StudyRecords, assets: Assets, video: bool) -> str:
+    info, cov = export.study, export.coverage.get("main")
+    name = _display_name(study, info.study_id, info.kind)
+    created = datetime.fromtimestamp(info.created_at, timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if info.created_at else "unknown"
+    out = (
+        f'<h1 data-study="{esc(info.study_id)}">{esc(name)}</h1>'
+        f'<p class="sub">{esc(info.kind)} study · {len(export.cases)} case(s) · created {esc(created)} · '
+        f"replanning interval C = {esc(info.replan_interval)} · observation profile {esc(info.observation)}<br>"
+        f"config sha256 <code>{esc((info.config_sha256 or '')[:16])}</code> · manifest sha256 <code>{esc((info.manifest_sha256 or '')[:16])}</code></p>"
+    )
+    if cov is not None and not cov.complete:
+        out += (f'<p class="reading">Incomplete: {cov.n_summarized} of {cov.n_manifest} main cases have a verdict '
+                f"({cov.n_pending} never started, {cov.n_in_flight} in flight, {cov.n_without_verdict} without a verdict); "
+                "the figures below cover those with a verdict only.</p>")
+    s = export.summary
+    if s is None:
+        out += _evaluation(export) + "<h2>Plots</h2>" + _plots(export, records, assets)
+    else:
+        out += "<h2>Summary (main cohort)</h2>" + summary_block("main", s)
+        out += "<h2>Plots</h2>" + _plots(export, records, assets)
+        out += "<h2>Per group</h2>" + breakdown_table("main", "group", s.per_group)
+        out += "<h2>Per task</h2>" + breakdown_table("main", "task", s.per_task)
+        if s.pilot is not None:
+            out += (f"<h2>Pilot cases (apart: not in N)</h2><p>Declared before the run: {esc(', '.join(s.pilot_ids))}</p>"
+                    + summary_block("pilot", s.pilot))
+        out += _partitions(study, export, records.meta)
+    out += "<h2>VLM usage</h2>" + usage_block(export.usage)
+    cache: dict[str, list[bytes]] = {}
+    by_id = {c.case_id: c for c in records.cases}
+    views = [_case_view(study, records, by_id[e.case_id], e, assets, video, cache) for e in export.cases]
+    out += "<h2>Cases</h2>" + case_table(views)
+    if video and not any(v.videos for v in views):
+        out += '<p class="note">--video: no arm has stored frames (keyframes were off), so there is no video.</p>'
+    out += "".join(case_panel(v, _arm_order, VIDEO_NOTE) for v in views)
+    return out

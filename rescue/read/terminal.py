@@ -1,0 +1,155 @@
+"""Terminal renderings of a study's figures (pure: data in, rich renderables out)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from rescue.core.evaluation import EvalSummary
+from rescue.core.stats import Summary
+
+LABEL_ORDER = ("rescued", "not_rescued", "unknown", "initial_state_deviation")
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.2f}%"
+
+
+def summary_table(summary: Summary, title: str, n_fixed: int | None = None) -> Table:
+    """DESIGN §3 summary: counts, R/N, R/M, R/E, the 2x2 of M, McNemar and the paired CI."""
+    t = Table(title=title, show_header=False)
+    t.add_row("cases (N, fixed)", str(summary.n if n_fixed is None else n_fixed))
+    if n_fixed is not None and n_fixed != summary.n:
+        t.add_row("of which have a verdict", f"{summary.n} (the figures below cover these only)")
+    for label in LABEL_ORDER:
+        t.add_row(label, str(summary.counts.get(label, 0)))
+    t.add_row("M (valid, complete, no deviation, exact prefix)", str(summary.m))
+    t.add_row("E (M with the subgoal applied, valid evidence)", str(summary.e))
+    t.add_row("R/N  R/M  R/E", f"{_pct(summary.r_over_n)}  {_pct(summary.r_over_m)}  {_pct(summary.r_over_e)}")
+    p = summary.pairs
+    t.add_row(
+        "2x2 of M",
+        f"assisted-only {p.assisted_only}, control-only {p.control_only}, both success {p.both_success}, both fail {p.both_fail}",
+    )
+    t.add_row("exact McNemar p (discordant pairs)", f"{summary.mcnemar_p:.4f}")
+    if summary.diff is not None and summary.diff_ci is not None:
+        lo, hi = summary.diff_ci
+        t.add_row(f"paired difference, {int(summary.confidence * 100)}% CI", f"{_pct(summary.diff)} [{_pct(lo)}, {_pct(hi)}]")
+    return t
+
+
+def sham_table(summary: Summary) -> Table:
+    """The placebo comparison: the sham arm's own labels against control, and assisted against sham over K."""
+    sham = summary.sham
+    t = Table(title="sham arm (placebo)", show_header=False)
+    t.add_row("sham vs control", "  ".join(f"{k} {sham.counts.get(k, 0)}" for k in LABEL_ORDER))
+    t.add_row("sham M / E", f"{sham.m} / {sham.e}")
+    p = sham.pairs
+    t.add_row(
+        f"assisted vs sham, K = {sham.k} (both subgoals applied, three arms valid)",
+        f"assisted-only {p.assisted_only}, sham-only {p.sham_only}, both success {p.both_success}, both fail {p.both_fail}",
+    )
+    t.add_row("exact McNemar p (assisted vs sham)", f"{sham.mcnemar_p:.4f}")
+    if sham.diff is not None and sham.diff_ci is not None:
+        lo, hi = sham.diff_ci
+        t.add_row("effect of the VLM's content, 95% CI", f"{_pct(sham.diff)} [{_pct(lo)}, {_pct(hi)}]")
+    return t
+
+
+def group_table(summary: Summary) -> Table:
+    """Per group: the fixed count, each label, rescued / fixed."""
+    t = Table(title="per group")
+    for col in ("group", "cases", *LABEL_ORDER, "R/N"):
+        t.add_column(col)
+    for group, b in sorted(summary.per_group.items()):
+        t.add_row(group, str(b.n), *(str(b.counts.get(k, 0)) for k in LABEL_ORDER), _pct(b.rate))
+    return t
+
+
+def usage_table(usage: Any) -> Table:
+    """VLM calls, statuses, tokens (a total only when every call reported the counter), latency."""
+    t = Table(title="VLM usage", show_header=False)
+    t.add_row("calls (deduplicated)", f"{usage.calls} ({', '.join(f'{k} {v}' for k, v in sorted(usage.by_status.items()))})")
+    for name, tally in usage.tokens.items():
+        total = tally.total if tally.total is not None else f"unknown ({tally.known_sum} known, {tally.calls_without} call(s) lack it)"
+        t.add_row(f"{name} tokens", str(total))
+    lat = usage.latency
+    if lat.median_s is not None:
+        t.add_row("latency", f"sum {lat.sum_s:.2f} s, median {lat.median_s:.2f} s, range {lat.min_s:.2f}-{lat.max_s:.2f} s")
+    return t
+
+
+def render_summary(export: Any) -> Group:
+    """A rescue study's export as tables: summary, per group, pilot apart, usage."""
+    parts: list[Any] = []
+    main = export.coverage["main"]
+    if not main.complete:
+        parts.append(Text(f"{main.n_pending} case(s) never started and {main.n_in_flight} in flight: "
+                          "they stay in N and outside these figures until run"))
+    parts += [summary_table(export.summary, "rescue study", main.n_manifest), group_table(export.summary)]
+    if export.summary.sham is not None:
+        parts.append(sham_table(export.summary))
+    if export.summary.pilot is not None:
+        parts.append(Text(f"pilot cases (not in N): {', '.join(export.summary.pilot_ids)}"))
+        parts.append(summary_table(export.summary.pilot, "pilot"))
+    parts.append(usage_table(export.usage))
+    return Group(*parts)
+
+
+def _eval_table(title: str, first: str, rows: list[tuple[str, Any]]) -> Table:
+    t = Table(title=title)
+    for col in (first, "episodes", "success", "failure", "unknown", "unexecuted", "success rate"):
+        t.add_column(col)
+    for name, r in rows:
+        t.add_row(name.removeprefix("libero_"), str(r.n), str(r.success), str(r.failure), str(r.unknown), str(r.unexecuted), _pct(r.rate))
+    return t
+
+
+def render_eval(summary: EvalSummary) -> Group:
+    """An evaluation's success per task, per group and overall, unknown and unexecuted shown."""
+    return Group(
+        _eval_table("baseline evaluation", "task", [*sorted(summary.per_task.items()), ("overall", summary.overall)]),
+        _eval_table("per group", "group", sorted(summary.per_group.items())),
+    )
+
+
+def _ci(ci: tuple[float, float] | None) -> str:
+    return "n/a" if ci is None else f"[{_pct(ci[0])}, {_pct(ci[1])}]"
+
+
+def render_compare(comparison: Any) -> Group:
+    """A paired comparison: wins, losses, ties, both rates, McNemar, both intervals, excluded pairs."""
+    c, k = comparison, comparison.counts
+    conf = f"{int(round(c.confidence * 100))}%"
+    head = Text(f"B = {c.b_name}\nA = {c.a_name}\na win: B succeeded where A failed; differences are B - A")
+    t = Table(title="paired comparison", show_header=False)
+    t.add_row("episode pairs", str(k.n))
+    t.add_row("paired (completed, same initial state)", str(k.paired))
+    t.add_row("wins / losses / ties", f"{k.wins} / {k.losses} / {k.ties}")
+    t.add_row("ties: both success / both fail", f"{k.both_success} / {k.both_fail}")
+    t.add_row("excluded: fingerprint mismatch", str(k.fingerprint_mismatch))
+    t.add_row("excluded: unknown / unexecuted / unmatched", f"{k.unknown} / {k.unexecuted} / {k.unmatched}")
+    t.add_row("success, paired episodes: A / B", f"{_pct(c.a_rate)} / {_pct(c.b_rate)}")
+    t.add_row("success, all episodes: A / B", f"{_pct(c.a.overall.rate)} / {_pct(c.b.overall.rate)}")
+    t.add_row("exact McNemar p", f"{c.mcnemar_p:.4f}")
+    t.add_row(f"B - A, Newcombe {conf} CI", f"{_pct(c.diff)} {_ci(c.newcombe_ci)}")
+    t.add_row(f"B - A, task-bootstrap {conf} CI", _ci(c.bootstrap_ci))
+    t.add_row("bootstrap seed, resamples", f"{c.bootstrap_seed}, {c.bootstrap_reps}")
+    tasks = Table(title="per task")
+    tasks.add_column("task", no_wrap=True)
+    for col in ("pairs", "paired", "wins", "losses", "ties", "excluded"):
+        tasks.add_column(col)
+    for name, p in c.per_task.items():
+        tasks.add_row(name.removeprefix("libero_"), *(str(x) for x in (p.n, p.paired, p.wins, p.losses, p.ties, p.n - p.paired)))
+    sides = Table(title="each side over all its episodes")
+    for col in ("side", "episodes", "success", "failure", "unknown", "unexecuted", "success rate"):
+        sides.add_column(col)
+    for label, s in (("A", c.a.overall), ("B", c.b.overall)):
+        sides.add_row(label, str(s.n), str(s.success), str(s.failure), str(s.unknown), str(s.unexecuted), _pct(s.rate))
+    parts: list[Any] = [head, t, tasks, sides]
+    for status, ids in c.excluded.items():
+        parts.append(Text(f"excluded ({status.replace('_', ' ')}): {', '.join(ids)}"))
+    return Group(*parts)

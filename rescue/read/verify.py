@@ -1,0 +1,545 @@
+"""`rescue verify`: re-derive every hash, classification and summary from the raw records (DESIGN §4).
+
+Nothing stored is taken on trust. Arm records are re-hashed against the
+digest taken when they were written; receipt lines against the sha256 the
+index holds; verdicts are recomputed by `classify`; traces, injections and
+the stored summary are rebuilt from the arms. Every disagreement becomes a
+problem naming the case and what disagreed; the report is ok only with none.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from rescue.core.config import StudyConfig
+from rescue.core.digest import digest_bytes, digest_text
+from rescue.core.manifest import Case, ManifestError, load_manifest
+from rescue.core.proofs import trace_is_regular
+from rescue.core.querypoint import query_point
+from rescue.core.records import ArmResult, Receipt, Verdict
+from rescue.core.sham import sham_donors
+from rescue.core.stats import Summary
+from rescue.study.folder import (
+    SHAM_DONORS_KEY,
+    StudyError,
+    StudyRecords,
+    SummaryError,
+    load_study_config,
+    open_journal,
+    receipt_files,
+    study_summary,
+)
+from rescue.study.journal import SUMMARY_KEY, Journal, arm_digest
+from rescue.study.layout import CONFIG, MANIFEST, LayoutError, StudyLayout
+from rescue.study.receipts import (
+    ReceiptLine,
+    check_artifacts,
+    check_attempt_refs,
+    check_ref,
+    extra_outcomes,
+    outcomes_by_call,
+    read_receipt_file,
+    unfinished_calls,
+)
+from wrappers.injection import inject, parse_injection
+
+
+class Problem(BaseModel):
+    """One disagreement between what is stored and what it re-derives to."""
+
+    check: str  # which check found it: arm_digest, receipt, verdict, trace, injection, summary, ...
+    case_id: str | None = None
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.case_id}: {self.message}" if self.case_id else self.message
+
+
+class VerifyReport(BaseModel):
+    """The outcome of verifying one study: problems (fatal) and warnings (not re-checkable)."""
+
+    study_id: str | None = None
+    checked: dict[str, int] = Field(default_factory=dict)  # how many of each thing were checked
+    problems: list[Problem] = Field(default_factory=list)
+    warnings: list[Problem] = Field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing disagreed."""
+        return not self.problems
+
+    def render(self) -> str:
+        """Plain text for a terminal: verdict line, then every problem and warning."""
+        head = "OK" if self.ok else f"FAILED: {len(self.problems)} problem(s)"
+        checked = ", ".join(f"{n} {what}" for what, n in self.checked.items())
+        lines = [f"verify {self.study_id or '(unnamed study)'}: {head}"]
+        if checked:
+            lines.append(f"checked: {checked}")
+        lines += [f"  problem [{p.check}] {p}" for p in self.problems]
+        lines += [f"  warning [{w.check}] {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+
+def outcome_line_sha256(path: str | os.PathLike[str], call_id: str) -> str | None:
+    """The sha256 of a call's outcome line in a receipts file (what the index stores), or None."""
+    line = outcomes_by_call(read_receipt_file(path)).get(call_id)
+    return line.sha256 if line is not None else None
+
+
+def _diff(stored: Any, fresh: Any, where: str = "") -> list[str]:
+    """Paths at which two JSON values differ (both-NaN counts as equal)."""
+    if isinstance(stored, dict) and isinstance(fresh, dict):
+        out = []
+        for key in sorted(set(stored) | set(fresh), key=str):
+            sub = f"{where}.{key}" if where else str(key)
+            if key not in stored or key not in fresh:
+                out.append(f"{sub} (only in {'recomputed' if key in fresh else 'stored'})")
+            else:
+                out += _diff(stored[key], fresh[key], sub)
+        return out
+    if isinstance(stored, list) and isinstance(fresh, list) and len(stored) == len(fresh):
+        return [d for i, (a, b) in enumerate(zip(stored, fresh)) for d in _diff(a, b, f"{where}[{i}]")]
+    if isinstance(stored, float) and isinstance(fresh, float) and math.isnan(stored) and math.isnan(fresh):
+        return []
+    if stored != fresh:
+        return [f"{where or 'value'}: stored {stored!r}, recomputed {fresh!r}"]
+    return []
+
+
+class _Verifier:
+    def __init__(self, study_dir: Path, journal: Journal):
+        self.dir = study_dir
+        self.layout = StudyLayout.of(study_dir)
+        self.journal = journal
+        self.report = VerifyReport()
+        self.checked: Counter[str] = Counter()
+
+    def problem(self, check: str, case_id: str | None, message: str) -> None:
+        self.report.problems.append(Problem(check=check, case_id=case_id, message=message))
+
+    def warn(self, check: str, case_id: str | None, message: str) -> None:
+        self.report.warnings.append(Problem(check=check, case_id=case_id, message=message))
+
+    # --- study files ---------------------------------------------------------
+
+    def check_files(self, cases: list[Case], meta: dict[str, Any]) -> StudyConfig | None:
+        """Check the manifest copy and the configuration; return the configuration when it loads."""
+        config = None
+        manifest_path = self.layout.manifest
+        if not manifest_path.exists():
+            self.problem("manifest", None, f"the study folder has no {MANIFEST}")
+        else:
+            try:
+                manifest = load_manifest(manifest_path, self.journal.case_type, catalog=None)
+            except ManifestError as exc:
+                self.problem("manifest", None, f"{MANIFEST} does not load: {exc.problems[0]}")
+            else:
+                listed = [c.case_id for c in manifest.cases]
+                held = [c.case_id for c in cases]
+                if listed != held:
+                    self.problem("manifest", None, f"{MANIFEST} lists {len(listed)} cases, "
+                                 f"the journal {len(held)}, or in another order")
+                for a, b in zip(manifest.cases, cases):
+                    if a.case_id == b.case_id and a != b:
+                        self.problem("manifest", a.case_id, f"case differs between {MANIFEST} and the journal")
+        try:
+            config = load_study_config(self.dir)
+        except (StudyError, ValueError, OSError) as exc:
+            self.problem("config", None, f"{CONFIG} does not load: {str(exc).splitlines()[0]}")
+            return None
+        sha = config.sha256()
+        if sha != meta.get("config_sha256"):
+            self.problem("config", None, f"{CONFIG} hashes to {sha}, the journal recorded {meta.get('config_sha256')}")
+        if config.policy.replan_interval is None:
+            self.problem("config", None, f"{CONFIG} holds no replan_interval (C); cases cannot be re-classified")
+            return None
+        return config
+
+    # --- keyframes: the stored PNGs are the ones the arm recorded ------------
+
+    def check_keyframes(self, case_id: str, arm: ArmResult) -> None:
+        for name, sha in arm.keyframes.items():
+            try:
+                path = self.layout.keyframe(case_id, arm.arm, name)
+            except LayoutError as exc:
+                self.problem("keyframes", case_id, f"{arm.arm} keyframe {name!r}: {exc}")
+                continue
+            if not path.exists():
+                self.problem("keyframes", case_id, f"{arm.arm} keyframe {name} is missing ({path.name})")
+            elif digest_bytes(path.read_bytes()) != sha:
+                self.problem("keyframes", case_id, f"{arm.arm} keyframe {name} differs from the one recorded")
+            self.checked["keyframes"] += 1
+
+    # --- (a) arm digests, (g) one record per arm ---------------------------
+
+    def load_arms(self, states: dict[str, str]) -> dict[str, dict[str, ArmResult]]:
+        arms: dict[str, dict[str, ArmResult]] = {}
+        seen: Counter[tuple[str, str]] = Counter()
+        for row in self.journal.arm_rows():
+            seen[(row.case_id, row.arm)] += 1
+            self.checked["arm records"] += 1
+            try:
+                result = ArmResult.model_validate_json(row.data)
+            except ValidationError as exc:
+                self.problem("arm_digest", row.case_id, f"{row.arm} arm record does not parse: "
+                             f"{exc.errors()[0]['msg']}")
+                continue
+            fresh = arm_digest(result)
+            if fresh != row.digest:
+                self.problem("arm_digest", row.case_id, f"{row.arm} arm record changed since it was "
+                             f"recorded: stored digest {row.digest[:12]}…, its data hashes to {fresh[:12]}…")
+            if result.case_id != row.case_id or result.arm != row.arm:
+                self.problem("arm_digest", row.case_id, f"{row.arm} arm row holds the {result.arm} arm "
+                             f"of case {result.case_id!r}")
+            if states.get(row.case_id) == "pending":
+                self.problem("state", row.case_id, f"{row.arm} arm recorded for a case never claimed")
+            arms.setdefault(row.case_id, {})[row.arm] = result
+        for (case_id, arm), n in seen.items():
+            if n > 1:
+                self.problem("state", case_id, f"{n} records of the {arm} arm")
+        return arms
+
+    # --- (b) receipts ----------------------------------------------------------
+
+    def load_receipts(self) -> tuple[dict[str, Receipt], dict[tuple[str, str], list[ReceiptLine]]]:
+        receipts: dict[str, Receipt] = {}
+        outcomes: dict[tuple[str, str], list[ReceiptLine]] = {}  # (path, call id) -> outcome lines, first first
+        self.lines: dict[str, list[ReceiptLine]] = {}
+        for name, path in receipt_files(self.layout, self.journal).items():
+            lines = read_receipt_file(path)
+            self.lines[name] = lines
+            for line in lines:
+                self.checked["receipt lines"] += 1
+                if line.receipt is None:
+                    # Only the last line can be cut short by a crash; anything else was edited.
+                    (self.warn if not line.complete else self.problem)(
+                        "receipt", None, f"{name} line {line.lineno} does not parse: {line.error}"
+                    )
+            for call_id, line in outcomes_by_call(lines).items():
+                outcomes[(name, call_id)] = [line]
+                receipts.setdefault(call_id, line.receipt)
+                for problem in check_attempt_refs(line.receipt, lines):
+                    for case_id in line.receipt.case_ids:
+                        self.problem("receipt", case_id, problem)
+                self.check_call_artifacts(line.receipt)
+            for call_id, extra in extra_outcomes(lines).items():
+                outcomes[(name, call_id)] += extra
+                for case_id in extra[0].receipt.case_ids:
+                    self.problem("receipt", case_id, f"call {call_id} has {1 + len(extra)} outcome lines in {name} "
+                                 f"(lines {', '.join(str(l.lineno) for l in outcomes[(name, call_id)])}); the first is its outcome")
+            for call_id, started in unfinished_calls(lines).items():
+                self.warn("receipt", None, f"call {call_id} has {len(started)} attempt line(s) in {name} and no outcome "
+                          "(in flight when the study stopped)")
+        return receipts, outcomes
+
+    def check_call_artifacts(self, receipt: Receipt) -> None:
+        """The images, prompt and response a call kept (DESIGN §9) hash to what its receipt says."""
+        folder = self.layout.vlm_artifacts
+        if not folder.is_dir():
+            self.warn("artifacts", None, f"call {receipt.call_id}: the study keeps no VLM artifacts folder")
+            return
+        self.checked["vlm calls' artifacts"] += 1
+        for problem in check_artifacts(receipt, folder):
+            for case_id in receipt.case_ids:
+                self.problem("artifacts", case_id, f"call {receipt.call_id}: {problem}")
+
+    def check_assisted_refs(self, arms: dict[str, dict[str, ArmResult]]) -> None:
+        """Each assisted (or permuted sham) arm's receipt reference points at unchanged bytes of its call's outcome line."""
+        for case_id, by_arm in arms.items():
+            for name in ("assisted", "sham"):
+                a = by_arm.get(name)
+                ref = a.assistance.receipt if a is not None else None
+                if ref is None:
+                    continue
+                self.checked["receipt references"] += 1
+                problem = check_ref(ref, self.lines.get(ref.path, []))
+                if problem is not None:
+                    self.problem("receipt", case_id, f"{name} arm's receipt reference: {problem}")
+                    continue
+                line = next(l for l in self.lines[ref.path] if l.lineno == ref.lineno)
+                if line.receipt is None or line.receipt.kind != "outcome" or line.receipt.call_id != a.assistance.call_id:
+                    self.problem("receipt", case_id, f"{name} arm's receipt reference ({ref.path} line {ref.lineno}) "
+                                 f"is not the outcome line of call {a.assistance.call_id}")
+
+    def check_sham_declaration(self, config: StudyConfig, cases: list[Case], meta: dict[str, Any]) -> None:
+        """The permuted sham arm's donors are the ones its manifest and seed declare (DESIGN §8)."""
+        stored = meta.get(SHAM_DONORS_KEY)
+        if config.sham.source != "permuted":
+            if stored is not None:
+                self.problem("sham", None, "the journal declares sham donors, but the study's sham source is "
+                             f"{config.sham.source!r}")
+            return
+        self.checked["sham declarations"] = 1
+        expected = sham_donors(cases, config.sham.seed)
+        if stored != expected:
+            changed = sorted(k for k in set(expected) | set(stored or {}) if (stored or {}).get(k) != expected.get(k))
+            self.problem("sham", None, f"the declared sham donors differ from those the manifest and seed "
+                         f"{config.sham.seed} give, for {len(changed)} case(s): {', '.join(changed[:5])}")
+
+    def check_receipt_index(
+        self, outcomes: dict[tuple[str, str], list[ReceiptLine]], arms: dict[str, dict[str, ArmResult]]
+    ) -> None:
+        indexed: set[tuple[str, str]] = set()
+        for row in self.journal.receipt_index():
+            self.checked["receipt index entries"] += 1
+            indexed.add((row.call_id, row.case_id))
+            lines = outcomes.get((row.path, row.call_id), [])
+            if not lines:
+                self.problem("receipt", row.case_id, f"call {row.call_id} is indexed in {row.path}, "
+                             "which holds no outcome line for it")
+                continue
+            line = lines[0]
+            if row.case_id not in line.receipt.case_ids:
+                self.problem("receipt", row.case_id, f"the outcome receipt of call {row.call_id} does not name the case")
+            if row.line_sha256 is None:
+                self.warn("receipt", row.case_id, f"call {row.call_id} was indexed without its line sha256; "
+                          "its receipt line cannot be re-checked")
+            elif line.sha256 != row.line_sha256:
+                self.problem("receipt", row.case_id, f"the outcome line of call {row.call_id} in {row.path} "
+                             f"(line {line.lineno}) changed since it was indexed: sha256 {line.sha256[:12]}…, "
+                             f"index holds {row.line_sha256[:12]}…")
+        by_call = {call_id for (_, call_id) in outcomes}
+        for case_id, by_arm in arms.items():
+            a = by_arm.get("assisted")
+            if a is None or a.assistance.call_id is None and a.assistance.status != "applied":
+                continue
+            call_id = a.assistance.call_id
+            if a.assistance.status != "applied":
+                if call_id not in by_call:
+                    self.warn("receipt", case_id, f"assistance {a.assistance.status} names call {call_id}, "
+                              "which has no outcome receipt")
+                continue
+            if call_id is None:
+                self.problem("receipt", case_id, "applied assistance names no call")
+            elif call_id not in by_call:
+                self.problem("receipt", case_id, f"applied assistance has no outcome receipt (call {call_id})")
+            elif (call_id, case_id) not in indexed:
+                self.problem("receipt", case_id, f"applied assistance's call {call_id} is not in the receipts index")
+
+    # --- (c) verdicts and states ---------------------------------------------
+
+    def stored_verdicts(self) -> dict[str, Verdict]:
+        out = {}
+        for case_id, data in self.journal.raw_verdicts().items():
+            try:
+                out[case_id] = Verdict.model_validate_json(data)
+            except ValidationError as exc:
+                self.problem("verdict", case_id, f"stored verdict does not parse: {exc.errors()[0]['msg']}")
+        return out
+
+    def check_verdicts(self, records: StudyRecords, stored: dict[str, Verdict]) -> dict[str, Verdict]:
+        fresh: dict[str, Verdict] = {}
+        for case in records.cases:
+            case_id, state = case.case_id, records.states[case.case_id]
+            v = stored.get(case_id)
+            if state in ("pending", "claimed"):
+                if v is not None:
+                    self.problem("state", case_id, f"case is {state} but has a stored verdict")
+                if state == "claimed":
+                    self.warn("state", case_id, "claimed but not finished (in flight, or a crash `resume` "
+                              "will mark interrupted)")
+                continue
+            self.checked["verdicts"] += 1
+            new = self.classify(records, case)
+            fresh[case_id] = new
+            if v is None:
+                self.problem("verdict", case_id, f"{state} case has no stored verdict; "
+                             f"it classifies as {new.label} (rule {new.rule}: {new.reason})")
+                continue
+            fields = [f for f in Verdict.model_fields if getattr(v, f) != getattr(new, f)]
+            if fields:
+                self.problem("verdict", case_id, f"stored verdict {v.label} (rule {v.rule}) differs from "
+                             f"the recomputed {new.label} (rule {new.rule}: {new.reason}) in {', '.join(fields)}")
+        return fresh
+
+    @staticmethod
+    def classify(records: StudyRecords, case: Case) -> Verdict:
+        """The verdict a case's records classify to, by the rules its study was run under."""
+        return records.classify(case)
+
+    # --- (d) traces, (e) injection -------------------------------------------
+
+    def check_trace(self, case_id: str, arm: ArmResult, interval: int) -> None:
+        if arm.status != "complete":
+            return
+        self.checked["traces"] += 1
+        if trace_is_regular(arm.trace, interval):
+            return
+        if not arm.trace:
+            self.problem("trace", case_id, f"{arm.arm} arm is complete but its trace is empty")
+            return
+        i = next(i for i, row in enumerate(arm.trace) if row.step != i * interval)
+        self.problem("trace", case_id, f"{arm.arm} trace is not regular for C={interval}: row {i} "
+                     f"is at step {arm.trace[i].step}, expected {i * interval}")
+
+    def check_instructions(self, case: Case, arms: dict[str, ArmResult], interval: int) -> None:
+        case_id = case.case_id
+        q = query_point(case.horizon, interval)
+        control = arms.get("control")
+        # The original instruction's digest: the manifest's text when given, else
+        # the one the control arm queried with.
+        original_text = case.instruction
+        original = digest_text(original_text) if original_text is not None else None
+        if control is not None and control.trace:
+            seen = {row.instruction for row in control.trace}
+            if len(seen) != 1:
+                self.problem("injection", case_id, "control arm queried with more than one instruction")
+            elif original is None:
+                original = next(iter(seen))
+            elif original not in seen:
+                self.problem("injection", case_id, "control arm did not query with the case's instruction")
+        for name in ("assisted", "sham"):
+            arm_rec = arms.get(name)
+            if arm_rec is not None and arm_rec.trace:
+                self.check_injection(case_id, name, arm_rec, q, original_text, original)
+
+    def check_injection(
+        self, case_id: str, name: str, arm_rec: ArmResult, q: int, original_text: str | None, original: str | None
+    ) -> None:
+        """An arm that injects a subgoal at q: before q the original instruction, from q exactly inject(original, subgoal)."""
+        a = arm_rec.assistance
+        if a.status != "applied":
+            if original is not None and any(row.instruction != original for row in arm_rec.trace):
+                self.problem("injection", case_id, f"{name} subgoal {a.status}, yet the {name} arm "
+                             "queried with another instruction than the original")
+            return
+        self.checked["injections"] += 1
+        if a.instruction is None or a.subgoal is None or not a.subgoal.strip():
+            self.problem("injection", case_id, f"applied {name} subgoal lacks its instruction or subgoal")
+            return
+        if original_text is None:
+            # The original text is not stored; the applied instruction carries it,
+            # and its digest must be the one the arms queried with before q.
+            original_text, parsed = parse_injection(a.instruction)
+            if parsed is None:
+                self.problem("injection", case_id, "applied instruction is not an injection of a subgoal")
+                return
+            if original is None:
+                original = digest_text(original_text)
+            elif digest_text(original_text) != original:
+                self.problem("injection", case_id, "the original inside the applied instruction is not "
+                             "the instruction the control arm queried with")
+        before = [row for row in arm_rec.trace if row.step < q]
+        if any(row.instruction != original for row in before):
+            self.problem("injection", case_id, f"{name} rows before step {q} carry another instruction "
+                         "than the control arm's")
+        expected = inject(original_text, a.subgoal)
+        injected = digest_text(expected)
+        if expected != a.instruction:
+            self.problem("injection", case_id, "applied instruction is not inject(original, subgoal)")
+        if a.instruction_digest != injected:
+            self.problem("injection", case_id, "applied instruction digest is not the digest of "
+                         "inject(original, subgoal)")
+        at_q = [row for row in arm_rec.trace if row.step == q]
+        # An arm whose policy server failed right after the answer was applied has no row at q;
+        # that is its infrastructure error (the case is unknown), not a broken injection.
+        ended_early = arm_rec.status != "complete" and not any(row.step >= q for row in arm_rec.trace)
+        if not ended_early and (len(at_q) != 1 or at_q[0].instruction != injected):
+            self.problem("injection", case_id, f"{name} trace row at step {q} was not queried with "
+                         "inject(original, subgoal)")
+        if any(row.instruction != injected for row in arm_rec.trace if row.step > q):
+            self.problem("injection", case_id, f"{name} rows after step {q} leave the injected instruction")
+
+    # --- (f) summary, (g) invariant --------------------------------------------
+
+    def check_summary(self, records: StudyRecords, fresh: dict[str, Verdict]) -> None:
+        try:
+            summary = study_summary(records, fresh)
+        except SummaryError as exc:
+            self.problem("summary", None, str(exc))
+            return
+        stored = records.meta.get(SUMMARY_KEY)
+        if stored is None:
+            return
+        self.checked["summary"] = 1
+        try:
+            Summary.model_validate(stored)
+        except ValidationError:
+            self.problem("summary", None, "stored summary is not a summary")
+            return
+        diffs = _diff(stored, summary.model_dump(mode="json"))
+        if diffs:
+            shown = "; ".join(diffs[:5]) + (f"; and {len(diffs) - 5} more" if len(diffs) > 5 else "")
+            self.problem("summary", None, f"stored summary differs from the one recomputed over "
+                         f"{summary.n} main-cohort cases: {shown}")
+
+    def check_invariant(self, records: StudyRecords, verdicts: dict[str, Verdict], which: str) -> None:
+        main = [c for c in records.cases if not c.pilot]
+        mine = [verdicts[c.case_id] for c in main if c.case_id in verdicts]
+        for v in mine:
+            if v.in_e and not v.in_m:
+                self.problem("invariant", v.case_id, f"{which} verdict is in E but not in M")
+            if v.label == "rescued" and not v.in_e:
+                self.problem("invariant", v.case_id, f"{which} verdict is rescued but not in E")
+        r = sum(v.label == "rescued" for v in mine)
+        e = sum(v.in_e for v in mine)
+        m = sum(v.in_m for v in mine)
+        if not r <= e <= m <= len(main):
+            self.problem("invariant", None, f"{which} verdicts break R <= E <= M <= N: "
+                         f"R={r} E={e} M={m} N={len(main)}")
+        shams = [v.sham for v in mine if v.sham is not None]
+        if shams:
+            r = sum(s.label == "rescued" for s in shams)
+            e = sum(s.in_e for s in shams)
+            m = sum(s.in_m for s in shams)
+            if not r <= e <= m <= len(main) or any(s.in_e and not s.in_m for s in shams):
+                self.problem("invariant", None, f"{which} sham verdicts break R <= E <= M <= N: "
+                             f"R={r} E={e} M={m} N={len(main)}")
+
+    def check_counts(self, cases: list[Case], states: dict[str, str]) -> None:
+        counts = self.journal.counts()
+        rows = self.journal.rows()
+        twice = [cid for cid, n in Counter(r.case_id for r in rows).items() if n > 1]
+        for case_id in twice:
+            self.problem("state", case_id, "case holds more than one state")
+        if sum(counts.values()) != len(cases) or len(rows) != len(cases):
+            self.problem("state", None, f"state counts {counts} do not add up to {len(cases)} cases")
+
+
+def verify_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case) -> VerifyReport:
+    """Re-check a study from its raw records; the report lists every disagreement found."""
+    study_dir = Path(study_dir)
+    try:
+        journal = open_journal(study_dir, case_type=case_type)
+    except StudyError as exc:
+        return VerifyReport(problems=[Problem(check="journal", message=str(exc))])
+    with journal:
+        v = _Verifier(study_dir, journal)
+        meta = journal.meta()
+        v.report.study_id = meta.get("study_id")
+        cases = journal.cases()
+        states = {row.case_id: row.state for row in journal.rows()}
+        v.checked["cases"] = len(cases)
+        config = v.check_files(cases, meta)
+        v.check_counts(cases, states)
+        arms = v.load_arms(states)
+        receipts, outcomes = v.load_receipts()
+        v.check_receipt_index(outcomes, arms)
+        v.check_assisted_refs(arms)
+        if config is not None and not config.is_evaluation:
+            v.check_sham_declaration(config, cases, meta)
+        stored = v.stored_verdicts()
+        if config is not None:
+            records = StudyRecords(
+                config=config, cases=cases, states=states, arms=arms, verdicts=stored, receipts=receipts, meta=meta,
+            )
+            interval = config.interval
+            fresh = v.check_verdicts(records, stored)
+            for case in cases:
+                by_arm = arms.get(case.case_id, {})
+                for arm in by_arm.values():
+                    v.check_trace(case.case_id, arm, interval)
+                    v.check_keyframes(case.case_id, arm)
+                v.check_instructions(case, by_arm, interval)
+            if not config.is_evaluation:
+                v.check_invariant(records, stored, "stored")
+                v.check_invariant(records, fresh, "recomputed")
+                v.check_summary(records, fresh)
+        v.report.checked = dict(v.checked)
+        return v.report

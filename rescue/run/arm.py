@@ -1,0 +1,405 @@
+"""The arm runner: one full replay of a case under one arm spec.
+
+Both arms reset the case identically, query the policy every C steps and
+record a query trace. The assisted arm, at the query point q, renders the
+three views, asks the VLM once while the simulator waits, and from q on sends
+the injected instruction. Keepalive probes hold the policy connection open
+during the wait without inference and without touching the policy's RNG.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import numpy as np
+import structlog
+
+from rescue.core.digest import digest_array, digest_obs, digest_text
+from rescue.core.failfast import error_line, one_line
+from rescue.core.images import VLM_VIEWS
+from rescue.core.manifest import Case
+from rescue.core.observation import PRIVILEGED, ObservationProfile
+from rescue.core.querypoint import query_point
+from rescue.core.records import ArmName, ArmResult, Assistance, TraceRow
+from rescue.env.pool import SimLease, Simulator, as_float_chunk
+from rescue.policy.protocol import PolicyConnection
+from rescue.run.diagnose import QueryRecord, query_record
+from wrappers.injection import inject
+
+log = structlog.get_logger()
+
+# The assisted arm's answer statuses that leave the original instruction in force.
+_FAILED_ASSISTANCE = {"broker_error": "broker_error", "invalid_response": "invalid_response", "timeout": "timeout"}
+
+
+# ask(case_id, instruction, remaining_steps, views) -> an answer with status, subgoal, call_id, request_id, error...
+Advisor = Callable[[str, str, int, dict[str, np.ndarray]], Awaitable[Any]]
+
+
+class KeepaliveError(RuntimeError):
+    """The policy connection or its RNG changed while the arm waited for the VLM."""
+
+
+@dataclass
+class ArmSpec:
+    """How to run an arm: its name, the replan interval C and the query-point options."""
+
+    arm: ArmName
+    interval: int
+    image_size: int = 256
+    keepalive_s: float = 120.0
+    release_while_waiting: bool = True
+    # Keyframes for a person to look at: (case_id, arm, name, pixels) -> sha256 of the stored image.
+    frame_sink: Callable[[str, str, str, np.ndarray], str] | None = None
+    keyframe_view: str = "agentview"
+    keyframe_size: int = 128
+    # What the policy receives (DESIGN §7): cameras, keys, state layout, instruction key.
+    profile: ObservationProfile = PRIVILEGED
+    # Named in openpi's episode-start message, for servers that accept it.
+    experiment: str = "rescue"
+    # The reply key under which the policy reports its stage (recorded per query; the rules read it too).
+    stage_key: str = "phase"
+
+
+async def _query(policy: PolicyConnection, obs: dict, step: int, firings: list | None) -> dict:
+    """One policy query; a rule wrapper (it keeps `firings`) is told the step so each firing names it."""
+    if firings is not None:
+        return await policy.infer(obs, step=step)  # type: ignore[call-arg]
+    return await policy.infer(obs)
+
+
+async def wait_with_keepalive(policy: PolicyConnection, answer: Awaitable[Any], every_s: float, case_id: str) -> Any:
+    """Await the VLM answer while probing the policy connection; assert its RNG is untouched."""
+    before = await policy.keepalive()
+    task = asyncio.ensure_future(answer)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=every_s)
+            if done:
+                break
+            probe = await policy.keepalive()
+            _check_same(before, probe, case_id)
+        after = await policy.keepalive()
+        _check_same(before, after, case_id)
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+def _check_same(before: Any, after: Any, case_id: str) -> None:
+    if before is None or after is None:
+        return
+    fields = ("digest", "requests", "connection_id", "server_instance")
+    changed = [f for f in fields if getattr(before, f) != getattr(after, f)]
+    if changed:
+        raise KeepaliveError(f"case {case_id}: policy {', '.join(changed)} changed during the VLM wait")
+
+
+class ArmRun:
+    """One arm in progress: reset, run to a step, assist at q, finish. Both modes are built from it."""
+
+    def __init__(self, case: Case, spec: ArmSpec, sim: Simulator, policy: PolicyConnection, advisor: Advisor | None = None):
+        self.case, self.spec, self.sim, self.policy, self.advisor = case, spec, sim, policy, advisor
+        self.horizon, self.interval = case.horizon, spec.interval
+        self.q = query_point(self.horizon, self.interval)
+        self.log = log.bind(case_id=case.case_id, arm=spec.arm)
+        self.started = time.time()
+        self.trace: list[TraceRow] = []
+        self.assistance = Assistance(status="control" if spec.arm == "control" else "not_reached")
+        self.fingerprint: str | None = None
+        self.fingerprint_parts: dict[str, str] = {}
+        self.python_hash_seed: str | None = None
+        self.image_keys = {c.key for c in spec.profile.cameras}
+        self.step, self.success, self.done = 0, False, False
+        self.q_state: str | None = None
+        # Rules between policy and simulator (wrappers/async_rules.py) log their firings here.
+        self.firings: list[dict] | None = getattr(policy, "firings", None)
+        self.rng_control = bool(policy.supports_rng)
+        self.queries: list[tuple[int, dict]] = []  # (step, policy input) of the prefix, for a fork's replay
+        self.keyframes: dict[str, str] = {}
+        self.query_records: list[QueryRecord] = []
+        self.original = self.instruction = ""
+        self.obs: dict = {}
+
+    async def start(self) -> None:
+        """Reset the case, check its instruction, reset the policy and its RNG."""
+        self.log.info("arm.started", horizon=self.horizon, query_step=self.q)
+        reset = await self.sim.reset(self.case, self.spec.profile)
+        self.fingerprint = reset.fingerprint
+        self.fingerprint_parts = dict(reset.fingerprint_parts)
+        self.python_hash_seed = reset.info.get("python_hash_seed")
+        self.original = self.instruction = reset.instruction
+        if self.case.instruction not in (None, self.original):
+            raise ValueError(f"manifest instruction {self.case.instruction!r} differs from the task's {self.original!r}")
+        await self.start_policy()
+        self.obs = reset.obs
+
+    async def start_policy(self) -> None:
+        """Reset the policy and, with the RNG extension, its random stream to the case's policy seed."""
+        await self.policy.reset()
+        if self.rng_control:
+            await self.policy.reset_rng(self.case.policy_seed)
+        else:
+            # Recorded on the arm (policy_rng_control) so the study shows it.
+            self.log.warning("arm.no_rng_control", reason="no RNG extension: prefix equality not guaranteed by the server")
+        await self.policy.episode_start(self.spec.experiment, self.original, f"{self.case.case_id}/{self.spec.arm}")
+
+    async def end_policy(self, success: bool | None) -> None:
+        """Tell a server that accepts it the episode ended; best effort (the record is already complete)."""
+        try:
+            await self.policy.episode_end(success)
+        except Exception as exc:
+            self.log.warning("arm.episode_end_failed", error=one_line(str(exc)))
+
+    async def run_until(self, limit: int) -> None:
+        """Query and step until `limit` steps (or the horizon, or success)."""
+        while not self.done and self.step < min(limit, self.horizon):
+            if self.step >= self.q and self.q_state is None:
+                self.q_state = await self._state_digest()
+            if self.step >= self.q and not any(k.startswith("q") for k in self.keyframes):
+                await self.keyframe(f"q{self.step}")
+            if self.spec.arm != "control" and self.step >= self.q and self.assistance.status == "not_reached":
+                self.assistance = await _assist(self.case, self.spec, self.sim, self.policy, self.advisor, self.original, self.horizon - self.step, self.step)
+                if self.assistance.status == "applied":
+                    self.instruction = self.assistance.instruction
+            policy_input = self.spec.profile.policy_input(self.obs, self.instruction)
+            if self.step < self.q:
+                self.queries.append((self.step, policy_input))
+            reply = await _query(self.policy, policy_input, self.step, self.firings)
+            self.query_records.append(
+                query_record(self.step, self.obs, reply, self.spec.stage_key, getattr(self.policy, "last_query", None))
+            )
+            # Only the first C actions run; the rest of a longer chunk is dropped,
+            # so nothing planned under an old instruction survives the next query.
+            # The chunk is the one after any rules: the trace digests what runs.
+            chunk = as_float_chunk(reply["actions"])[: self.interval]
+            due = min(self.interval, self.horizon - self.step)
+            if len(chunk) < due:
+                # A short chunk would move the next query off the 0, C, 2C, ... grid.
+                raise ValueError(f"step {self.step}: action chunk has {len(chunk)} actions, fewer than the {due} steps to the next query")
+            self.trace.append(
+                TraceRow(
+                    step=self.step,
+                    state=digest_obs({k: v for k, v in self.obs.items() if k not in self.image_keys}),
+                    images=self.spec.profile.image_digests(self.obs),
+                    instruction=digest_text(self.instruction),
+                    actions=digest_array(chunk),
+                )
+            )
+            # Images are rendered only for an observation a policy query will read.
+            last = self.step + due >= self.horizon
+            result = await self.sim.run_chunk(chunk, due, "never" if last else "unless_success")
+            self.step += result.steps
+            self.obs = result.obs
+            if result.success:
+                self.success = self.done = True
+        if self.step >= self.horizon:
+            self.done = True
+        if self.done and "end" not in self.keyframes:
+            await self.keyframe("end")
+
+    async def keyframe(self, name: str) -> None:
+        """Render and hand one view to the frame sink (only when keyframes are asked for)."""
+        sink = self.spec.frame_sink
+        if sink is None:
+            return
+        frames = await self.sim.render([self.spec.keyframe_view], self.spec.keyframe_size)
+        self.keyframes[name] = sink(self.case.case_id, self.spec.arm, name, frames[self.spec.keyframe_view])
+
+    async def _state_digest(self) -> str | None:
+        try:
+            return await self.sim.state_digest()
+        except Exception:  # an adapter without state digests: the proof rests on the trace alone
+            return None
+
+    def result(self, error: Exception | None = None, mode: str = "independent") -> ArmResult:
+        """The arm's record; an error makes it an infrastructure failure, never a policy failure."""
+        if error is not None:
+            self.log.warning("arm.error", error=error_line(error), step=self.step)
+        else:
+            self.log.info("arm.finished", success=self.success, steps=self.step, assistance=self.assistance.status)
+        return ArmResult(
+            case_id=self.case.case_id,
+            arm=self.spec.arm,
+            status="complete" if error is None else "error",
+            error=None if error is None else error_line(error),
+            error_detail=None if error is None else str(error),
+            success=self.success if error is None else None,
+            steps=self.step,
+            fingerprint=self.fingerprint,
+            fingerprint_parts=dict(self.fingerprint_parts),
+            python_hash_seed=self.python_hash_seed,
+            trace=self.trace,
+            assistance=self.assistance,
+            rule_firings=list(self.firings or []),
+            idle_rules=list(getattr(self.policy, "idle_rules", [])),
+            policy_rng_control=self.rng_control,
+            mode=mode,
+            q_state=self.q_state,
+            keyframes=dict(self.keyframes),
+            queries=list(self.query_records),
+            started_at=self.started,
+            finished_at=time.time(),
+        )
+
+
+async def run_arm(
+    case: Case,
+    spec: ArmSpec,
+    sim: Simulator,
+    policy: PolicyConnection,
+    advisor: Advisor | None = None,
+) -> ArmResult:
+    """Replay one case under one arm; infrastructure failures become an `error` result, never an exception."""
+    arm = ArmRun(case, spec, sim, policy, advisor)
+    try:
+        await arm.start()
+        await arm.run_until(arm.horizon)
+    except Exception as exc:  # the arm's record carries the failure; the case stays in the denominator
+        await arm.end_policy(None)
+        return arm.result(exc)
+    await arm.end_policy(arm.success)
+    return arm.result()
+
+
+# A forked arm after the prefix: its name, how it gets a simulator at q, its policy connection, its advisor.
+Follower = tuple[ArmName, Callable[[], Awaitable[Simulator]], "PolicyConnection", "Advisor | None"]
+
+
+async def run_forked(
+    case: Case,
+    interval: int,
+    spec_kwargs: dict,
+    control: tuple[Simulator, PolicyConnection],
+    followers: list[Follower],
+    control_done: Callable[[], None] = lambda: None,
+) -> list[ArmResult]:
+    """Fork at q: run the common prefix once, snapshot the simulator at q, finish every arm from it.
+
+    Each follower (the assisted arm, and the sham arm when there is one) restores the
+    snapshot (its state digest must equal the control arm's at q) and its policy
+    connection replays the prefix queries, which must give the same action chunks: the
+    policy then stands where the control arm's does. Results: control first, then the followers.
+    """
+    # Followers take their simulator only at q, and the control arm gives its own back
+    # when done (`control_done`), so forked cases never wait on each other for simulators.
+    ctrl = ArmRun(case, ArmSpec(arm="control", interval=interval, **spec_kwargs), *control)
+    runs = [
+        (ArmRun(case, ArmSpec(arm=name, interval=interval, **spec_kwargs), None, policy, advisor), acquire)
+        for name, acquire, policy, advisor in followers
+    ]
+    try:
+        await ctrl.start()
+        await ctrl.run_until(ctrl.q)
+    except Exception as exc:
+        control_done()
+        # The prefix is shared: its failure is every arm's failure.
+        for run, _ in runs:
+            run.fingerprint, run.fingerprint_parts = ctrl.fingerprint, ctrl.fingerprint_parts
+            run.python_hash_seed = ctrl.python_hash_seed
+            run.trace, run.step = list(ctrl.trace), ctrl.step
+        return [ctrl.result(exc, "fork")] + [run.result(exc, "fork") for run, _ in runs]
+
+    async def finish_control() -> ArmResult:
+        try:
+            await ctrl.run_until(ctrl.horizon)
+        except Exception as exc:
+            return ctrl.result(exc, "fork")
+        finally:
+            control_done()
+        await ctrl.end_policy(ctrl.success)
+        return ctrl.result(mode="fork")
+
+    # The followers start where the shared prefix ends (copied before the control arm goes on).
+    for run, _ in runs:
+        run.fingerprint, run.fingerprint_parts = ctrl.fingerprint, ctrl.fingerprint_parts
+        run.python_hash_seed = ctrl.python_hash_seed
+        run.trace, run.step, run.obs = list(ctrl.trace), ctrl.step, ctrl.obs
+        run.query_records = list(ctrl.query_records)
+        run.original = run.instruction = ctrl.original
+        run.success = run.done = ctrl.done and ctrl.success
+
+    async def finish(run: ArmRun, acquire: Callable[[], Awaitable[Simulator]]) -> ArmResult:
+        try:
+            await run.start_policy()
+            for (step, policy_input), row in zip(ctrl.queries, run.trace):
+                reply = await _query(run.policy, policy_input, step, run.firings)
+                chunk = as_float_chunk(reply["actions"])[:interval]
+                if digest_array(chunk) != row.actions:
+                    raise RuntimeError(f"fork replay: the policy answered step {step} differently (not deterministic under its seed)")
+            run.queries = list(ctrl.queries)
+            if not run.done:
+                run.sim = await acquire()
+                try:
+                    await run.sim.restore(snapshot)
+                    run.q_state = await run._state_digest()
+                    if run.q_state != ctrl.q_state:
+                        raise RuntimeError("fork: the restored simulator state differs from the state at q")
+                    await run.run_until(run.horizon)
+                finally:
+                    # A follower done with its simulator gives it back at once, not when its case ends:
+                    # held until then, two cases' finished followers can starve each other's waiting ones.
+                    if isinstance(run.sim, SimLease):
+                        run.sim.release()
+        except Exception as exc:
+            return run.result(exc, "fork")
+        await run.end_policy(run.success)
+        return run.result(mode="fork")
+
+    snapshot = None
+    if not ctrl.done:
+        ctrl.q_state = await ctrl._state_digest()
+        snapshot = await ctrl.sim.snapshot()
+    return list(await asyncio.gather(finish_control(), *(finish(run, acquire) for run, acquire in runs)))
+
+
+async def _assist(
+    case: Case,
+    spec: ArmSpec,
+    sim: Simulator,
+    policy: PolicyConnection,
+    advisor: Advisor | None,
+    original: str,
+    remaining: int,
+    step: int,
+) -> Assistance:
+    """Render the views, ask once (the simulator waits), and build the injected instruction."""
+    if advisor is None:
+        return Assistance(status="broker_error", query_step=step, error_kind="no_advisor", error="no VLM configured")
+    views = await sim.render(list(VLM_VIEWS), spec.image_size)
+    # While the VLM thinks, the simulator is not ours to hold: a lease snapshots it and lets
+    # another arm step it; the simulated clock does not move for this arm either way.
+    # A sham arm may wait on its donor's VLM answer: it always gives its simulator back meanwhile,
+    # so donors can never be starved of simulators by the arms waiting for them.
+    release = (spec.release_while_waiting or spec.arm == "sham") and isinstance(sim, SimLease)
+    if release:
+        await sim.suspend()
+    try:
+        answer = await wait_with_keepalive(
+            policy, advisor(case.case_id, original, remaining, views), spec.keepalive_s, case.case_id
+        )
+    finally:
+        if release:
+            await sim.resume()
+    common = dict(
+        query_step=step, call_id=answer.call_id, request_id=answer.request_id, receipt=answer.receipt_ref,
+        # The assisted arm's subgoal comes from the VLM; a sham arm's answer says where its came from.
+        source=getattr(answer, "source", "vlm"),
+        source_sha256=getattr(answer, "source_sha256", None),
+        donor_case_id=getattr(answer, "donor_case_id", None),
+    )
+    if answer.status != "ok":
+        status = _FAILED_ASSISTANCE.get(answer.status, "broker_error")
+        return Assistance(status=status, error_kind=answer.error_kind, error=answer.error, **common)
+    applied = inject(original, answer.subgoal)
+    return Assistance(
+        status="applied",
+        subgoal=answer.subgoal,
+        instruction=applied,
+        instruction_digest=digest_text(applied),
+        **common,
+    )

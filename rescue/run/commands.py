@@ -1,0 +1,282 @@
+"""What the commands do, as library functions: run, resume, continue, evaluate, demo."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+from pydantic import BaseModel
+
+from rescue.core.catalog import OFFICIAL_HORIZON
+from rescue.core.config import StudyConfig
+from rescue.core.evaluation import EvalSummary, episode_cases, failure_cases, mark_pilot, summarize_eval
+from rescue.core.manifest import Case, Manifest, load_manifest, parse_manifest
+from rescue.core.records import Verdict
+from rescue.core.sham import ShamConfig
+from rescue.env.backend import LOCAL, Backend
+from rescue.run.engine import STOP_REASON_KEY, complement_manifest, recover, run_study
+from rescue.run.peers import check_live_identity, resolved_config
+from rescue.study import logs
+from rescue.study.files import write_manifest
+from rescue.study.folder import StudyError, create_study, load_study_config, new_study_dir, open_journal, study_outcome
+from rescue.study.journal import Journal
+from rescue.study.layout import StudyLayout
+from rescue.study.owner import own_study
+
+OnCase = Callable[[Verdict], None] | None
+
+
+def _manifest_of(cases: list[Case], source: str, catalog: str | None = "libero") -> Manifest:
+    body = "".join(c.model_dump_json(exclude_none=True) + "\n" for c in cases)
+    return parse_manifest(body.encode(), source, catalog=catalog)
+
+
+def _run(
+    study_dir: Path, on_case: OnCase, verbose: bool, config: StudyConfig | None = None, backend: Backend = LOCAL
+) -> None:
+    # `config`: the one the study was just created from, whose VLM key (never written) the run needs.
+    key = config.vlm.api_key if config is not None else None
+    try:
+        with own_study(study_dir):
+            logs.configure(StudyLayout.of(study_dir).events, verbose)
+            asyncio.run(run_study(study_dir, on_case, vlm_api_key=key, backend=backend))
+    finally:
+        backend.disconnect()
+
+
+def new_study(study_dir: Path | None, manifest: Manifest, config: StudyConfig, extra_meta: dict | None = None) -> Path:
+    """Fix the study's identity against its policy server, then create its folder (nothing on failure)."""
+    study_dir = Path(study_dir) if study_dir else new_study_dir()
+    create_study(study_dir, manifest, asyncio.run(resolved_config(config)), extra_meta)
+    return study_dir
+
+
+def run_manifest(
+    manifest_path: Path,
+    study_dir: Path | None,
+    config: StudyConfig,
+    on_case: OnCase = None,
+    verbose: bool = False,
+    backend: Backend = LOCAL,
+) -> Path:
+    """Create a study from a manifest and run every case (on `backend`'s simulators)."""
+    manifest = load_manifest(manifest_path)
+    backend.connect(config.env.simulators)  # a backend that cannot be used is refused before the study exists
+    study_dir = new_study(study_dir, manifest, config)
+    _run(study_dir, on_case, verbose, config, backend)
+    return study_dir
+
+
+def resume(study_dir: Path, on_case: OnCase = None, verbose: bool = False, backend: Backend = LOCAL) -> list[str]:
+    """Record started-unfinished cases as unknown (interrupted), then run the never-started ones.
+
+    The policy server is checked against the study's identity first: a server
+    announcing another action horizon or profile is refused with nothing written.
+    A study owned by a live process is refused too (its in-flight cases are not interrupted).
+    """
+    study_dir = Path(study_dir)
+    config = _ready_to_go_on(study_dir, "resume that study instead")
+    backend.connect(config.env.simulators)
+    try:
+        with own_study(study_dir):
+            with Journal.open(study_dir) as journal:
+                journal.clear_drain()
+                journal.delete_meta(STOP_REASON_KEY)
+            logs.configure(StudyLayout.of(study_dir).events, verbose)
+            interrupted = recover(study_dir)
+            asyncio.run(run_study(study_dir, on_case, backend=backend))
+    finally:
+        backend.disconnect()
+    return interrupted
+
+
+def _ready_to_go_on(study_dir: Path, instead: str) -> StudyConfig:
+    """Refuse, with nothing written, a study that cannot go on: already continued, a VLM key to give
+    again, or a policy server that is not the one it was created with. Returns its configuration."""
+    with open_journal(study_dir) as journal:
+        continued_by = journal.meta().get("continued_by")
+    if continued_by:
+        raise StudyError(f"{study_dir} was continued by {continued_by}; {instead}")
+    config = load_study_config(study_dir)
+    # A key given in the TOML is never stored in the study: say how to supply it again.
+    message = config.vlm.missing_key_message() if "assisted" in config.arms else None
+    if message is not None:
+        raise StudyError(message)
+    # The same study, the same server: C, the profile and the announced identity must hold.
+    asyncio.run(check_live_identity(config))
+    return config
+
+
+def continue_from(
+    prior: Path, new_dir: Path, on_case: OnCase = None, verbose: bool = False, backend: Backend = LOCAL
+) -> Path:
+    """Run the never-claimed complement of a prior study as a new study (partition by claim)."""
+    prior, new_dir = Path(prior), Path(new_dir)
+    config = _ready_to_go_on(prior, "a study is continued once")
+    backend.connect(config.env.simulators)
+    with own_study(prior):
+        recover(prior)
+        cases = complement_manifest(prior)
+        if not cases:
+            raise StudyError(f"{prior} has no never-started case to continue with")
+        with Journal.open(prior) as journal:
+            # Close the prior study to dispatch first, so no case can run in both.
+            journal.set_meta("continued_by", str(new_dir))
+            journal.request_drain()
+    # The prior study's cases were checked against the benchmark when it was created.
+    manifest = _manifest_of(cases, str(StudyLayout.of(prior).manifest), catalog=None)
+    create_study(new_dir, manifest, config, {"continues": str(prior)})
+    _run(new_dir, on_case, verbose, backend=backend)
+    return new_dir
+
+
+def evaluate(
+    suite: str,
+    tasks: list[int],
+    episodes: int,
+    horizon: int | None,
+    study_dir: Path | None,
+    config: StudyConfig,
+    on_case: OnCase = None,
+    verbose: bool = False,
+    first_init: int = 0,
+    backend: Backend = LOCAL,
+) -> Path:
+    """A baseline evaluation: control arms over official initial states, same journal and rules."""
+
+    horizon = horizon or OFFICIAL_HORIZON[suite]
+    cases = episode_cases(suite, tasks, episodes, horizon, first_init)
+    config = config.model_copy(update={"arms": ("control",), "sham": ShamConfig()})  # episodes: one arm
+    backend.connect(config.env.simulators)
+    study_dir = new_study(study_dir, _manifest_of(cases, f"{suite} x{episodes}"), config)
+    _run(study_dir, on_case, verbose, backend=backend)
+    return study_dir
+
+
+def eval_summary(study_dir: Path) -> EvalSummary:
+    """Success per task and group of an evaluation study, with unknown and unexecuted episodes."""
+    with open_journal(study_dir) as journal:
+        return summarize_eval(journal.cases(), journal.verdicts())
+
+
+def manifest_from_eval(
+    eval_dir: Path, out: Path, pilot_tasks: int = 0, limit: int | None = None, inits: range | None = None
+) -> list[Case]:
+    """Write the failure manifest of an evaluation study, with fingerprints and provenance
+    (only failures of the initial states `inits`, when given; then at most `limit`)."""
+    if not load_study_config(eval_dir).is_evaluation:
+        raise StudyError(f"{eval_dir} is not an evaluation study")
+    with open_journal(eval_dir) as journal:
+        meta = journal.meta()
+        provenance = {
+            "eval_study": meta.get("study_id"),
+            "eval_config_sha256": meta.get("config_sha256"),
+            "eval_manifest_sha256": meta.get("manifest_sha256"),
+        }
+        cases = failure_cases(journal.cases(), journal.verdicts(), journal.all_arms(), provenance)
+    if inits is not None:
+        cases = [c for c in cases if c.init_state_index in inits]
+    if limit is not None:
+        cases = cases[:limit]
+    if pilot_tasks:
+        cases = mark_pilot(cases, pilot_tasks)
+    write_manifest(cases, out)
+    return cases
+
+
+DEMO_POLICY = "rescue.embedded.vision_language:make_policy"
+
+
+def demo(
+    root: Path = Path("queue"),
+    tasks: tuple[int, ...] = (0, 1, 2, 3),
+    episodes: int = 3,
+    max_cases: int = 6,
+    on_case: OnCase = None,
+    verbose: bool = False,
+) -> dict[str, Path]:
+    """Evaluate the embedded vision-language policy, collect its real failures, and run the rescue study over them."""
+    base = Path(root) / f"demo-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    # The policy reads the openpi-libero contract (images, 8-float state, prompt), as a VLA does.
+    # The rescue study runs the sham arm too: each case's subgoal is also tried on another case.
+    config = StudyConfig(keyframes=True, sham={"source": "permuted"}, policy={"factory": DEMO_POLICY})
+    baseline = evaluate("libero_object", list(tasks), episodes, None, base / "baseline", config, on_case, verbose)
+    manifest = base / "failures.jsonl"
+    cases = manifest_from_eval(baseline, manifest, limit=max_cases)
+    paths = {"baseline": baseline, "manifest": manifest}
+    if cases:
+        paths["rescue"] = run_manifest(manifest, base / "rescue", config, on_case, verbose)
+    (base / "demo.json").write_text(json.dumps({k: str(v) for k, v in paths.items()}, indent=2) + "\n")
+    return paths
+
+
+class AblationRow(BaseModel):
+    """One rule setting of an ablation against all rules on, paired by case."""
+
+    setting: str
+    enabled: list[str]
+    study: str
+    n: int
+    success: int
+    unknown: int
+    wins: int  # this setting succeeded where all_on failed
+    losses: int  # all_on succeeded where this setting failed
+    paired: int  # cases with a success/failure label in both
+    mcnemar_p: float
+    diff: float | None  # this setting minus all_on, over the paired cases
+    diff_ci: tuple[float, float] | None
+
+
+def ablate(
+    manifest_path: Path, rules: list[str], root: Path | None, config: StudyConfig, on_case: OnCase = None, verbose: bool = False
+) -> tuple[Path, list[AblationRow]]:
+    """Studies that differ by one rule switch (each listed rule off alone, all off, all on), control arms only,
+    on the same instances, seeds and C; each is an evaluation study run (or resumed) to the end."""
+    from wrappers.async_rules import ablation_configs
+
+    manifest = load_manifest(manifest_path)
+    settings = ablation_configs(config.rules, rules)
+    if root is None:
+        fresh = new_study_dir()
+        root = fresh.with_name(fresh.name.replace("study-", "ablation-", 1))
+    root.mkdir(parents=True, exist_ok=True)
+    for name, rules_config in settings.items():
+        study = root / name
+        side = config.model_copy(update={"rules": rules_config, "arms": ("control",), "sham": ShamConfig()})
+        if not StudyLayout.of(study).is_study():
+            new_study(study, manifest, side)
+            _run(study, on_case, verbose)
+        elif study_outcome(study).code:
+            resume(study, on_case, verbose)
+    rows = ablation_rows(root, settings)
+    (root / "ablation.json").write_text(json.dumps([r.model_dump(mode="json") for r in rows], indent=2) + "\n")
+    return root, rows
+
+
+def ablation_rows(root: Path, settings: dict) -> list[AblationRow]:
+    """Each setting's success and its paired comparison (exact McNemar, Newcombe CI) against all_on."""
+    from rescue.core.stats import mcnemar_exact, paired_diff_ci
+
+    labels: dict[str, dict[str, str]] = {}
+    for name in settings:
+        with open_journal(root / name) as journal:
+            labels[name] = {cid: v.label for cid, v in journal.verdicts().items()}
+    base = labels["all_on"]
+    rows = []
+    for name, rules_config in settings.items():
+        mine = labels[name]
+        both = [cid for cid in mine if cid in base and {mine[cid], base[cid]} <= {"success", "failure"}]
+        wins = sum(mine[c] == "success" and base[c] == "failure" for c in both)
+        losses = sum(mine[c] == "failure" and base[c] == "success" for c in both)
+        both_success = sum(mine[c] == base[c] == "success" for c in both)
+        rows.append(AblationRow(
+            setting=name, enabled=list(rules_config.enabled), study=str(root / name), n=len(mine),
+            success=sum(v == "success" for v in mine.values()), unknown=sum(v == "unknown" for v in mine.values()),
+            wins=wins, losses=losses, paired=len(both), mcnemar_p=mcnemar_exact(wins, losses),
+            diff=(wins - losses) / len(both) if both else None,
+            diff_ci=paired_diff_ci(wins, losses, len(both), both_success=both_success) if both else None,
+        ))
+    return rows

@@ -1,0 +1,489 @@
+"""The study engine: claims cases from the journal and runs their arms.
+
+The journal decides who runs what: a case is claimed (a committed
+compare-and-set) before its first simulator reset, and a claimed case is
+never handed out again. Workers are asyncio tasks behind a backend seam; a
+case's two arms run concurrently on two simulator processes, each arm on its
+own policy connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import structlog
+
+from rescue.core.config import StudyConfig
+from rescue.core.digest import digest_bytes, digest_text
+from rescue.core.failfast import FailFast, error_line, one_line
+from rescue.core.manifest import Case
+from rescue.core.observation import get_profile
+from rescue.core.records import ArmResult, Assistance, ReceiptRef, Verdict
+from rescue.core.sham import donor_group
+from rescue.env.backend import LOCAL, Backend
+from rescue.env.pool import SimLease, SimulatorError
+from rescue.policy.client import WebsocketPolicyClient
+from rescue.run.arm import ArmSpec, run_arm, run_forked
+from rescue.run.peers import Services, start_services
+from rescue.study.folder import SHAM_DONORS_KEY, classify_case, load_study_config, outcome_receipts, store_summary
+from rescue.study.journal import Journal
+from rescue.study.layout import StudyLayout
+from rescue.study.receipts import OutcomeIndex
+from rescue.vlm.answers import SubgoalRequest
+from wrappers.async_rules import AsyncRuleWrapper
+
+log = structlog.get_logger()
+
+# Journal meta key: why a study stopped claiming before its queue was empty.
+STOP_REASON_KEY = "stop_reason"
+
+
+@dataclass
+class ShamAnswer:
+    """What a sham arm's source answers at q, shaped like a VLM answer for the arm runner."""
+
+    status: str
+    subgoal: str | None = None
+    source: str = "permuted"
+    source_sha256: str | None = None
+    donor_case_id: str | None = None
+    call_id: str | None = None
+    request_id: str | None = None
+    receipt_ref: ReceiptRef | None = None
+    error_kind: str | None = None
+    error: str | None = None
+
+
+class RunObserver:
+    """What a live view hears from a running study; every method is optional to override."""
+
+    def study_started(self, pending: int, arms_per_case: int) -> None:
+        """The run begins with `pending` never-claimed cases of `arms_per_case` arms each."""
+
+    def arm_started(self, arm: str) -> None:
+        """An arm took its simulator and policy connection."""
+
+    def arm_finished(self, arm: str) -> None:
+        """An arm ended (any status)."""
+
+    def vlm_waiting(self, delta: int) -> None:
+        """An assisted arm began (+1) or ended (-1) waiting for the VLM."""
+
+    def case_finished(self, verdict: Verdict) -> None:
+        """A case got its verdict."""
+
+
+class _CallbackObserver(RunObserver):
+    def __init__(self, on_case: Callable[[Verdict], None]):
+        self._on_case = on_case
+
+    def case_finished(self, verdict: Verdict) -> None:
+        self._on_case(verdict)
+
+
+def as_observer(on_case: RunObserver | Callable[[Verdict], None] | None) -> RunObserver:
+    """A RunObserver from an observer (anything with its methods), a per-case callback, or nothing."""
+    if isinstance(on_case, RunObserver):
+        return on_case
+    if on_case is not None and hasattr(on_case, "case_finished"):
+        # A live view that does not import the engine (the CLI's) fills in what it lacks.
+        observer = RunObserver()
+        for name in ("study_started", "arm_started", "arm_finished", "vlm_waiting", "case_finished"):
+            if hasattr(on_case, name):
+                setattr(observer, name, getattr(on_case, name))
+        return observer
+    return _CallbackObserver(on_case) if on_case is not None else RunObserver()
+
+
+class Engine:
+    """Runs the pending cases of one study until none is left or a drain is asked."""
+
+    def __init__(
+        self,
+        study_dir: Path,
+        config: StudyConfig,
+        services: Services,
+        on_case: RunObserver | Callable[[Verdict], None] | None = None,
+    ):
+        self.layout = StudyLayout.of(study_dir)
+        self.config = config
+        self.services = services
+        self.journal = Journal.open(self.layout.root)
+        self.observer = as_observer(on_case)
+        self.profile = get_profile(config.policy.observation or "privileged")
+        self.study_id = str(self.journal.meta().get("study_id") or "rescue")
+        self._failfast = FailFast(config.fail_fast_arms)
+        # The sham arm's declared donors, and the VLM answers of this run by case (for donors' waiters).
+        self.donors: dict[str, str] = dict(self.journal.meta().get(SHAM_DONORS_KEY) or {})
+        self._answers: dict[str, Any] = {}
+        self._answer_events: dict[str, asyncio.Event] = {}
+        self._stop = asyncio.Event()
+        # The outcome lines the VLM client wrote, read back by the one receipts reader.
+        self._outcomes = OutcomeIndex(self.layout.receipts)
+
+    def drain(self) -> None:
+        """Stop claiming new cases; arms in flight finish."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Run workers until the queue is empty or drained."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            self.observer.study_started(len(self.journal.pending_ids()), len(self.config.arms))
+            workers = [
+                asyncio.create_task(self._worker(f"w{i}-{os.getpid()}", self.services))
+                for i in range(max(1, self.config.cases_in_flight))
+            ]
+            await asyncio.gather(*workers)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: int) -> None:
+        name = signal.Signals(sig).name
+        log.warning("study.draining", signal=name)
+        self.journal.set_meta(STOP_REASON_KEY, f"{name} asked it to drain (arms in flight finished)")
+        self.drain()
+
+    def _stopping(self) -> bool:
+        return self._stop.is_set() or self.journal.draining()
+
+    def stop_study(self, reason: str) -> None:
+        """Stop claiming for a reason the user must act on; it is kept in the journal and printed."""
+        if not self._stopping():
+            log.error("study.stopped", reason=reason)
+            self.journal.set_meta(STOP_REASON_KEY, reason)
+            self.journal.request_drain()
+        self.drain()
+
+    async def _worker(self, name: str, services: Services) -> None:
+        # A case is claimed only with a simulator and a policy connection in hand, immediately
+        # before its first reset: a crash never leaves a case that had not begun marked started,
+        # and an unreachable policy server stops the study instead of consuming its queue.
+        while not self._stopping():
+            try:
+                lease = await SimLease(services.pool).acquire(urgent=False)
+            except SimulatorError as exc:  # no simulator can be had any more (a Ray cluster without room)
+                self.stop_study(f"{one_line(str(exc))}; then `rescue resume` runs the cases never started")
+                return
+            policy = None
+            try:
+                if self._stopping():
+                    return
+                try:
+                    policy = await self._connect(services)
+                except Exception as exc:
+                    self.stop_study(
+                        f"the policy server at {services.policy_url} is unreachable ({type(exc).__name__}: "
+                        f"{one_line(str(exc))}); start it, then `rescue resume` runs the cases never started"
+                    )
+                    return
+                if self._stopping():
+                    return
+                case = self.journal.claim_next(name)
+                if case is None:
+                    return
+                log.info("case.claimed", case_id=case.case_id, worker=name)
+                held, lease, policy = (lease, policy), None, None  # the case's first arm owns them now
+                # A permuted sham arm waits for its donor's answer: the donor group starts together.
+                partners = [
+                    asyncio.create_task(self._run_partner(member, name, services))
+                    for member in donor_group(self.donors, case.case_id)[1:]
+                    if self.config.sham.source == "permuted"
+                ]
+                await self._run_case(case, services, held)
+                await asyncio.gather(*partners)
+            finally:
+                if policy is not None:
+                    await policy.close()
+                if lease is not None:
+                    lease.release()
+
+    async def _run_partner(self, case_id: str, worker: str, services: Services) -> None:
+        """Claim and run a donor-group member if nobody has: a simulator and a connection in hand first."""
+        if self.journal.state(case_id) != "pending":
+            return
+        # Urgent: a sham arm of a started case waits for this donor's answer.
+        lease = await SimLease(services.pool).acquire()
+        policy = None
+        try:
+            policy = await self._connect(services)
+            if self._stopping() or not self.journal.claim(case_id, worker):
+                return
+            log.info("case.claimed", case_id=case_id, worker=worker, with_donor_group=True)
+            held, lease, policy = (lease, policy), None, None
+            await self._run_case(self.journal.case(case_id), services, held)
+        except Exception as exc:  # the member stays pending (never claimed); its waiters learn it when the study stops
+            log.warning("case.partner_not_started", case_id=case_id, error=one_line(str(exc)))
+        finally:
+            if policy is not None:
+                await policy.close()
+            if lease is not None:
+                lease.release()
+
+    async def _run_case(self, case: Case, services: Services, held: tuple[SimLease, AsyncRuleWrapper]) -> None:
+        if self.config.fork_at_q and not self.config.is_evaluation:
+            arms = list(await self._run_forked(case, services, held))
+        else:
+            arms = await asyncio.gather(
+                *(self._run_one_arm(case, arm, services, held if i == 0 else None) for i, arm in enumerate(self.config.arms))
+            )
+        by_arm = {r.arm: r for r in arms}
+        idle = next((r.error for r in arms if r.error and r.error.startswith("RulesCannotFire")), None)
+        if idle is not None:
+            self.stop_study(f"an enabled rule cannot fire on this policy's replies ({idle.split(': ', 1)[-1]}); "
+                            "fix [rules] (or set allow_idle_rules = true to run anyway)")
+        if any(r.error and r.error.startswith("KeepaliveError") for r in arms):
+            # The seed's rule: a policy whose connection or RNG moved during a wait cannot be
+            # trusted for the next case either. This case stays (unknown); dispatch stops.
+            self.stop_study(f"case {case.case_id}: the policy connection or its RNG changed during a VLM wait; "
+                            "check the policy server (rescue preflight), then `rescue resume`")
+        index, receipts = None, {}
+        for name in ("assisted", "sham"):
+            arm = by_arm.get(name)
+            ref = arm.assistance.receipt if arm is not None else None
+            if ref is None:
+                continue
+            # The outcome line this arm's reference names, read back by the one receipts reader.
+            line = self._outcomes.outcome(arm.assistance.call_id or "")
+            if line is not None and (line.lineno, line.sha256) == (ref.lineno, ref.sha256):
+                receipts[line.receipt.call_id] = line.receipt
+            if name == "assisted":
+                index = (arm.assistance.call_id, ref.path, ref.sha256)
+        verdict = classify_case(self.config, case, by_arm, receipts, interrupted=False, donors=self.donors)
+        # Arms, receipt index and verdict land in one transaction: a crash leaves the case
+        # claimed with nothing recorded (resume makes it unknown), never half-finished.
+        self.journal.finish_case(case.case_id, arms, verdict, index)
+        log.info("case.classified", case_id=case.case_id, label=verdict.label, rule=verdict.rule, reason=verdict.reason)
+        self.observer.case_finished(verdict)
+        cause = self._failfast.observe(list(arms))
+        if cause is not None:
+            self.stop_study(cause)
+
+    def _spec_kwargs(self) -> dict:
+        return dict(
+            profile=self.profile,
+            experiment=self.study_id,
+            stage_key=self.config.rules.stage_key,
+            image_size=self.config.env.image_size,
+            keepalive_s=self.config.keepalive_s,
+            release_while_waiting=self.config.release_simulator_while_waiting,
+            frame_sink=self._save_frame if self.config.keyframes else None,
+        )
+
+    def _save_frame(self, case_id: str, arm: str, name: str, pixels) -> str:
+        """Store a keyframe as PNG in the study folder; return its sha256."""
+        from rescue.core.images import encode_png
+
+        data = encode_png(pixels)
+        path = self.layout.keyframe(case_id, arm, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return digest_bytes(data)
+
+    async def _connect(self, services: Services) -> AsyncRuleWrapper:
+        client = await WebsocketPolicyClient.connect(services.policy_url, api_key=services.policy_api_key)
+        # The configured correction rules sit between the policy and the simulator; firings go to the arm record.
+        return AsyncRuleWrapper(client, self.config.rules, self.config.interval, strict=not self.config.allow_idle_rules)
+
+    async def _run_one_arm(
+        self, case: Case, arm: str, services: Services, held: tuple[SimLease, AsyncRuleWrapper] | None
+    ) -> ArmResult:
+        spec = ArmSpec(arm=arm, interval=services.interval, **self._spec_kwargs())
+        lease, policy = held if held is not None else (None, None)
+        try:
+            if lease is None:
+                lease = await SimLease(services.pool).acquire()
+            if policy is None:
+                policy = await self._connect(services)
+            advisor = self._advisor_for(arm, services, case)
+            self.observer.arm_started(arm)
+            try:
+                return await run_arm(case, spec, lease, policy, advisor)
+            finally:
+                self.observer.arm_finished(arm)
+        except Exception as exc:
+            return _infrastructure_error(case, arm, exc)
+        finally:
+            if policy is not None:
+                await policy.close()
+            if lease is not None:
+                lease.release()
+
+    async def _run_forked(
+        self, case: Case, services: Services, held: tuple[SimLease, AsyncRuleWrapper]
+    ) -> list[ArmResult]:
+        leases: list[SimLease] = [held[0]]
+        policies: list[AsyncRuleWrapper] = [held[1]]
+        names = [arm for arm in self.config.arms if arm != "control"]
+
+        async def sim_at_q() -> SimLease:
+            leases.append(await SimLease(services.pool).acquire())
+            return leases[-1]
+
+        try:
+            followers = []
+            for name in names:
+                policies.append(await self._connect(services))
+                followers.append((name, sim_at_q, policies[-1], self._advisor_for(name, services, case)))
+            for arm in self.config.arms:
+                self.observer.arm_started(arm)
+            return await run_forked(
+                case, services.interval, self._spec_kwargs(), (leases[0], policies[0]), followers,
+                control_done=leases[0].release,
+            )
+        except Exception as exc:
+            return [_infrastructure_error(case, arm, exc) for arm in self.config.arms]
+        finally:
+            if len(policies) == len(self.config.arms):
+                for arm in self.config.arms:
+                    self.observer.arm_finished(arm)
+            for policy in policies:
+                await policy.close()
+            for lease in leases:
+                lease.release()
+
+    def _advisor_for(self, arm: str, services: Services, case: Case):
+        """Who answers an arm at q: the VLM (assisted), the sham's declared source (sham), nobody (control)."""
+        if arm == "assisted":
+            return self._advisor(services)
+        if arm == "sham":
+            return self._sham_advisor(case)
+        return None
+
+    def _sham_advisor(self, case: Case):
+        sham = self.config.sham
+        text = sham.text_for(case.task)
+
+        async def ask(case_id: str, instruction: str, remaining: int, views: dict) -> ShamAnswer:
+            if sham.source == "fixed":
+                return ShamAnswer(status="ok", subgoal=text, source="fixed", source_sha256=digest_text(text))
+            donor = self.donors.get(case_id)
+            if donor is None:
+                return ShamAnswer(status="broker_error", error_kind="no_donor", error="no donor declared for the case")
+            return await self._donor_answer(donor)
+
+        return ask
+
+    async def _donor_answer(self, donor: str) -> ShamAnswer:
+        """The donor's VLM answer: as it arrives in this process, else from its recorded assisted arm.
+
+        No retry and no substitute: a donor whose call failed, was interrupted or never ran
+        makes this sham arm's subgoal fail, and the case's sham verdict unknown (rule 3).
+        """
+        event = self._answer_events.setdefault(donor, asyncio.Event())
+        while True:
+            answer = self._answers.get(donor)
+            if answer is not None:
+                if answer.status != "ok":
+                    return ShamAnswer(status="broker_error", donor_case_id=donor, error_kind="donor_failed",
+                                      error=f"donor {donor}'s VLM call ended {answer.status} ({answer.error_kind})")
+                return ShamAnswer(status="ok", subgoal=answer.subgoal, call_id=answer.call_id, request_id=answer.request_id,
+                                  receipt_ref=answer.receipt_ref, donor_case_id=donor)
+            state = self.journal.state(donor)
+            if state in ("finished", "interrupted"):
+                arm = self.journal.arms(donor).get("assisted")
+                a = arm.assistance if arm is not None else None
+                if a is None or a.status != "applied":
+                    why = "was interrupted" if a is None else f"had assistance {a.status}"
+                    return ShamAnswer(status="broker_error", donor_case_id=donor, error_kind="donor_failed",
+                                      error=f"donor {donor} {why}")
+                return ShamAnswer(status="ok", subgoal=a.subgoal, call_id=a.call_id, request_id=a.request_id,
+                                  receipt_ref=a.receipt, donor_case_id=donor)
+            if state == "pending" and self._stopping():
+                return ShamAnswer(status="broker_error", donor_case_id=donor, error_kind="donor_never_ran",
+                                  error=f"donor {donor} never ran: the study stopped claiming")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(event.wait(), 1.0)
+
+    def _advisor(self, services: Services):
+        vlm = services.vlm
+
+        async def ask(case_id: str, instruction: str, remaining: int, views: dict) -> Any:
+            self.observer.vlm_waiting(+1)
+            try:
+                answer = await vlm.ask(SubgoalRequest(case_id=case_id, instruction=instruction, remaining_steps=remaining, views=views))
+            finally:
+                self.observer.vlm_waiting(-1)
+            # A sham arm whose donor this case is may be waiting for exactly this answer.
+            self._answers[case_id] = answer
+            self._answer_events.setdefault(case_id, asyncio.Event()).set()
+            return answer
+
+        return ask if vlm is not None else None
+
+
+def _infrastructure_error(case: Case, arm: str, exc: Exception) -> ArmResult:
+    return ArmResult(
+        case_id=case.case_id,
+        arm=arm,
+        status="error",
+        error=error_line(exc),
+        error_detail=str(exc),
+        assistance=Assistance(status="control" if arm == "control" else "not_reached"),
+    )
+
+
+def recover(study_dir: Path) -> list[str]:
+    """Turn started-unfinished cases into `unknown` (reason: interrupted); return their ids."""
+    layout = StudyLayout.of(study_dir)
+    config = load_study_config(layout.root)
+    journal = Journal.open(layout.root)
+    try:
+        ids = journal.recover_interrupted()
+        receipts = outcome_receipts(layout.receipts)
+        for case_id in ids:
+            case = journal.case(case_id)
+            donors = dict(journal.meta().get(SHAM_DONORS_KEY) or {})
+            verdict = classify_case(config, case, journal.arms(case_id), receipts, interrupted=True, donors=donors)
+            journal.set_verdict(case_id, verdict)
+            log.info("case.classified", case_id=case_id, label=verdict.label, rule=verdict.rule, reason="interrupted")
+        return ids
+    finally:
+        journal.close()
+
+
+async def run_study(
+    study_dir: Path,
+    on_case: RunObserver | Callable[[Verdict], None] | None = None,
+    vlm_api_key: Any = None,
+    backend: Backend = LOCAL,
+) -> None:
+    """Run (or go on with) every never-claimed case of a study; then store its summary for verify.
+
+    vlm_api_key: a key given in the configuration the study was created from (it is never stored).
+    backend: where the simulators run (local processes, or Ray actors); the journal stays here.
+    """
+    layout = StudyLayout.of(study_dir)
+    config = load_study_config(layout.root)
+    if vlm_api_key is not None:
+        config = config.model_copy(update={"vlm": config.vlm.model_copy(update={"api_key": vlm_api_key})})
+    log.info("study.backend", backend=backend.describe())
+    async with start_services(config, layout, backend) as services:
+        engine = Engine(layout.root, config, services, on_case)
+        try:
+            await engine.run()
+        finally:
+            engine.journal.close()
+    if not config.is_evaluation:
+        store_summary(layout.root)
+
+
+def complement_manifest(prior_study: Path) -> list[Case]:
+    """The never-claimed cases of a prior study, in manifest order (a continuation's cohort)."""
+    journal = Journal.open(prior_study)
+    try:
+        pending = set(journal.pending_ids())
+        return [c for c in journal.cases() if c.case_id in pending]
+    finally:
+        journal.close()

@@ -1,0 +1,141 @@
+"""The running peers of a study: policy server, VLM client, simulator pool.
+
+A study's identity (C, observation profile, what the policy server announced)
+is resolved here once, before the study folder exists, and checked against
+the live server on every later start: a mismatch is refused before anything
+is claimed or written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from rescue.core.config import PolicyConfig, StudyConfig
+from rescue.core.identity import IdentityError, announced_identity, identity_changes, resolve_interval, resolve_observation
+from rescue.core.observation import get_profile
+from rescue.env.backend import LOCAL, Backend
+from rescue.env.pool import SimPool
+from rescue.policy.client import WebsocketPolicyClient
+from rescue.study.layout import RECEIPTS, StudyLayout
+from rescue.study.receipts import ReceiptLog
+from rescue.vlm.client import VLMClient
+
+# The observation profile of a policy that announces none (DESIGN §7).
+EXTERNAL_DEFAULT_OBSERVATION = "openpi-libero"
+BUNDLED_DEFAULT_OBSERVATION = "privileged"
+
+
+def policy_api_key(policy: PolicyConfig) -> str | None:
+    """The policy server's API key, from the environment variable the config names."""
+    return os.environ.get(policy.api_key_env) if policy.api_key_env else None
+
+
+async def probe_policy(policy: PolicyConfig) -> dict[str, Any]:
+    """The metadata frame of the configured policy server (the bundled one is asked in process)."""
+    if policy.url is None:
+        from rescue.policy.bundled import load_factory, policy_metadata
+
+        return policy_metadata(load_factory(policy.factory), policy.factory)
+    client = await WebsocketPolicyClient.connect(policy.url, api_key=policy_api_key(policy))
+    try:
+        return dict(client.metadata)
+    finally:
+        await client.close()
+
+
+def resolve_config(config: StudyConfig, metadata: dict[str, Any]) -> StudyConfig:
+    """The study's configuration with its identity fixed: C, observation profile, announced identity."""
+    default = BUNDLED_DEFAULT_OBSERVATION if config.policy.url is None else EXTERNAL_DEFAULT_OBSERVATION
+    observation = resolve_observation(config.policy.observation, metadata, default)
+    try:
+        profile = get_profile(observation)
+    except ValueError as exc:
+        raise IdentityError(f"policy.observation: {exc}") from None
+    policy = config.policy.model_copy(
+        update={
+            "replan_interval": resolve_interval(config.policy.replan_interval, metadata),
+            "observation": observation,
+            "observation_sha256": profile.sha256(),
+            "announced": announced_identity(metadata),
+        }
+    )
+    return config.model_copy(update={"policy": policy})
+
+
+async def resolved_config(config: StudyConfig) -> StudyConfig:
+    """Probe the configured policy server and fix the study's identity (IdentityError when it cannot)."""
+    return resolve_config(config, await probe_policy(config.policy))
+
+
+def check_identity(config: StudyConfig, metadata: dict[str, Any]) -> None:
+    """Refuse a server that announces itself otherwise than when the study was created, or a changed profile."""
+    changes = identity_changes(config.policy.announced or {}, metadata)
+    profile = get_profile(config.policy.observation or BUNDLED_DEFAULT_OBSERVATION)
+    if config.policy.observation_sha256 not in (None, profile.sha256()):
+        changes.append(
+            f"observation profile {profile.name!r}: the study was created with definition "
+            f"{config.policy.observation_sha256[:12]}…, this version defines {profile.sha256()[:12]}…"
+        )
+    if changes:
+        raise IdentityError("the policy server is not the one this study was created with: " + "; ".join(changes))
+
+
+async def check_live_identity(config: StudyConfig) -> None:
+    """Probe the configured policy server and check it against the study's identity."""
+    check_identity(config, await probe_policy(config.policy))
+
+
+@dataclass
+class Services:
+    """The running peers of a study: policy URL, VLM client, simulator pool."""
+
+    policy_url: str
+    policy_api_key: str | None
+    interval: int
+    pool: SimPool
+    vlm: VLMClient | None
+    closers: list[Callable[[], Any]] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def start_services(config: StudyConfig, layout: StudyLayout, backend: Backend = LOCAL) -> AsyncIterator[Services]:
+    """Start what a created study's config asks for, after checking the policy server's identity.
+
+    The simulators come from `backend`: local processes, or actors on a Ray cluster."""
+    closers: list[Callable[[], Any]] = []
+    try:
+        policy_url = config.policy.url
+        api_key = policy_api_key(config.policy)
+        if policy_url is None:
+            from rescue.policy.bundled import serve_factory
+
+            server = await serve_factory(config.policy.factory)
+            closers.append(server.stop)
+            policy_url = server.url
+        probe = await WebsocketPolicyClient.connect(policy_url, api_key=api_key)
+        metadata = dict(probe.metadata)
+        await probe.close()
+        check_identity(config, metadata)
+        vlm = None
+        if "assisted" in config.arms:
+            vlm_config = config.vlm
+            if vlm_config.base_url == "local":
+                from rescue.embedded.endpoint import start_endpoint
+
+                runner, base_url = await start_endpoint()
+                closers.append(runner.cleanup)
+                vlm_config = vlm_config.model_copy(update={"base_url": base_url})
+            vlm = VLMClient(vlm_config, ReceiptLog(layout.receipts, name=RECEIPTS), artifacts_dir=layout.vlm_artifacts)
+            closers.append(vlm.aclose)
+        pool = backend.pool(config.env.simulators, config.env.adapter, log_path=str(layout.simulator_log))
+        closers.append(pool.close)
+        yield Services(policy_url, api_key, config.interval, pool, vlm, closers)
+    finally:
+        for close in reversed(closers):
+            result = close()
+            if asyncio.iscoroutine(result):
+                await result

@@ -1,0 +1,424 @@
+"""Preflight: check the peers, determinism and keepalive before a study is run (DESIGN §4).
+
+First two real calls with the study's settings, so a systematic failure shows
+before any case is claimed: one policy query with the chosen observation
+profile (a policy reading other keys fails here, naming the key), and, when
+the study has an assisted arm, one VLM call (auth, model, structured output)
+with the three views of a reset simulator. If either fails, nothing else runs.
+Then three checks, each with a verdict:
+- the policy server's RNG extension (without it the server does not make the
+  two arms' prefixes equal; any equality is observed, not enforced);
+- determinism: the first k cases' control arms, each run at once on n
+  clients (own policy connection, own simulator), agree to the last trace row;
+- idle hold: one policy connection held idle as long as the longest VLM wait,
+  with the study's keepalive probes, keeps its connection and RNG state, and
+  its next inference equals a fresh connection's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import structlog
+from pydantic import BaseModel
+
+from rescue.core.config import MissingAPIKey, StudyConfig
+from rescue.core.images import VLM_VIEWS
+from rescue.core.manifest import Case, load_manifest
+from rescue.core.observation import get_profile
+from rescue.core.records import ArmResult
+from rescue.policy.client import PolicyConnectionClosed, PolicyServerError, WebsocketPolicyClient
+from rescue.run.arm import ArmSpec, KeepaliveError, run_arm, wait_with_keepalive
+from rescue.run.peers import Services, resolved_config, start_services
+from rescue.study.layout import StudyLayout
+from rescue.study.receipts import ReceiptLog
+from rescue.vlm.answers import SubgoalRequest
+from rescue.vlm.client import VLMClient
+from wrappers.async_rules import AsyncRuleWrapper, rule_inputs_problems
+
+log = structlog.get_logger()
+
+CheckVerdict = Literal["pass", "warn", "fail"]
+_TRACE_FIELDS = ("state", "images", "instruction", "actions")
+
+
+class Check(BaseModel):
+    """One preflight check and what it found."""
+
+    name: str
+    verdict: CheckVerdict
+    detail: str
+
+
+class PreflightReport(BaseModel):
+    """Every check's verdict; a study should not start unless `ok`."""
+
+    checks: list[Check]
+    policy_url: str | None = None
+    policy_rng_control: bool | None = None  # None: never reached the server
+
+    @property
+    def ok(self) -> bool:
+        """True when no check failed (warnings do not fail)."""
+        return bool(self.checks) and all(c.verdict != "fail" for c in self.checks)
+
+    def render(self) -> str:
+        """The policy server, one line per check, then the overall verdict."""
+        control = {None: "unknown", True: "true", False: "false (prefix equality not guaranteed by the server)"}
+        lines = [f"policy {self.policy_url or '(not reached)'}: policy_rng_control = {control[self.policy_rng_control]}"]
+        lines += [f"{c.verdict.upper():4}  {c.name}: {c.detail}" for c in self.checks]
+        lines.append("preflight: " + ("ok" if self.ok else "FAILED"))
+        return "\n".join(lines)
+
+
+def agreement(results: list[ArmResult]) -> str | None:
+    """None if every arm equals the first (fingerprint, trace, outcome, rule firings); else the first difference."""
+    ref = results[0]
+    for i, r in enumerate(results[1:], start=1):
+        if r.fingerprint != ref.fingerprint:
+            return f"client {i}: initial-state fingerprint differs from client 0"
+        for row_ref, row in zip(ref.trace, r.trace):
+            if row_ref.step != row.step:
+                return f"client {i}: trace row at step {row.step}, client 0 at step {row_ref.step}"
+            diff = [f for f in _TRACE_FIELDS if getattr(row, f) != getattr(row_ref, f)]
+            if diff:
+                return f"client {i}: trace differs from client 0 at step {row.step} ({', '.join(diff)})"
+        if len(r.trace) != len(ref.trace):
+            return f"client {i}: {len(r.trace)} trace rows, client 0 has {len(ref.trace)}"
+        if (r.steps, r.success) != (ref.steps, ref.success):
+            return f"client {i}: ended at step {r.steps} (success {r.success}), client 0 at {ref.steps} ({ref.success})"
+        if r.rule_firings != ref.rule_firings:
+            return f"client {i}: rule firings differ from client 0"
+    return None
+
+
+async def _connect(services: Services) -> WebsocketPolicyClient:
+    return await WebsocketPolicyClient.connect(services.policy_url, api_key=services.policy_api_key)
+
+
+async def _one_arm(case: Case, config: StudyConfig, services: Services) -> ArmResult:
+    """A control arm as the engine runs it: own simulator, own connection, the configured rules."""
+    spec = ArmSpec(
+        arm="control", interval=services.interval, image_size=config.env.image_size, keepalive_s=config.keepalive_s,
+        profile=get_profile(config.policy.observation or "privileged"),
+    )
+    sim = await services.pool.acquire()
+    try:
+        policy = AsyncRuleWrapper(await _connect(services), config.rules)
+        try:
+            return await run_arm(case, spec, sim, policy)
+        finally:
+            await policy.close()
+    finally:
+        services.pool.release(sim)
+
+
+async def check_determinism(case: Case, config: StudyConfig, services: Services, clients: int) -> Check:
+    """Run the case's control arm on `clients` clients at once; their traces must agree to the last row."""
+    name = f"determinism {case.case_id}"
+    # Every arm finishes (and frees its simulator) before the verdict, even when one fails.
+    results = await asyncio.gather(*(_one_arm(case, config, services) for _ in range(clients)), return_exceptions=True)
+    for i, r in enumerate(results):
+        if isinstance(r, BaseException):  # the simulator or the connection failed before the arm could record it
+            return Check(name=name, verdict="fail", detail=f"client {i}: {type(r).__name__}: {r}")
+        if r.status != "complete":
+            return Check(name=name, verdict="fail", detail=f"client {i}: arm {r.status}: {r.error}")
+    problem = agreement(list(results))
+    if problem is not None:
+        return Check(name=name, verdict="fail", detail=f"{clients} clients disagree: {problem}")
+    ref = results[0]
+    last = ref.trace[-1].step if ref.trace else None
+    return Check(
+        name=name,
+        verdict="pass",
+        detail=f"{clients} clients agree: fingerprint and all {len(ref.trace)} trace rows (last at step {last}), "
+        f"{ref.steps} steps, success {ref.success}",
+    )
+
+
+def _last_line(text: str) -> str:
+    """The last non-empty line of an error (a server traceback ends with the exception)."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[-1] if lines else str(text)
+
+
+async def check_policy_query(case: Case, config: StudyConfig, services: Services) -> Check:
+    """One policy query with the study's observation profile; the chunk must cover C steps."""
+    name = "policy query"
+    profile = config.policy.observation or "privileged"
+    obs: dict = {}
+    try:
+        obs = await _first_obs(case, config, services)
+        client = await _connect(services)
+        try:
+            await client.reset()
+            reply = await client.infer(obs)
+        finally:
+            await client.close()
+        actions = np.asarray(reply["actions"])
+    except PolicyServerError as exc:
+        return Check(
+            name=name,
+            verdict="fail",
+            detail=f"the policy server refused an observation of profile {profile!r} ({_last_line(exc)}); "
+            f"it sent keys {sorted(obs)}: set [policy] observation to the profile the policy reads "
+            "(openpi-libero, lerobot-libero, privileged)",
+        )
+    except Exception as exc:
+        return Check(name=name, verdict="fail", detail=f"{type(exc).__name__}: {_last_line(exc)}")
+    interval = services.interval
+    if actions.ndim != 2 or actions.shape[0] < interval:
+        return Check(
+            name=name,
+            verdict="fail",
+            detail=f"the policy answered actions of shape {actions.shape}: a chunk needs at least C = {interval} rows "
+            "(set [policy] replan_interval to at most the policy's chunk length)",
+        )
+    # The study's rules must have their inputs in such a reply, or an ablation compares identical arms.
+    idle = rule_inputs_problems(config.rules, reply, interval, obs_sample=obs)
+    if idle:
+        return Check(name=name, verdict="fail", detail="an enabled rule cannot fire: " + "; ".join(idle))
+    return Check(
+        name=name, verdict="pass",
+        detail=f"profile {profile!r}: the policy answered a ({actions.shape[0]}, {actions.shape[1]}) chunk; C = {interval}",
+    )
+
+
+async def _vlm_views(case: Case, config: StudyConfig, services: Services) -> tuple[str, dict]:
+    profile = get_profile(config.policy.observation or "privileged")
+    sim = await services.pool.acquire()
+    try:
+        reset = await sim.reset(case, profile)
+        views = await sim.render(list(VLM_VIEWS), config.env.image_size)
+    finally:
+        services.pool.release(sim)
+    return reset.instruction, views
+
+
+def _vlm_hint(kind: str | None, error: str, key_env: str) -> str:
+    text = error.lower()
+    if "401" in text or "403" in text or "api key" in text or "api_key" in text:
+        return f"the VLM refused the API key: put a valid key in ${key_env} (vlm.api_key_env)"
+    if kind == "quota" or "quota" in text:
+        return "the VLM account is out of quota"
+    if "404" in text or ("model" in text and "not found" in text):
+        return "the VLM does not serve this model: check vlm.model and vlm.base_url"
+    if kind == "connection":
+        return "the VLM endpoint is not reachable: check vlm.base_url"
+    return "fix the VLM settings before running the study"
+
+
+async def check_vlm_call(case: Case, config: StudyConfig, services: Services, workdir: Path) -> Check:
+    """One real VLM call with the study's settings on a reset simulator's views; any failure fails it."""
+    name = "vlm call"
+    vlm = config.vlm.model_copy(update={"batch_size": 1})  # no batch window to wait for
+    closers = []
+    client = None
+    key = ""
+    try:
+        if vlm.base_url == "local":
+            from rescue.embedded.endpoint import start_endpoint
+
+            runner, base_url = await start_endpoint()
+            closers.append(runner.cleanup)
+            vlm = vlm.model_copy(update={"base_url": base_url})
+        key = vlm.resolved_api_key()
+        instruction, views = await _vlm_views(case, config, services)
+        client = VLMClient(vlm, ReceiptLog(workdir / "preflight-receipts.jsonl"), artifacts_dir=workdir / "vlm")
+        answer = await client.ask(SubgoalRequest(case.case_id, instruction, case.horizon // 2, views))
+    except MissingAPIKey as exc:
+        return Check(name=name, verdict="fail", detail=str(exc))
+    except Exception as exc:
+        return Check(name=name, verdict="fail", detail=f"{type(exc).__name__}: {_last_line(exc)}")
+    finally:
+        if client is not None:
+            await client.aclose()
+        for close in closers:
+            await close()
+    where = f"model {vlm.model!r} at {config.vlm.base_url} ({vlm.api} API, structured output {'on' if vlm.structured else 'off'})"
+    if answer.status != "ok":
+        error = _last_line(answer.error or answer.status)
+        if len(key) >= 4 and key != "none":
+            error = error.replace(key, "[redacted]")  # some providers echo the key
+        hint = _vlm_hint(answer.error_kind, error, vlm.api_key_env)
+        return Check(name=name, verdict="fail", detail=f"{hint} ({where}: {answer.error_kind or answer.status}: {error})")
+    return Check(name=name, verdict="pass", detail=f"{where} answered a subgoal of {len(answer.subgoal or '')} characters")
+
+
+async def _first_obs(case: Case, config: StudyConfig, services: Services) -> dict:
+    profile = get_profile(config.policy.observation or "privileged")
+    sim = await services.pool.acquire()
+    try:
+        reset = await sim.reset(case, profile)
+    finally:
+        services.pool.release(sim)
+    return profile.policy_input(reset.obs, reset.instruction)
+
+
+async def _fresh_second_chunk(services: Services, obs: dict, seed: int) -> np.ndarray:
+    """What a new connection answers to its second query after reset_rng(seed)."""
+    ref = await _connect(services)
+    try:
+        await ref.reset()
+        await ref.reset_rng(seed)
+        await ref.infer(obs)
+        return np.asarray((await ref.infer(obs))["actions"])
+    finally:
+        await ref.close()
+
+
+async def check_idle_hold(case: Case, config: StudyConfig, services: Services, idle_s: float) -> Check:
+    """Hold a connection idle for idle_s with the study's keepalive; its connection and RNG must survive."""
+    try:
+        return await _idle_hold(case, config, services, idle_s)
+    except Exception as exc:  # the simulator or the connection failed outside the hold itself
+        return Check(name="idle hold", verdict="fail", detail=f"{type(exc).__name__}: {exc}")
+
+
+async def _idle_hold(case: Case, config: StudyConfig, services: Services, idle_s: float) -> Check:
+    name = "idle hold"
+    every = config.keepalive_s
+    obs = await _first_obs(case, config, services)
+    seed = case.policy_seed
+    client = await _connect(services)
+    try:
+        await client.reset()
+        if client.supports_rng:
+            await client.reset_rng(seed)
+        await client.infer(obs)
+        before = await client.rng_state()
+        start = time.monotonic()
+        try:
+            await wait_with_keepalive(client, asyncio.sleep(idle_s), every, case.case_id)
+        except KeepaliveError as exc:
+            return Check(name=name, verdict="fail", detail=f"the policy's RNG state changed while idle: {exc}")
+        except (PolicyConnectionClosed, PolicyServerError, ConnectionError, asyncio.TimeoutError) as exc:
+            held = time.monotonic() - start
+            return Check(
+                name=name,
+                verdict="fail",
+                detail=f"the policy connection was lost {held:.1f} s into a {idle_s:g} s idle hold with keepalive "
+                f"every {every:g} s ({type(exc).__name__}: {exc}); the server or a proxy drops idle connections: "
+                "lower keepalive_s below its idle limit or raise that limit",
+            )
+        after = await client.rng_state()
+        if before != after:
+            return Check(name=name, verdict="fail", detail=f"RNG state changed across the idle hold: {before} -> {after}")
+        try:
+            chunk = np.asarray((await client.infer(obs))["actions"])
+        except (PolicyConnectionClosed, PolicyServerError, ConnectionError) as exc:
+            return Check(name=name, verdict="fail", detail=f"inference after the idle hold failed: {type(exc).__name__}: {exc}")
+    finally:
+        await client.close()
+    if before is None:
+        return Check(
+            name=name,
+            verdict="pass",
+            detail=f"connection held idle {idle_s:g} s with ping keepalive every {every:g} s and answered afterwards; "
+            "its RNG state cannot be read (no RNG extension)",
+        )
+    reference = await _fresh_second_chunk(services, obs, seed)
+    if reference.shape != chunk.shape or not np.array_equal(reference, chunk):
+        return Check(
+            name=name,
+            verdict="fail",
+            detail="after the idle hold the next inference differs from a fresh connection's second inference: "
+            "keepalive consumed randomness or the policy is not deterministic",
+        )
+    return Check(
+        name=name,
+        verdict="pass",
+        detail=f"connection held idle {idle_s:g} s with keepalive every {every:g} s: RNG digest, request counter "
+        f"({after.requests}), connection id and server instance unchanged; the next inference equals a fresh connection's",
+    )
+
+
+async def check_rng_extension(services: Services) -> tuple[Check, bool]:
+    """Whether the server resets and reports the policy RNG per connection."""
+    client = await _connect(services)
+    try:
+        supported = client.supports_rng
+    finally:
+        await client.close()
+    if supported:
+        return Check(name="rng extension", verdict="pass", detail="the server announces the RNG extension: the policy RNG is reset per arm and read by keepalive"), True
+    detail = ("the server lacks the RNG extension: prefix equality is not guaranteed by the server "
+              "(arms record policy_rng_control = false; determinism below is observed, not enforced)")
+    return Check(name="rng extension", verdict="warn", detail=detail), False
+
+
+def _idle_length_check(config: StudyConfig, idle_s: float) -> Check | None:
+    if "assisted" not in config.arms or idle_s >= config.vlm.deadline_s:
+        return None
+    return Check(
+        name="idle length",
+        verdict="warn",
+        detail=f"held {idle_s:g} s, shorter than the longest VLM wait (vlm.deadline_s = {config.vlm.deadline_s:g} s); "
+        f"run with --idle-s {config.vlm.deadline_s:g} before a real study",
+    )
+
+
+async def run_preflight(
+    cases: list[Case],
+    config: StudyConfig,
+    k: int = 2,
+    clients: int = 3,
+    idle_s: float = 30.0,
+    workdir: Path | None = None,
+) -> PreflightReport:
+    """Start the study's services with `clients` simulators and run every check; never raises for a failed check.
+
+    k=0 skips the determinism check (the idle hold alone, e.g. for a long hold).
+    """
+    if not cases:
+        raise ValueError("the manifest has no case to run")
+    if k < 0 or (k > 0 and clients < 2):
+        raise ValueError("the determinism check needs at least two clients")
+    simulators = clients if k > 0 else 1
+    run_config = config.model_copy(
+        update={"arms": ("control",), "env": config.env.model_copy(update={"simulators": simulators})}
+    )
+    checks: list[Check] = []
+    url, rng_control = None, None
+    with tempfile.TemporaryDirectory(prefix="preflight-") as tmp:
+        try:
+            run_config = await resolved_config(run_config)
+            # The checks run under the resolved identity (C, observation profile) a study would get.
+            config = config.model_copy(update={"policy": run_config.policy})
+            async with start_services(run_config, StudyLayout.of(workdir or tmp)) as services:
+                url = services.policy_url
+                # The real calls first: a wrong profile or VLM key ends the preflight in one line.
+                calls = [await check_policy_query(cases[0], config, services)]
+                if "assisted" in config.arms:
+                    calls.append(await check_vlm_call(cases[0], config, services, Path(tmp)))
+                checks.extend(calls)
+                for check in calls:
+                    log.info("preflight.check", **check.model_dump())
+                if any(c.verdict == "fail" for c in calls):
+                    return PreflightReport(checks=checks, policy_url=url, policy_rng_control=rng_control)
+                rng_check, rng_control = await check_rng_extension(services)
+                checks.append(rng_check)
+                for case in cases[:k]:
+                    checks.append(await check_determinism(case, config, services, clients))
+                    log.info("preflight.check", **checks[-1].model_dump())
+                checks.append(await check_idle_hold(cases[0], config, services, idle_s))
+                log.info("preflight.check", **checks[-1].model_dump())
+        except Exception as exc:  # a service that does not start is a failed preflight, not a crash
+            checks.append(Check(name="services", verdict="fail", detail=f"{type(exc).__name__}: {exc}"))
+    idle = _idle_length_check(config, idle_s)
+    if idle is not None:
+        checks.append(idle)
+    return PreflightReport(checks=checks, policy_url=url, policy_rng_control=rng_control)
+
+
+def preflight(
+    manifest_path: str | Path, config: StudyConfig, k: int = 2, clients: int = 3, idle_s: float = 30.0
+) -> PreflightReport:
+    """Load a manifest and run the preflight checks on its first k cases."""
+    manifest = load_manifest(manifest_path)
+    return asyncio.run(run_preflight(list(manifest.cases), config, k, clients, idle_s))

@@ -1,0 +1,303 @@
+"""The read model of a study: its configuration, records and the one classification dispatch.
+
+Everything here reads files (config, journal, receipts) and calls the pure
+core; nothing starts a simulator, a policy or a VLM client. The engine uses
+the same functions to classify a case when it finishes, so a verdict the
+engine stored and one `rescue verify` recomputes come from one code path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from rescue.core.classify import classify
+from rescue.core.config import StudyConfig
+from rescue.core.evaluation import classify_episode
+from rescue.core.manifest import Case, Manifest
+from rescue.core.querypoint import query_point
+from rescue.core.records import ArmResult, CaseRecord, Receipt, Verdict
+from rescue.core.sham import ShamConfig, sham_donors
+from rescue.core.stats import Summary, summarize
+from rescue.study.files import fsync_dir, write_atomic, write_manifest
+from rescue.study.journal import CaseState, Journal
+from rescue.study.layout import RECEIPTS, StudyLayout
+from rescue.study.receipts import outcomes_by_call, read_receipt_file
+
+# Journal meta key: the sham arm's donor of each case (permuted source), fixed at creation.
+SHAM_DONORS_KEY = "sham_donors"
+
+# The states whose cases carry a verdict and so enter the summary.
+SUMMARIZED_STATES: tuple[CaseState, ...] = ("finished", "interrupted")
+
+
+class StudyError(RuntimeError):
+    """A study folder cannot be created, opened or resumed as asked."""
+
+
+class SummaryError(StudyError):
+    """Stored verdicts that break the summary's invariants."""
+
+
+def new_study_dir(root: str | os.PathLike[str] = "queue") -> Path:
+    """A fresh, unique study folder name under root."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return Path(root) / f"study-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def create_study(study_dir: Path, manifest: Manifest, config: StudyConfig, extra_meta: dict | None = None) -> None:
+    """Lay out a study folder (manifest copy, resolved config and its sha256, journal), all or nothing.
+
+    The folder is built under a private name beside its final one and renamed
+    into place only when complete, so a crash or a full disk leaves either a
+    whole study or nothing at `study_dir`.
+    """
+    study_dir = Path(study_dir)
+    if config.policy.replan_interval is None or config.policy.announced is None:
+        raise StudyError("a study's configuration must have its identity resolved before it is created")
+    if StudyLayout.of(study_dir).is_study() or (study_dir.exists() and any(study_dir.iterdir())):
+        raise StudyError(f"{study_dir} already exists and is not empty; use `rescue resume {study_dir}` for a study")
+    study_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = study_dir.parent / f".{study_dir.name}.creating-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    try:
+        tmp.mkdir()
+        layout = StudyLayout.of(tmp)
+        layout.receipts.parent.mkdir()
+        write_manifest(manifest.cases, layout.manifest)
+        config_json = json.dumps(config.model_dump(mode="json"), indent=2, sort_keys=True)
+        write_atomic(layout.config, config_json + "\n")
+        meta = {
+            "study_id": study_dir.name,
+            "kind": "evaluation" if config.is_evaluation else "rescue",
+            "created_at": time.time(),
+            "config_sha256": config.sha256(),
+            "manifest_sha256": manifest.sha256,
+            "manifest_source": str(manifest.source) if manifest.source else None,
+            **(extra_meta or {}),
+        }
+        if config.sham.source == "permuted" and not config.is_evaluation:
+            # Declared before anything runs; `rescue verify` derives it again from manifest and seed.
+            meta[SHAM_DONORS_KEY] = sham_donors(manifest.cases, config.sham.seed)
+        Journal.create(tmp, manifest.cases, meta).close()
+        if study_dir.exists():
+            study_dir.rmdir()  # empty (checked above); rename cannot replace a folder that has files
+        os.rename(tmp, study_dir)
+        fsync_dir(study_dir.parent)
+    except OSError as exc:
+        raise StudyError(f"cannot create the study at {study_dir}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_study_config(study_dir: str | os.PathLike[str]) -> StudyConfig:
+    """The resolved configuration a study was created with."""
+    path = StudyLayout.of(study_dir).config
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise StudyError(f"{study_dir} is not a study folder (no {path.name})") from None
+    try:
+        return StudyConfig.model_validate_json(text)
+    except ValidationError as exc:
+        raise StudyError(f"{path}: not a study configuration ({exc.errors()[0]['msg']})") from None
+
+
+def case_record(
+    case: Case,
+    arms: dict[str, ArmResult],
+    receipts: dict[str, Receipt],
+    interval: int,
+    interrupted: bool,
+    sham: ShamConfig | None = None,
+    donors: dict[str, str] | None = None,
+) -> CaseRecord:
+    """Gather what DESIGN §3 classification needs for one case (and its sham arm's declaration)."""
+    assisted, sham_arm = arms.get("assisted"), arms.get("sham")
+    receipt = None
+    if assisted is not None and assisted.assistance.call_id:
+        receipt = receipts.get(assisted.assistance.call_id)
+    sham_on = sham is not None and sham.on
+    sham_receipt = None
+    if sham_on and sham_arm is not None and sham_arm.assistance.call_id:
+        sham_receipt = receipts.get(sham_arm.assistance.call_id)
+    return CaseRecord(
+        case_id=case.case_id,
+        group=case.group,
+        task=case.task,
+        horizon=case.horizon,
+        query_step=query_point(case.horizon, interval),
+        historical_fingerprint=case.fingerprint,
+        pilot=case.pilot,
+        interrupted=interrupted,
+        control=arms.get("control"),
+        assisted=assisted,
+        receipt=receipt,
+        sham=sham_arm,
+        sham_source=sham.source if sham_on else None,
+        sham_text=sham.text_for(case.task) if sham_on and sham.source == "fixed" else None,
+        sham_donor=(donors or {}).get(case.case_id) if sham_on and sham.source == "permuted" else None,
+        sham_receipt=sham_receipt,
+    )
+
+
+def classify_case(
+    config: StudyConfig,
+    case: Case,
+    arms: dict[str, ArmResult],
+    receipts: dict[str, Receipt],
+    interrupted: bool,
+    donors: dict[str, str] | None = None,
+) -> Verdict:
+    """A case's verdict under its study's rules: an episode label in an evaluation, DESIGN §3 otherwise."""
+    if config.is_evaluation:
+        return classify_episode(case.case_id, arms.get("control"), interrupted)
+    return classify(case_record(case, arms, receipts, config.interval, interrupted, config.sham, donors))
+
+
+def receipt_files(layout: StudyLayout, journal: Journal) -> dict[str, Path]:
+    """Every receipts file of a study by its name in the index: the default one and any the index names."""
+    names = [RECEIPTS] + sorted({row.path for row in journal.receipt_index()} - {RECEIPTS})
+    return {name: layout.receipts_file(name) for name in names}
+
+
+def outcome_receipts(path: Path) -> dict[str, Receipt]:
+    """Outcome receipts of one file by call id, by the receipts reader's rule (a call's first outcome line)."""
+    return {call_id: line.receipt for call_id, line in outcomes_by_call(read_receipt_file(path)).items()}
+
+
+def study_receipts(layout: StudyLayout, journal: Journal) -> dict[str, Receipt]:
+    """The outcome receipt of every call of a study, by call id (the receipts reader's rule)."""
+    out: dict[str, Receipt] = {}
+    for path in receipt_files(layout, journal).values():
+        for call_id, receipt in outcome_receipts(path).items():
+            out.setdefault(call_id, receipt)
+    return out
+
+
+class StudyRecords(BaseModel):
+    """What a study's files hold, gathered once for export, verification and reports."""
+
+    config: StudyConfig
+    cases: list[Case]
+    states: dict[str, CaseState]
+    arms: dict[str, dict[str, ArmResult]]
+    verdicts: dict[str, Verdict]
+    receipts: dict[str, Receipt]  # outcome receipts by call id
+    meta: dict[str, Any]
+
+    @property
+    def interval(self) -> int:
+        """C, as the study's configuration fixed it."""
+        return self.config.interval
+
+    @property
+    def donors(self) -> dict[str, str]:
+        """The sham arm's declared donor of each case (permuted source), as stored at creation."""
+        return dict(self.meta.get(SHAM_DONORS_KEY) or {})
+
+    def record(self, case: Case) -> CaseRecord:
+        """The DESIGN §3 classification input of one case."""
+        interrupted = self.states[case.case_id] == "interrupted"
+        return case_record(
+            case, self.arms.get(case.case_id, {}), self.receipts, self.interval, interrupted, self.config.sham, self.donors
+        )
+
+    def classify(self, case: Case) -> Verdict:
+        """The verdict a case's records classify to now."""
+        interrupted = self.states[case.case_id] == "interrupted"
+        return classify_case(
+            self.config, case, self.arms.get(case.case_id, {}), self.receipts, interrupted, self.donors
+        )
+
+
+def open_journal(study_dir: str | os.PathLike[str], readonly: bool = True, case_type: type[Case] = Case) -> Journal:
+    """Open a study's journal, with a StudyError naming the folder when it is not a study."""
+    from rescue.study.journal import JournalError
+
+    layout = StudyLayout.of(study_dir)
+    if not layout.is_study():
+        raise StudyError(f"{study_dir} is not a study folder (no {layout.journal.name})")
+    try:
+        return Journal.open(study_dir, readonly=readonly, case_type=case_type)
+    except JournalError as exc:
+        raise StudyError(str(exc)) from None
+    except Exception as exc:  # sqlite3.DatabaseError and friends: an unreadable journal
+        raise StudyError(f"{layout.journal}: unreadable journal ({exc})") from None
+
+
+def read_study(study_dir: str | os.PathLike[str], journal: Journal) -> StudyRecords:
+    """Gather configuration, cases, states, arms, verdicts and outcome receipts from an open journal."""
+    layout = StudyLayout.of(study_dir)
+    return StudyRecords(
+        config=load_study_config(study_dir),
+        cases=journal.cases(),
+        states={row.case_id: row.state for row in journal.rows()},
+        arms=journal.all_arms(),
+        verdicts=journal.verdicts(),
+        receipts=study_receipts(layout, journal),
+        meta=journal.meta(),
+    )
+
+
+def study_summary(records: StudyRecords, verdicts: dict[str, Verdict] | None = None) -> Summary:
+    """The summary over finished and interrupted cases with a verdict (stored ones by default).
+
+    Raises SummaryError when the verdicts break the summary's invariants (`rescue verify` says where).
+    """
+    verdicts = records.verdicts if verdicts is None else verdicts
+    chosen = [c for c in records.cases if records.states[c.case_id] in SUMMARIZED_STATES and c.case_id in verdicts]
+    try:
+        return summarize([records.record(c) for c in chosen], [verdicts[c.case_id] for c in chosen])
+    except ValueError as exc:
+        raise SummaryError(f"the study's verdicts cannot be summarized: {exc}") from None
+
+
+def store_summary(study_dir: str | os.PathLike[str]) -> Summary:
+    """Compute a rescue study's summary from its stored verdicts and keep it in the journal's meta."""
+    with Journal.open(study_dir) as journal:
+        records = read_study(study_dir, journal)
+        if records.config.is_evaluation:
+            raise StudyError("an evaluation study has no rescue summary to store")
+        summary = study_summary(records)
+        journal.set_summary(summary)
+    return summary
+
+
+# Exit codes of `rescue run`, `resume` and `eval` (README lists them).
+EXIT_OK = 0  # every case has a verdict
+EXIT_STOPPED = 3  # the study stopped with cases never run (drain, fail-fast, unreachable policy)
+EXIT_ALL_UNKNOWN = 4  # every case has a verdict, and every one is unknown
+
+
+class StudyOutcome(BaseModel):
+    """How a run left its study: the exit code and the line that explains it."""
+
+    code: int
+    message: str
+
+
+def study_outcome(study_dir: str | os.PathLike[str]) -> StudyOutcome:
+    """The exit code of a run from what the journal holds: finished, stopped early, or all unknown."""
+    with open_journal(study_dir) as journal:
+        counts = journal.counts()
+        labels = journal.label_counts()
+        meta = journal.meta()
+    n = sum(counts.values())
+    left = counts["pending"] + counts["claimed"]
+    if left:
+        why = meta.get("stop_reason") or ("a drain was requested" if meta.get("drain") else "it was interrupted")
+        return StudyOutcome(
+            code=EXIT_STOPPED,
+            message=f"the study stopped with {left} of {n} cases without a verdict: {why}",
+        )
+    unknown = sum(v for (_, label), v in labels.items() if label == "unknown")
+    if n and unknown == n:
+        return StudyOutcome(code=EXIT_ALL_UNKNOWN, message=f"every one of the {n} cases is unknown (see their reasons: rescue export)")
+    return StudyOutcome(code=EXIT_OK, message=f"all {n} cases have a verdict")

@@ -1,0 +1,96 @@
+"""Token usage and latency over VLM calls, honest about what is unknown.
+
+One call counts once however many cases shared it and however many attempts it
+took: each call is its outcome receipt, chosen by the receipts module's one rule
+(the first outcome line of a call; `rescue.study.receipts.first_outcomes`). A token
+total is given only when every call reported that counter; otherwise the known
+sum is shown beside how many calls lacked it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Iterable
+
+from pydantic import BaseModel, Field
+
+from rescue.core.records import Receipt
+from rescue.study.receipts import ReceiptLine, first_outcomes
+
+TOKEN_TYPES = {
+    "input": "input_tokens",
+    "cached_input": "cached_input_tokens",
+    "output": "output_tokens",
+    "reasoning": "reasoning_tokens",
+}
+
+
+class TokenTally(BaseModel):
+    """One token type over all calls."""
+
+    known_sum: int = 0
+    calls_with: int = 0
+    calls_without: int = 0
+    total: int | None = None  # only when no call lacked the counter
+
+
+class LatencySummary(BaseModel):
+    """Per-call latency in seconds over outcome receipts (None when there are no calls)."""
+
+    sum_s: float = 0.0
+    mean_s: float | None = None
+    median_s: float | None = None
+    min_s: float | None = None
+    max_s: float | None = None
+
+
+class UsageSummary(BaseModel):
+    """Deduplicated call count, statuses, tokens per type, latency; cost unknown."""
+
+    calls: int = 0
+    cases: int = 0
+    attempts: int = 0
+    by_status: dict[str, int] = Field(default_factory=dict)
+    tokens: dict[str, TokenTally] = Field(default_factory=dict)
+    latency: LatencySummary = Field(default_factory=LatencySummary)
+    cost: float | None = None  # no price list is assumed
+
+
+def _outcomes(receipts: Iterable[Receipt | ReceiptLine]) -> list[Receipt]:
+    plain = (r.receipt if isinstance(r, ReceiptLine) else r for r in receipts)
+    return list(first_outcomes(r for r in plain if r is not None).values())
+
+
+def _tally(values: list[int | None]) -> TokenTally:
+    known = [v for v in values if v is not None]
+    missing = len(values) - len(known)
+    return TokenTally(
+        known_sum=sum(known),
+        calls_with=len(known),
+        calls_without=missing,
+        total=sum(known) if missing == 0 else None,
+    )
+
+
+def usage_summary(receipts: Iterable[Receipt | ReceiptLine]) -> UsageSummary:
+    """Summarise calls from their receipts or receipt lines (attempt receipts are ignored)."""
+    calls = _outcomes(receipts)
+    latencies = [r.latency_s for r in calls if r.latency_s is not None]
+    return UsageSummary(
+        calls=len(calls),
+        cases=len({c for r in calls for c in r.case_ids}),
+        attempts=sum(r.attempt for r in calls),
+        by_status=dict(Counter(r.status for r in calls)),
+        tokens={
+            name: _tally([getattr(r.usage, field) for r in calls])
+            for name, field in TOKEN_TYPES.items()
+        },
+        latency=LatencySummary(
+            sum_s=sum(latencies),
+            mean_s=statistics.fmean(latencies) if latencies else None,
+            median_s=statistics.median(latencies) if latencies else None,
+            min_s=min(latencies) if latencies else None,
+            max_s=max(latencies) if latencies else None,
+        ),
+    )
