@@ -20,7 +20,7 @@ from conftest import resolved_config
 
 from rescue.core.classify import classify
 from rescue.core.digest import digest_array, digest_obs, digest_text
-from rescue.core.manifest import Case, parse_manifest
+from rescue.core.manifest import parse_manifest
 from rescue.core.querypoint import query_point
 from rescue.core.records import ArmResult, Assistance, Receipt, TraceRow, Usage, Verdict
 from rescue.read.export import (
@@ -35,7 +35,7 @@ from rescue.read.status import render_status, study_status
 from rescue.read.verify import outcome_line_sha256, verify_study
 from rescue.run.engine import recover
 from rescue.study.folder import case_record, create_study, outcome_receipts, store_summary
-from rescue.study.journal import SUMMARY_KEY, Journal, JournalError, arm_digest
+from rescue.study.journal import SUMMARY_KEY, Journal, arm_digest
 from rescue.study.layout import RECEIPTS as RECEIPTS_FILE
 from rescue.study.receipts import ReceiptLog, read_receipts
 from wrappers.injection import inject
@@ -147,15 +147,13 @@ class Driver:
     def finish(self, case_id: str, *arms: ArmResult) -> None:
         journal = self.journal
         assert journal.claim(case_id, "w0")
-        for a in arms:
-            journal.record_arm(a)
         by_arm = {a.arm: a for a in arms}
         call_id = by_arm["assisted"].assistance.call_id if "assisted" in by_arm else None
         path = self.study / RECEIPTS_FILE
-        if call_id:
-            journal.index_receipt(call_id, [case_id], RECEIPTS_FILE, outcome_line_sha256(path, call_id))
+        index = (call_id, RECEIPTS_FILE, outcome_line_sha256(path, call_id)) if call_id else None
         rec = case_record(journal.case(case_id), by_arm, outcome_receipts(path), C, interrupted=False)
-        journal.finish(case_id, classify(rec))
+        # As the engine does: arms, receipt index and verdict in one transaction.
+        journal.finish_case(case_id, arms, classify(rec), index)
 
 
 def build_study(study: Path) -> Path:
@@ -214,9 +212,9 @@ def build_study(study: Path) -> Path:
         arm_result("pilot-1", "control", success=False, steps=H),
         arm_result("pilot-1", "assisted", success=True, steps=192, assistance=a5, applied=i5),
     )
-    # A worker dies after its control arm: resume's recovery makes it interrupted.
+    # A worker dies while its arms run (nothing of a case lands before its verdict): resume's
+    # recovery makes it interrupted.
     assert journal.claim("crashed", "w1")
-    journal.record_arm(arm_result("crashed", "control", success=False, steps=H))
     log.close()
     # What each call saw and answered (DESIGN §9), kept as the client keeps it: named by sha256.
     for r in read_receipts(study / RECEIPTS_FILE):
@@ -275,26 +273,14 @@ def test_study_holds_the_expected_labels(clean_study):
 def test_journal_stores_arm_digests_and_receipt_line_sha256(clean_study):
     with Journal.open(clean_study, readonly=True) as j:
         rows = j.arm_rows()
-        assert len(rows) == 13
+        assert len(rows) == 12
         for row in rows:
             assert row.digest == arm_digest(ArmResult.model_validate_json(row.data))
         index = {(r.call_id, r.case_id): r.line_sha256 for r in j.receipt_index()}
-        # The old three-field view of the index is unchanged.
-        assert len(j.receipts()) == len(index) == 6
+        assert len(index) == 6
     lines = (clean_study / RECEIPTS_FILE).read_bytes().split(b"\n")
     outcome_a = next(l for l in lines if b'"outcome"' in l and b'"call-a"' in l)
     assert index[("call-a", "rescued-1")] == index[("call-a", "assisted-fails")] == digest_text(outcome_a.decode())
-
-
-def test_index_receipt_line_sha256_is_added_once_never_replaced(tmp_path):
-    cases = [Case(case_id="c", suite="s", task_id=0, init_state_index=0, env_seed=0, horizon=H)]
-    with Journal.create(tmp_path / "s", cases) as j:
-        j.index_receipt("call", ["c"], RECEIPTS_FILE)
-        j.index_receipt("call", ["c"], RECEIPTS_FILE, "ab" * 32)
-        j.index_receipt("call", ["c"], RECEIPTS_FILE)  # no digest given: keeps the stored one
-        assert j.receipt_index("c")[0].line_sha256 == "ab" * 32
-        with pytest.raises(JournalError):
-            j.index_receipt("call", ["c"], RECEIPTS_FILE, "cd" * 32)
 
 
 def test_export_has_one_entry_per_case_and_explicit_coverage(clean_study):
@@ -486,8 +472,7 @@ def test_evaluation_study_verifies_and_exports_episode_rates(tmp_path):
         for case_id, success in (("ep-0", True), ("ep-1", False)):
             journal.claim(case_id, "w")
             result = arm_result(case_id, "control", success=success, steps=96 if success else H)
-            journal.record_arm(result)
-            journal.finish(case_id, evaluation.classify_episode(case_id, result, False))
+            journal.finish_case(case_id, [result], evaluation.classify_episode(case_id, result, False))
     report = verify_study(study)
     assert report.ok, report.render()
     export = export_study(study)

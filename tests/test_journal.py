@@ -79,7 +79,6 @@ def test_create_then_open_round_trips_cases_and_meta(journal, study):
         assert again.meta()["manifest_sha256"] == "ab12"
         assert again.counts() == {"pending": 5, "claimed": 0, "finished": 0, "interrupted": 0}
         assert again.pending_ids() == [c.case_id for c in make_cases(5)]
-        assert again.claimed_ids() == []
     conn = sqlite3.connect(journal_path(study))
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     conn.close()
@@ -148,7 +147,7 @@ def test_claim_next_follows_manifest_order_and_skips_claimed(journal):
     got = [journal.claim_next("w").case_id for _ in range(4)]
     assert got == ["case-00000", "case-00002", "case-00003", "case-00004"]
     assert journal.claim_next("w") is None
-    assert journal.claimed_ids() == [f"case-{i:05d}" for i in range(5)]
+    assert journal.counts()["pending"] == 0 and journal.counts()["claimed"] == 5
 
 
 def test_concurrent_claim_of_one_case_has_one_winner(journal, study):
@@ -236,7 +235,7 @@ def test_recover_interrupted_is_final(journal):
     journal.claim("case-00003", "w")
     journal.claim("case-00001", "w")
     journal.claim("case-00002", "w")
-    journal.finish("case-00002", verdict("case-00002"))
+    journal.finish_case("case-00002", (), verdict("case-00002"))
     assert journal.recover_interrupted() == ["case-00001", "case-00003"]
     assert journal.state("case-00001") == "interrupted"
     assert journal.state("case-00002") == "finished"
@@ -284,10 +283,13 @@ def test_killed_worker_leaves_its_case_claimed_then_interrupted(journal, study):
 
 def test_arm_results_are_written_once(journal):
     journal.claim("case-00000", "w")
-    journal.record_arm(arm("case-00000", "control"))
-    journal.record_arm(arm("case-00000", "assisted"))
+    twice = [arm("case-00000", "control"), arm("case-00000", "assisted"),
+             arm("case-00000", "control").model_copy(update={"success": True})]
     with pytest.raises(DuplicateRecord):
-        journal.record_arm(arm("case-00000", "control").model_copy(update={"success": True}))
+        journal.finish_case("case-00000", twice, verdict("case-00000"))
+    # One transaction: nothing of the refused call is kept, and the case is still claimed.
+    assert journal.arms("case-00000") == {} and journal.state("case-00000") == "claimed"
+    journal.finish_case("case-00000", twice[:2], verdict("case-00000"))
     arms = journal.arms("case-00000")
     assert set(arms) == {"control", "assisted"}
     assert arms["control"].success is False
@@ -296,28 +298,28 @@ def test_arm_results_are_written_once(journal):
 
 def test_arm_results_need_a_live_claim(journal):
     with pytest.raises(JournalError, match="pending"):
-        journal.record_arm(arm("case-00000"))
+        journal.finish_case("case-00000", [arm("case-00000")], verdict("case-00000"))
     journal.claim("case-00000", "w")
     journal.recover_interrupted()
     # A worker thought lost must not change an interrupted case.
     with pytest.raises(JournalError, match="interrupted"):
-        journal.record_arm(arm("case-00000"))
+        journal.finish_case("case-00000", [arm("case-00000")], verdict("case-00000"))
     with pytest.raises(KeyError):
-        journal.record_arm(arm("nope"))
+        journal.finish_case("nope", [arm("nope")], verdict("nope"))
     assert journal.arms("case-00000") == {}
 
 
 def test_finish_stores_the_verdict_once(journal):
     with pytest.raises(JournalError, match="not claimed"):
-        journal.finish("case-00000", verdict("case-00000"))
+        journal.finish_case("case-00000", (), verdict("case-00000"))
     journal.claim("case-00000", "w")
     with pytest.raises(JournalError):
-        journal.finish("case-00000", verdict("case-00001"))
-    journal.finish("case-00000", verdict("case-00000", "rescued", 9))
+        journal.finish_case("case-00000", (), verdict("case-00001"))
+    journal.finish_case("case-00000", (), verdict("case-00000", "rescued", 9))
     assert journal.state("case-00000") == "finished"
     assert journal.verdicts() == {"case-00000": verdict("case-00000", "rescued", 9)}
     with pytest.raises(JournalError):
-        journal.finish("case-00000", verdict("case-00000"))
+        journal.finish_case("case-00000", (), verdict("case-00000"))
     with pytest.raises(JournalError, match="not interrupted"):
         journal.set_verdict("case-00000", verdict("case-00000"))
 
@@ -330,13 +332,14 @@ def test_interrupted_verdict_is_written_once(journal):
         journal.set_verdict("case-00004", verdict("case-00004", "unknown", 2))
 
 
-def test_receipt_index_is_idempotent_and_consistent(journal):
-    journal.index_receipt("call-1", ["case-00000", "case-00001"], "receipts/a.jsonl")
-    journal.index_receipt("call-1", ["case-00000"], "receipts/a.jsonl")
-    assert journal.receipts("case-00000") == [("call-1", "case-00000", "receipts/a.jsonl")]
-    assert len(journal.receipts()) == 2
-    with pytest.raises(JournalError):
-        journal.index_receipt("call-1", ["case-00000"], "receipts/b.jsonl")
+def test_one_batched_call_is_indexed_for_each_of_its_cases(journal):
+    # A batched call answers two cases; each case's finish indexes the call for that case.
+    for case_id in ("case-00000", "case-00001"):
+        journal.claim(case_id, "w")
+        journal.finish_case(case_id, (), verdict(case_id), ("call-1", "receipts/a.jsonl", "ab" * 32))
+    assert [(r.call_id, r.path, r.line_sha256) for r in journal.receipt_index("case-00000")] == [
+        ("call-1", "receipts/a.jsonl", "ab" * 32)]
+    assert [r.case_id for r in journal.receipt_index()] == ["case-00000", "case-00001"]
 
 
 # --- drain, meta, other connections -----------------------------------------
@@ -389,7 +392,7 @@ def test_finish_case_records_arms_receipt_and_verdict_at_once(tmp_path):
     assert journal.state("c1") == "finished"
     assert set(journal.arms("c1")) == {"control", "assisted"}
     assert journal.verdicts()["c1"].label == "rescued"
-    assert [row[0] for row in journal.receipts("c1")] == ["k"]
+    assert [row.call_id for row in journal.receipt_index("c1")] == ["k"]
     with pytest.raises(Exception):
         journal.finish_case("c1", arms, verdict)  # finished cases are final
 

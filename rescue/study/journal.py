@@ -341,18 +341,6 @@ class Journal:
 
     # --- results ---------------------------------------------------------
 
-    def record_arm(self, result: ArmResult) -> None:
-        """Store one arm's result for a claimed case; a second result for that arm raises."""
-        with self._write() as conn:
-            state = self._require_case(conn, result.case_id)
-            # Only the claim holder's window is open: results arriving for an
-            # interrupted case (a worker thought lost) must not change it.
-            if state != "claimed":
-                raise JournalError(
-                    f"case {result.case_id!r} is {state}, not claimed; arm {result.arm} not recorded"
-                )
-            self._insert_arm(conn, result)
-
     @staticmethod
     def _insert_arm(conn: sqlite3.Connection, result: ArmResult) -> None:
         try:
@@ -393,12 +381,8 @@ class Journal:
             )
             self._insert_verdict(conn, verdict)
 
-    def finish(self, case_id: str, verdict: Verdict) -> None:
-        """Move a claimed case to `finished` and store its verdict, in one transaction."""
-        self.finish_case(case_id, (), verdict)
-
     def set_verdict(self, case_id: str, verdict: Verdict) -> None:
-        """Store the verdict of an interrupted case (finished cases get theirs from `finish`)."""
+        """Store the verdict of an interrupted case (finished cases get theirs from `finish_case`)."""
         if verdict.case_id != case_id:
             raise JournalError(f"verdict is for {verdict.case_id!r}, not {case_id!r}")
         with self._write() as conn:
@@ -416,39 +400,6 @@ class Journal:
             )
         except sqlite3.IntegrityError:
             raise DuplicateRecord(f"case {verdict.case_id!r} already has a verdict") from None
-
-    def index_receipt(
-        self, call_id: str, case_ids: Iterable[str], path: str, line_sha256: str | None = None
-    ) -> None:
-        """Note which receipts file holds a VLM call naming these cases, and its outcome line's sha256 (idempotent)."""
-        path = str(path)
-        with self._write() as conn:
-            for case_id in case_ids:
-                conn.execute(
-                    "INSERT INTO receipts (call_id, case_id, path, line_sha256) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT (call_id, case_id) DO NOTHING",
-                    (call_id, case_id, path, line_sha256),
-                )
-                stored_path, stored_sha = conn.execute(
-                    "SELECT path, line_sha256 FROM receipts WHERE call_id = ? AND case_id = ?",
-                    (call_id, case_id),
-                ).fetchone()
-                if stored_path != path:
-                    raise JournalError(
-                        f"call {call_id!r} for case {case_id!r} is already indexed in {stored_path}"
-                    )
-                if line_sha256 is None or stored_sha == line_sha256:
-                    continue
-                # A digest may be added to an entry that lacked one, never replaced.
-                if stored_sha is not None:
-                    raise JournalError(
-                        f"call {call_id!r} for case {case_id!r} is already indexed with "
-                        f"line sha256 {stored_sha}"
-                    )
-                conn.execute(
-                    "UPDATE receipts SET line_sha256 = ? WHERE call_id = ? AND case_id = ?",
-                    (line_sha256, call_id, case_id),
-                )
 
     # --- drain -----------------------------------------------------------
 
@@ -594,19 +545,6 @@ class Journal:
     def pending_ids(self) -> list[str]:
         """Ids of cases never claimed, in manifest order."""
         return [r[0] for r in self._read("SELECT case_id FROM cases WHERE state = 'pending' ORDER BY ord")]
-
-    def claimed_ids(self) -> list[str]:
-        """Ids of cases ever claimed (claimed, finished or interrupted), in manifest order."""
-        return [r[0] for r in self._read("SELECT case_id FROM cases WHERE state <> 'pending' ORDER BY ord")]
-
-    def receipts(self, case_id: str | None = None) -> list[tuple[str, str, str]]:
-        """Indexed receipts as (call_id, case_id, path), optionally for one case."""
-        if case_id is None:
-            return self._read("SELECT call_id, case_id, path FROM receipts ORDER BY call_id, case_id")
-        return self._read(
-            "SELECT call_id, case_id, path FROM receipts WHERE case_id = ? ORDER BY call_id",
-            (case_id,),
-        )
 
     def arm_rows(self) -> list[ArmRow]:
         """Every stored arm result as raw JSON with its recorded digest, in manifest order."""
