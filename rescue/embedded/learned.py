@@ -12,14 +12,13 @@ reproducible and inspectable. Training lives in `rescue/embedded/training/train_
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
+from rescue.embedded.seeded import SeededNoise
 from wrappers.injection import parse_injection
 
 # Package data (a link to the top-level models/ in a checkout), so any install finds it.
@@ -93,7 +92,7 @@ def build_network(horizon: int, hidden: int = 256, n_phases: int = 7):
     return ChunkNet()
 
 
-class LearnedPolicy:
+class LearnedPolicy(SeededNoise):
     """The frozen network behind the policy interface: `infer(obs) -> {"actions": (C, 7)}`."""
 
     # The observation profile it reads (DESIGN §7), announced in the server's metadata.
@@ -113,16 +112,6 @@ class LearnedPolicy:
         self._std = np.asarray(self.meta["state_std"], np.float32)
         self.action_noise = float(self.meta["action_noise"] if action_noise is None else action_noise)
         self.reset_rng(seed)
-
-    # -- RNG extension -------------------------------------------------
-    def reset_rng(self, seed: int) -> None:
-        """Restart the sampling noise from a seed."""
-        self._rng = np.random.default_rng(int(seed))
-
-    def rng_state(self) -> str:
-        """A digest of the sampling RNG's state; reading it does not advance it."""
-        state = json.dumps(self._rng.bit_generator.state, sort_keys=True, default=int)
-        return hashlib.sha256(state.encode()).hexdigest()
 
     # -- Policy ----------------------------------------------------------
     def reset(self) -> None:

@@ -10,11 +10,9 @@ not held, which is how a subgoal can rescue a missed grasp.
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 import numpy as np
 
+from rescue.embedded.seeded import SeededNoise
 from wrappers.injection import parse_injection
 
 PHASES = ("approach", "descend", "grasp", "lift", "carry", "lower", "release", "retreat", "idle")
@@ -24,7 +22,7 @@ OPEN, CLOSE = -1.0, 1.0
 STEP_GAIN = 0.05 * 0.3
 
 
-class ScriptedPickPlace:
+class ScriptedPickPlace(SeededNoise):
     """Phase-machine pick-and-place with seeded grasp error; a reference, not a VLA."""
 
     # The observation profile it reads (DESIGN §7), announced in the server's metadata.
@@ -36,16 +34,6 @@ class ScriptedPickPlace:
         self.action_noise = action_noise
         self.reset_rng(seed)
         self.reset()
-
-    # -- RNG extension -------------------------------------------------
-    def reset_rng(self, seed: int) -> None:
-        """Restart the policy's random stream from a seed."""
-        self._rng = np.random.default_rng(int(seed))
-
-    def rng_state(self) -> str:
-        """A digest of the random stream's state (unchanged by anything but inference)."""
-        state = json.dumps(self._rng.bit_generator.state, sort_keys=True, default=int)
-        return hashlib.sha256(state.encode()).hexdigest()
 
     # -- Policy ----------------------------------------------------------
     def reset(self) -> None:
