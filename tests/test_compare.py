@@ -20,6 +20,7 @@ from rescue.run.compare import (
     PLAN_FILE,
     RESULT_FILE,
     ComparePlan,
+    CompareRequest,
     Episode,
     Side,
     compare_episodes,
@@ -231,8 +232,7 @@ def write_side(folder, cases: list[Case], results: dict[str, tuple[bool | None, 
                 case_id=case_id, arm="control", status="complete", success=success, steps=40 if success else 64,
                 fingerprint=fingerprint, assistance=Assistance(status="control"),
             )
-            journal.record_arm(arm)
-            journal.finish(case_id, classify_episode(case_id, arm, False))
+            journal.finish_case(case_id, [arm], classify_episode(case_id, arm, False))
     recover(folder)
 
 
@@ -272,7 +272,8 @@ def test_a_comparison_is_laid_out_before_either_side_runs(tmp_path):
         side_config(None, "rescue.embedded.scripted:make_policy")[0],
         side_config(None, "rescue.embedded.variants:make_steady_policy", {"cases_in_flight": 1})[0],
     )
-    plan = create_compare(tmp_path, "libero_object", [3, 4], 2, 64, configs, ("a", "b"), seed=5)
+    plan = create_compare(tmp_path, CompareRequest(suite="libero_object", tasks=[3, 4], episodes=2, horizon=64, seed=5),
+                          configs, ("a", "b"))
     assert load_plan(tmp_path) == plan and plan.seed == 5
     metas = []
     for side, config in zip(("a", "b"), configs):
@@ -287,7 +288,7 @@ def test_a_comparison_is_laid_out_before_either_side_runs(tmp_path):
     assert metas[0]["manifest_sha256"] == metas[1]["manifest_sha256"]
     assert plan.a.config["policy"]["factory"] != plan.b.config["policy"]["factory"]
     with pytest.raises(StudyError, match="already holds a comparison"):
-        create_compare(tmp_path, "libero_object", [3], 1, 64, configs, ("a", "b"))
+        create_compare(tmp_path, CompareRequest(suite="libero_object", tasks=[3], episodes=1, horizon=64), configs, ("a", "b"))
     with pytest.raises(StudyError, match="config file or a policy"):
         side_config(None, None)
     assert side_config(None, "ws://127.0.0.1:9")[0].policy.url == "ws://127.0.0.1:9"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 import structlog
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.catalog import OFFICIAL_HORIZON
 from rescue.core.config import StudyConfig, load_config
@@ -33,7 +33,7 @@ from rescue.run.peers import resolved_config
 from rescue.study.files import write_atomic
 from rescue.study.folder import StudyError, create_study, load_study_config, new_study_dir
 from rescue.study.journal import Journal, journal_path
-from rescue.study.layout import StudyLayout
+from rescue.study.layout import STUDIES, StudyLayout
 
 log = structlog.get_logger()
 
@@ -53,45 +53,80 @@ Outcome = Literal["win", "loss", "both_success", "both_fail"]
 class Episode(BaseModel):
     """One side's episode as the comparison sees it."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     case_id: str
+    """The episode's case id (the same on both sides)."""
     task: str
+    """`suite/task_id`."""
     group: str
-    label: EpisodeLabel | None = None  # None: never run (unexecuted)
+    """The manifest's group of the episode."""
+    label: EpisodeLabel | None = None
+    """success, failure or unknown; None: never run (unexecuted)."""
     fingerprint: str | None = None
+    """The initial-state fingerprint of the run; None when it did not reset."""
     result_sha256: str | None = None
+    """sha256 of the stored arm record (the journal's digest); None when none is stored."""
 
 
 class Pair(BaseModel):
     """One episode id on both sides: how it was treated and, when paired, its outcome."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     case_id: str
+    """The episode's case id."""
     task: str
+    """`suite/task_id`."""
     group: str
+    """The manifest's group of the episode."""
     status: PairStatus
+    """How the pair was treated: `paired`, or why it was excluded (first match of PairStatus's order)."""
     outcome: Outcome | None = None
+    """win (B only succeeded), loss (A only), both_success or both_fail; None unless paired."""
     reason: str
+    """One line saying why the pair got its status."""
     a_label: str | None = None
+    """Side A's label; None: never run."""
     b_label: str | None = None
+    """Side B's label; None: never run."""
     a_fingerprint: str | None = None
+    """Side A's initial-state fingerprint; None when it did not reset."""
     b_fingerprint: str | None = None
+    """Side B's initial-state fingerprint; None when it did not reset."""
     a_result_sha256: str | None = None
+    """sha256 of side A's stored arm record; None when none is stored."""
     b_result_sha256: str | None = None
+    """sha256 of side B's stored arm record; None when none is stored."""
 
 
 class PairCounts(BaseModel):
     """Pairs of one slice: the paired outcomes and every excluded pair by reason."""
 
-    n: int = 0  # every pair of the slice, excluded ones included
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    n: int = 0
+    """Every pair of the slice, excluded ones included."""
     paired: int = 0
-    wins: int = 0  # B succeeded, A failed
-    losses: int = 0  # A succeeded, B failed
+    """Pairs in the paired figures (both sides ran, same fingerprint, neither unknown)."""
+    wins: int = 0
+    """B succeeded, A failed."""
+    losses: int = 0
+    """A succeeded, B failed."""
     ties: int = 0
+    """both_success + both_fail."""
     both_success: int = 0
+    """Both sides succeeded."""
     both_fail: int = 0
+    """Both sides failed."""
     fingerprint_mismatch: int = 0
+    """Excluded: the two sides' initial-state fingerprints differ."""
     unknown: int = 0
+    """Excluded: either side's episode is unknown (infrastructure)."""
     unexecuted: int = 0
+    """Excluded: either side never ran the episode."""
     unmatched: int = 0
+    """Excluded: the episode id exists on one side only."""
 
     def add(self, pair: Pair) -> None:
         """Count one pair."""
@@ -108,25 +143,46 @@ class PairCounts(BaseModel):
 class Comparison(BaseModel):
     """The paired figures of B against A, with every excluded pair counted and named."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    schema_version: Literal["rescue-comparison/1"] = "rescue-comparison/1"
+    """The format of this document (`comparison.json`); files written before it was versioned lack it."""
     a_name: str = "A"
+    """Side A's name: its config file's stem and/or its policy."""
     b_name: str = "B"
+    """Side B's name."""
     counts: PairCounts
-    a_rate: float | None  # A's successes over the paired episodes
+    """The pairs over all episodes."""
+    a_rate: float | None
+    """A's success rate over the paired episodes (0-1); None when none is paired."""
     b_rate: float | None
-    diff: float | None  # b_rate - a_rate
-    mcnemar_p: float  # exact, on wins and losses
+    """B's success rate over the paired episodes (0-1); None when none is paired."""
+    diff: float | None
+    """b_rate - a_rate; None when none is paired."""
+    mcnemar_p: float
+    """Exact McNemar p-value on wins and losses (two-sided binomial test)."""
     confidence: float
-    newcombe_ci: tuple[float, float] | None  # Newcombe square-and-add, paired, analytic
-    bootstrap_ci: tuple[float, float] | None  # percentile, resampling whole tasks
+    """The confidence level of both intervals (e.g. 0.95)."""
+    newcombe_ci: tuple[float, float] | None
+    """Newcombe's square-and-add interval of diff, paired, analytic; None when none is paired."""
+    bootstrap_ci: tuple[float, float] | None
+    """Percentile interval of diff resampling whole tasks; None when none is paired."""
     bootstrap_seed: int
+    """The block bootstrap's seed."""
     bootstrap_reps: int
-    # Each side over all its episodes, unknown and unexecuted included (fixed denominator).
+    """The block bootstrap's resamples."""
     a: EvalSummary
+    """Side A over all its episodes, unknown and unexecuted included (fixed denominator)."""
     b: EvalSummary
+    """Side B over all its episodes, unknown and unexecuted included (fixed denominator)."""
     per_task: dict[str, PairCounts] = Field(default_factory=dict)
+    """The pairs per task (`suite/task_id`)."""
     per_group: dict[str, PairCounts] = Field(default_factory=dict)
-    excluded: dict[str, list[str]] = Field(default_factory=dict)  # status -> episode ids
+    """The pairs per manifest group."""
+    excluded: dict[str, list[str]] = Field(default_factory=dict)
+    """Excluded episode ids by status."""
     pairs: list[Pair] = Field(default_factory=list)
+    """Every pair, in manifest order."""
 
 
 def _pair(case_id: str, a: Episode | None, b: Episode | None) -> Pair:
@@ -222,9 +278,14 @@ def compare_episodes(
 class Side(BaseModel):
     """One side of a comparison: its name (config file and/or policy), resolved config and its sha256."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     name: str
+    """The side's name: its config file's stem and/or its policy."""
     config_sha256: str
-    config: dict = Field(default_factory=dict)  # the resolved configuration, so a side can be created late
+    """sha256 of the side's resolved configuration (its evaluation study's config digest)."""
+    config: dict = Field(default_factory=dict)
+    """The resolved configuration, so a side can be created late (after a crash)."""
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -235,19 +296,33 @@ def write_json(path: Path, data: dict) -> None:
 class ComparePlan(BaseModel):
     """What a comparison runs, written before either side starts."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    schema_version: Literal["rescue-compare-plan/1"] = "rescue-compare-plan/1"
+    """The format of this document (`compare.json`); files written before it was versioned lack it."""
     suite: str
+    """The suite both sides run."""
     tasks: list[int]
+    """Task ids of the suite."""
     episodes: int
+    """Initial states per task, from `first_init` on."""
     horizon: int
+    """Steps per episode."""
     first_init: int = 0
-    seed: int = 0  # the block bootstrap's seed
+    """The first initial-state index."""
+    seed: int = 0
+    """The block bootstrap's seed."""
     reps: int = 2000
+    """The block bootstrap's resamples."""
     confidence: float = 0.95
+    """The confidence level of the intervals."""
     a: Side
+    """Side A."""
     b: Side
+    """Side B."""
 
 
-def new_compare_dir(root: str | os.PathLike[str] = "queue") -> Path:
+def new_compare_dir(root: str | os.PathLike[str] = STUDIES) -> Path:
     """A fresh, unique comparison folder name under root."""
     fresh = new_study_dir(root)
     return fresh.with_name("compare-" + fresh.name.removeprefix("study-"))
@@ -276,18 +351,34 @@ def load_plan(study_dir: str | os.PathLike[str]) -> ComparePlan:
     return ComparePlan.model_validate_json(path.read_text(encoding="utf-8"))
 
 
+class CompareRequest(BaseModel):
+    """The episodes a comparison runs on both sides, and its statistics' settings."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    suite: str
+    """The suite both sides run."""
+    tasks: list[int]
+    """Task ids of the suite."""
+    episodes: int
+    """Initial states per task, from `first_init` on."""
+    horizon: int | None = None
+    """None: the suite's official horizon."""
+    first_init: int = 0
+    """The first initial-state index."""
+    seed: int = 0
+    """The block bootstrap's seed."""
+    reps: int = 2000
+    """The block bootstrap's resamples."""
+    confidence: float = 0.95
+    """The confidence level of the intervals."""
+
+
 def create_compare(
     study_dir: str | os.PathLike[str],
-    suite: str,
-    tasks: list[int],
-    episodes: int,
-    horizon: int | None,
+    request: CompareRequest,
     configs: tuple[StudyConfig, StudyConfig],
     names: tuple[str, str],
-    first_init: int = 0,
-    seed: int = 0,
-    reps: int = 2000,
-    confidence: float = 0.95,
 ) -> ComparePlan:
     """Lay out a comparison: the plan, then both evaluation studies on one episode manifest."""
 
@@ -299,10 +390,8 @@ def create_compare(
         # Each side's identity (C, observation, what its server announces) is fixed in the plan.
         config = asyncio.run(resolved_config(config.model_copy(update={"arms": ("control",)})))
         sides.append(Side(name=name, config_sha256=config.sha256(), config=config.model_dump(mode="json")))
-    plan = ComparePlan(
-        suite=suite, tasks=tasks, episodes=episodes, horizon=horizon or OFFICIAL_HORIZON[suite], first_init=first_init,
-        seed=seed, reps=reps, confidence=confidence, a=sides[0], b=sides[1],
-    )
+    horizon = request.horizon or OFFICIAL_HORIZON[request.suite]
+    plan = ComparePlan(**request.model_dump(exclude={"horizon"}), horizon=horizon, a=sides[0], b=sides[1])
     study_dir.mkdir(parents=True, exist_ok=True)
     write_json(study_dir / PLAN_FILE, plan.model_dump(mode="json"))
     _create_sides(study_dir, plan)
@@ -328,20 +417,14 @@ def _create_sides(study_dir: Path, plan: ComparePlan) -> None:
 
 def compare_policies(
     study_dir: str | os.PathLike[str],
-    suite: str,
-    tasks: list[int],
-    episodes: int,
-    horizon: int | None,
+    request: CompareRequest,
     configs: tuple[StudyConfig, StudyConfig],
     names: tuple[str, str],
-    first_init: int = 0,
-    seed: int = 0,
-    reps: int = 2000,
     on_case=None,
     verbose: bool = False,
 ) -> Comparison:
     """Create a comparison and run it: `rescue compare A B`."""
-    create_compare(study_dir, suite, tasks, episodes, horizon, configs, names, first_init, seed, reps)
+    create_compare(study_dir, request, configs, names)
     return run_compare(study_dir, on_case, verbose)
 
 
