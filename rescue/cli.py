@@ -368,10 +368,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         study = Path(args.study) if args.study else compare.new_compare_dir()
         tasks = [int(t) for t in args.tasks.split(",")]
         with _Live("episodes (A, then B)") as live:
-            result = compare.compare_policies(
-                study, args.suite, tasks, args.episodes, args.horizon, (config_a, config_b), (name_a, name_b),
-                args.first_init, args.seed, args.reps, live, args.verbose,
-            )
+            request = compare.CompareRequest(suite=args.suite, tasks=tasks, episodes=args.episodes, horizon=args.horizon,
+                                             first_init=args.first_init, seed=args.seed, reps=args.reps)
+            result = compare.compare_policies(study, request, (config_a, config_b), (name_a, name_b), live, args.verbose)
     for side, ids in interrupted.items():
         if ids:
             console.print(f"side {side}: {len(ids)} started-unfinished episode(s) recorded as unknown (interrupted): {', '.join(ids)}")
@@ -463,23 +462,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, help="cases per VLM call (1: no batching)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(prog="rescue", description="VLM-assisted failure rescue for robot-policy evaluation")
-    parser.add_argument("-v", "--verbose", action="store_true", help="show every event on the terminal")
-    parser.add_argument("--version", action="version", version=f"rescue {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    # Every option's help shows its default.
-    _add = sub.add_parser
-
-    def add_parser(name: str, **kwargs):
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
-        return _add(name, **kwargs)
-
-    sub.add_parser = add_parser  # type: ignore[method-assign]
-
+def _add_study_commands(sub) -> None:
+    """A study's life: demo, run, eval, resume, drain, status, export, report, verify, preflight."""
     p = sub.add_parser("demo", help="evaluate the embedded policy, collect failures, run a rescue study")
-    p.add_argument("--root", default="queue", help="folder the demo's studies go under")
+    p.add_argument("--root", default="studies", help="folder the demo's studies go under")
     p.add_argument("--tasks", default="0,1,2,3", help="libero_object task ids of the baseline")
     p.add_argument("--episodes", type=int, default=3, help="official initial states per task")
     p.add_argument("--max-cases", type=int, default=6, help="failures taken into the rescue study")
@@ -487,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a rescue study over a failure manifest")
     p.add_argument("target", help="MANIFEST, or with --continue-from the NEW study folder")
-    p.add_argument("--study", help="study folder (default: a new folder under queue/)")
+    p.add_argument("--study", help="study folder (default: a new folder under studies/)")
     p.add_argument("--continue-from", metavar="STUDY", help="run the never-claimed complement of STUDY")
     _add_run_options(p)
     p.set_defaults(func=cmd_run)
@@ -498,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, default=50, help="official initial states per task")
     p.add_argument("--first-init", type=int, default=0, help="index of the first initial state")
     p.add_argument("--horizon", type=int, help="step limit (default: the suite's official one)")
-    p.add_argument("--study", help="study folder (default: a new folder under queue/)")
+    p.add_argument("--study", help="study folder (default: a new folder under studies/)")
     _add_run_options(p)
     p.set_defaults(func=cmd_eval)
 
@@ -544,6 +530,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--video", action="store_true", help="an mp4 per arm from the stored frames (needs imageio and imageio-ffmpeg)")
     p.set_defaults(func=cmd_report)
 
+
+def _add_manifest_commands(sub) -> None:
+    """`rescue manifest check | from-eval`."""
     p = sub.add_parser("manifest", help="check or produce failure manifests")
     msub = p.add_subparsers(dest="manifest_command", required=True)
     m = msub.add_parser("check", help="validate a manifest; every error names its line and field")
@@ -558,10 +547,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--limit", type=int, help="at most this many failures (after --inits), in manifest order")
     m.set_defaults(func=cmd_manifest_from_eval)
 
+
+def _add_analysis_commands(sub) -> None:
+    """Studies of the policy's behaviour: ablate, diagnose, compare."""
     p = sub.add_parser("ablate", help="one study per rule switch (each off alone, all off, all on), paired against all on")
     p.add_argument("manifest", help="the instances (JSON lines), run with control arms only")
     p.add_argument("--rules", required=True, help="comma-separated rules, e.g. stage_rollback,gripper_recovery,chunk_compression")
-    p.add_argument("--study", help="folder of the ablation's studies (default: a new folder under queue/)")
+    p.add_argument("--study", help="folder of the ablation's studies (default: a new folder under studies/)")
     _add_run_options(p)
     p.set_defaults(func=cmd_ablate)
 
@@ -587,11 +579,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--horizon", type=int)
     p.add_argument("--seed", type=int, default=0, help="seed of the task-block bootstrap (recorded)")
     p.add_argument("--reps", type=int, default=2000, help="bootstrap resamples")
-    p.add_argument("--study", help="comparison folder (default: a new folder under queue/)")
+    p.add_argument("--study", help="comparison folder (default: a new folder under studies/)")
     p.add_argument("--simulators", type=int, help="simulator processes")
     p.add_argument("--cases-in-flight", type=int)
     p.set_defaults(func=cmd_compare)
 
+
+def _add_service_commands(sub) -> None:
+    """The shared service and the bundled servers: submit, queue, cancel, serve, serve-vlm, serve-policy."""
     p = sub.add_parser("submit", help="validate a manifest and its configuration and queue a study for `rescue serve`")
     p.add_argument("manifest")
     p.add_argument("--name", help="a name shown in the queue (default: the manifest's file name)")
@@ -620,6 +615,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=None, forward="rescue.embedded.endpoint:serve_main")
     p = sub.add_parser("serve-policy", help="serve an in-process policy over the openpi websocket protocol", add_help=False)
     p.set_defaults(func=None, forward="rescue.policy.server:serve_main")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="rescue", description="VLM-assisted failure rescue for robot-policy evaluation")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show every event on the terminal")
+    parser.add_argument("--version", action="version", version=f"rescue {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    # Every option's help shows its default.
+    _add = sub.add_parser
+
+    def add_parser(name: str, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        return _add(name, **kwargs)
+
+    sub.add_parser = add_parser  # type: ignore[method-assign]
+
+    for add in (_add_study_commands, _add_manifest_commands, _add_analysis_commands, _add_service_commands):
+        add(sub)
     return parser
 
 
