@@ -7,7 +7,7 @@ start from a known sampling state and lets keepalive prove it did not move.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 

@@ -23,7 +23,7 @@ from rescue.study import logs
 from rescue.study.files import write_manifest
 from rescue.study.folder import StudyError, create_study, load_study_config, new_study_dir, open_journal, study_outcome
 from rescue.study.journal import Journal
-from rescue.study.layout import StudyLayout
+from rescue.study.layout import STUDIES, StudyLayout
 from rescue.study.owner import own_study
 
 OnCase = Callable[[Verdict], None] | None
@@ -191,7 +191,7 @@ DEMO_POLICY = "rescue.embedded.vision_language:make_policy"
 
 
 def demo(
-    root: Path = Path("queue"),
+    root: Path = Path(STUDIES),
     tasks: tuple[int, ...] = (0, 1, 2, 3),
     episodes: int = 3,
     max_cases: int = 6,

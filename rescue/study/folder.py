@@ -28,7 +28,7 @@ from rescue.core.sham import ShamConfig, sham_donors
 from rescue.core.stats import Summary, summarize
 from rescue.study.files import fsync_dir, write_atomic, write_manifest
 from rescue.study.journal import CaseState, Journal
-from rescue.study.layout import RECEIPTS, StudyLayout
+from rescue.study.layout import RECEIPTS, STUDIES, StudyLayout
 from rescue.study.receipts import outcomes_by_call, read_receipt_file
 
 # Journal meta key: the sham arm's donor of each case (permuted source), fixed at creation.
@@ -46,7 +46,7 @@ class SummaryError(StudyError):
     """Stored verdicts that break the summary's invariants."""
 
 
-def new_study_dir(root: str | os.PathLike[str] = "queue") -> Path:
+def new_study_dir(root: str | os.PathLike[str] = STUDIES) -> Path:
     """A fresh, unique study folder name under root."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return Path(root) / f"study-{stamp}-{uuid.uuid4().hex[:6]}"

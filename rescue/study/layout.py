@@ -13,6 +13,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+# Where a study folder goes when the command names none (relative to the working directory);
+# the service's queue (`rescue serve --queue`, default `queue/`) keeps its jobs' studies itself.
+STUDIES = "studies"
+
 JOURNAL = "journal.sqlite"
 MANIFEST = "manifest.jsonl"
 CONFIG = "config.json"
