@@ -25,13 +25,17 @@ class RulesConfig(RuleSet):
     """Which rules an arm's policy runs behind, with their parameters and the action layout."""
 
     layout: ActionLayout = Field(default_factory=lambda: LIBERO_LAYOUT)
-    # Reply key carrying the policy's stage; the embedded learned and scripted policies report "phase".
+    """Which action dims are grippers, how they are commanded, and where the state reports their opening."""
     stage_key: str = STAGE_KEY
-    stage_obs_key: str | None = None  # obs key to hand the wrapper's stage back to the policy
+    """Reply key carrying the policy's stage; the embedded learned and scripted policies report "phase"."""
+    stage_obs_key: str | None = None
+    """Obs key to hand the wrapper's stage back to the policy; None: the policy is not told."""
     # The stage is voted (wrappers/rules.py): the last vote_window votes are kept and
     # votes_to_change of them (a strict majority) must agree to move it.
     vote_window: int = 3
+    """How many of the latest stage votes are kept."""
     votes_to_change: int = 2
+    """How many kept votes must name another stage to move it."""
 
     @model_validator(mode="after")
     def _buildable(self) -> RulesConfig:

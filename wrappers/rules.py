@@ -43,16 +43,22 @@ class ActionLayout:
     """Which action dims are grippers and how they are commanded. Default: LIBERO 7-D OSC."""
 
     action_dim: int = 7
-    gripper_dims: tuple[int, ...] = (6,)  # one entry per gripper
+    """Number of dims of one action."""
+    gripper_dims: tuple[int, ...] = (6,)
+    """The action dim of each gripper, one entry per gripper."""
     open_value: float = -1.0
+    """The gripper command that opens it."""
     close_value: float = 1.0
-    # Relative layouts command deltas (holding still is 0); absolute layouts
-    # command targets (holding still is the current state at hold_state_dims).
+    """The gripper command that closes it."""
     relative: bool = True
+    """Relative layouts command deltas (holding still is 0); absolute layouts
+    command targets (holding still is the current state at hold_state_dims)."""
     hold_state_dims: tuple[int, ...] | None = None
+    """Absolute layouts: the state index holding each action dim still; None: the state's first entries, one per dim."""
     state_key: str = "observation/state"
-    # Per gripper, the state index of its opening (LIBERO: a finger joint, ~0.04 m open).
+    """The observation key of the state vector the gripper openings are read from."""
     gripper_state_dims: tuple[int, ...] = (6,)
+    """Per gripper, the state index of its opening (LIBERO: a finger joint, ~0.04 m open)."""
 
 
 @dataclass
@@ -205,10 +211,12 @@ RULES: dict[str, type[Rule]] = {r.name: r for r in (StageRollback, GripperRecove
 class RuleSet(BaseModel):
     """Which rules are on, by name, with optional parameters per rule."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     enabled: list[str] = Field(default_factory=list)
+    """Names of the rules switched on (`stage_rollback`, `gripper_recovery`, `chunk_compression`)."""
     params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Rule name -> its parameters (the rule's fields, e.g. `chunk_compression.keep`); absent: the defaults."""
 
     def rules(self) -> list[Rule]:
         """All known rules in a fixed order, each switched on only if named in `enabled`."""

@@ -29,43 +29,61 @@ class MissingAPIKey(ValueError):
 class VLMConfig(BaseModel):
     """Everything that decides how the VLM is asked. It holds no secret in its dumps: `api_key` is excluded."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    base_url: str = "local"  # "local": the bundled endpoint on loopback
+    base_url: str = "local"
+    """Base URL of the OpenAI-compatible API; `local`: the bundled endpoint on loopback."""
     api_key: SecretStr | None = Field(default=None, exclude=True, repr=False)
     """Used for calls, never written (not in dumps, receipts or logs); prefer `api_key_env`."""
     api_key_from_config: bool = False
     """Set when `api_key` was given: a resumed study must be given the key again (see `missing_key_message`)."""
     api_key_env: str = "OPENAI_API_KEY"
+    """The environment variable the key is read from when `api_key` is not given."""
     model: str = "rescue-advisor-v0"
+    """The model every call asks for."""
     api: Literal["chat", "responses"] = "chat"
+    """Which API the calls use: chat completions or responses."""
     structured: bool = True
+    """Whether calls ask for structured output (a strict JSON schema of the answers); False: free text, parsed."""
     deadline_s: float = 1200.0
+    """Seconds from a request (a batch: its first) to its answer, retries and backoff included; then `timeout`."""
     request_timeout_s: float = 120.0
+    """Seconds one HTTP attempt may take."""
     max_attempts: int = 5
+    """HTTP attempts per call at most (infrastructure retries, recorded in the receipts)."""
     backoff_initial_s: float = 1.0
+    """Seconds before the first retry; doubled before each further one."""
     backoff_max_s: float = 60.0
-    """Also the cap on a server's Retry-After."""
+    """The longest wait between attempts, seconds; also the cap on a server's Retry-After."""
     backoff_jitter_s: float = 1.0
+    """Up to this many random seconds added to each backoff."""
     max_subgoal_chars: int = 1500
+    """Longest subgoal accepted, in characters; a longer answer is rejected (`invalid_response`)."""
     prompt_template: str = "subgoal_v1"
-    prompt_root: str | None = None  # None: the shipped prompts folder
+    """Name of the prompt template (a file in the prompts folder)."""
+    prompt_root: str | None = None
+    """Folder of the prompt templates; None: the shipped prompts folder."""
     # One limit for the whole study, however many simulators or cluster nodes feed it (None: none).
     max_concurrent_calls: int | None = Field(default=None, gt=0)
-    """Requests in flight at once."""
+    """Requests in flight at once; None: no limit."""
     requests_per_minute: float | None = Field(default=None, gt=0)
-    """Requests start at most this often, evenly spaced; retries count."""
-    batch_size: int = 1  # 1 = every case gets its own call
+    """Requests start at most this often, evenly spaced; retries count. None: no limit."""
+    batch_size: int = 1
+    """Cases per call at most; 1: every case gets its own call."""
     batch_window_s: float = 60.0
+    """Seconds a partly filled batch waits for more cases before it is sent."""
     image_format: Literal["png"] = "png"
+    """How the images are encoded (PNG only)."""
     image_detail: Literal["auto", "low", "high"] = "auto"
+    """The `detail` hint sent with each image."""
     # Generation settings (DESIGN §9): part of the study's identity, recorded in every receipt.
     # None: not sent (the provider's default applies).
     max_output_tokens: int | None = Field(default=None, gt=0)
-    """Sent as `max_completion_tokens` (chat) or `max_output_tokens` (responses)."""
+    """Sent as `max_completion_tokens` (chat) or `max_output_tokens` (responses); None: not sent."""
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    """Sampling temperature; None: not sent."""
     seed: int | None = None
-    """Chat only: the Responses API has no seed."""
+    """Sampling seed; chat only: the Responses API has no seed. None: not sent."""
     reasoning_effort: ReasoningEffort | None = None
     """Sent as `reasoning_effort` (chat) or `reasoning.effort` (responses), only when set."""
     store: bool = False
@@ -121,65 +139,77 @@ class VLMConfig(BaseModel):
 class PolicyConfig(BaseModel):
     """Where the frozen policy is served, or which in-process policy to serve."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    url: str | None = None  # ws://host:port; None serves `factory` on loopback
+    url: str | None = None
+    """The policy server's websocket URL (ws://host:port); None serves `factory` on loopback."""
     factory: str = "rescue.embedded.learned:make_policy"
+    """`module:attr` of the policy served on loopback when `url` is None."""
     api_key_env: str | None = None
-    # C. None before a study is created: then the server's `action_horizon` decides it,
-    # and the study's config.json holds the resolved value from then on.
+    """The environment variable holding the policy server's key; None: no key is sent."""
     replan_interval: int | None = Field(default=None, gt=0)
-    # The observation profile (DESIGN §7). None: what the server announces, else the
-    # default for its kind (`privileged` for the bundled policies, `openpi-libero` otherwise).
+    """C, in env steps. None before a study is created: then the server's `action_horizon` decides it,
+    and the study's configuration holds the resolved value from then on."""
     observation: str | None = None
-    # The sha256 of that profile's definition, fixed at creation (a changed built-in is refused on resume).
+    """The observation profile (DESIGN §7). None: what the server announces, else the
+    default for its kind (`privileged` for the bundled policies, `openpi-libero` otherwise)."""
     observation_sha256: str | None = None
-    # What the server announced about itself when the study was created (identity.IDENTITY_KEYS);
-    # a later start against a server announcing otherwise is refused.
+    """The sha256 of that profile's definition, fixed at creation (a changed built-in is refused on resume);
+    None before a study is created."""
     announced: dict[str, Any] | None = None
+    """What the server announced about itself when the study was created (identity.IDENTITY_KEYS);
+    a later start against a server announcing otherwise is refused. None before a study is created."""
 
 
 class EnvConfig(BaseModel):
     """Which simulator adapter to run and how many processes of it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     adapter: str = "rescue.env.libero:LiberoAdapter"
+    """`module:attr` of the simulator adapter."""
     simulators: int = 2
+    """Simulator processes the study runs."""
     image_size: int = 256
+    """Side, in pixels, of the square views rendered for the VLM at q."""
 
 
 class StudyConfig(BaseModel):
     """Everything that decides how a study runs; its sha256 is written into the study folder."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    """Where the frozen policy is served, and what it receives."""
     env: EnvConfig = Field(default_factory=EnvConfig)
-    # base_url "local" serves the bundled OpenAI-compatible endpoint on loopback.
+    """Which simulator adapter runs, and how many of it."""
     vlm: VLMConfig = Field(default_factory=lambda: VLMConfig(base_url="local"))
+    """How the VLM is asked (base_url `local`: the bundled OpenAI-compatible endpoint on loopback)."""
     # More cases than simulators keep the simulators busy while assisted arms wait for the VLM.
     cases_in_flight: int = 4
-    # An assisted arm waiting at q snapshots its simulator and gives it back to the pool.
+    """Cases run at once."""
     release_simulator_while_waiting: bool = True
-    # Opt-in: run the common prefix once and both arms from one snapshot at q (a disclosed mode).
+    """Whether an assisted arm waiting at q snapshots its simulator and gives it back to the pool."""
     fork_at_q: bool = False
-    # Render one view of each arm at q and at its end into the study's frames/ (for `rescue report`).
+    """Opt-in: run the common prefix once and every arm from one snapshot at q (a disclosed mode)."""
     keyframes: bool = True
+    """Whether to render one view of each arm at q and at its end into the study's frames (for `rescue report`)."""
     keepalive_s: float = 120.0
-    # Stop claiming when the first K arms (or the first K assisted arms' VLM calls) all fail with
-    # the same infrastructure error; 0 turns it off.
+    """Seconds between keepalive probes of the policy connection while an arm waits for the VLM."""
     fail_fast_arms: int = Field(default=3, ge=0)
+    """Stop claiming when the first K arms (or the first K assisted arms' VLM calls) all fail with
+    the same infrastructure error; 0 turns it off."""
     arms: tuple[str, ...] = ("control", "assisted")
-    # Correction rules between the policy and the simulator; all off unless named in rules.enabled.
+    """The arms each case runs; `control` alone makes an evaluation study; a sham source adds `sham`."""
     rules: RulesConfig = Field(default_factory=RulesConfig)
-    # An enabled rule whose inputs the policy's replies lack stops the study at its first query,
-    # unless this is set (then the rule stays idle, and the arm records it in `idle_rules`).
+    """Correction rules between the policy and the simulator; all off unless named in rules.enabled."""
     allow_idle_rules: bool = False
-    # The sham (placebo) arm, off by default: DESIGN §8 and rescue/core/sham.py.
+    """An enabled rule whose inputs the policy's replies lack stops the study at its first query,
+    unless this is set (then the rule stays idle, and the arm records it in `idle_rules`)."""
     sham: ShamConfig = Field(default_factory=ShamConfig)
-    # The query point: the first regular policy query at or after half the horizon (DESIGN §2).
+    """The sham (placebo) arm, off by default: DESIGN §8 and rescue/core/sham.py."""
     query_rule: Literal["ceil(H/2/C)*C"] = "ceil(H/2/C)*C"
+    """The query point: the first regular policy query at or after half the horizon (DESIGN §2)."""
 
     @model_validator(mode="after")
     def _sham_arm(self) -> "StudyConfig":

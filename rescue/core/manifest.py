@@ -116,21 +116,34 @@ class Case(BaseModel):
     """One historical failure to replay. Adapters with extra fields subclass it."""
 
     # Strict: a manifest saying "task_id": "3" is a mistake to report, not coerce.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
 
     case_id: str = Field(min_length=1)
+    """Stable, unique id of the case; a safe file-name component (ASCII letters, digits, `. _ : -`)."""
     suite: str = Field(min_length=1)
+    """The benchmark suite (e.g. `libero_spatial`)."""
     task_id: int = Field(ge=0, le=_INT32_MAX)
+    """The task's index in its suite."""
     init_state_index: int = Field(ge=0, le=_INT32_MAX)
+    """Which of the task's recorded initial states the episode starts from."""
     # Simulators and policies seed numpy-style generators: 32-bit, non-negative.
     env_seed: int = Field(ge=0, lt=2**32)
+    """The environment's seed for the episode."""
     horizon: int = Field(gt=0, le=MAX_HORIZON)
+    """H: the most env steps an arm may run."""
     group: str = Field(min_length=1)
+    """The group the case is reported under (e.g. Atomic-Seen); absent from the manifest: the suite."""
     instruction: str | None = Field(default=None, min_length=1)
+    """The task's instruction, which must equal the task's own; None: not given (the task's is used)."""
     fingerprint: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]+$")
+    """The historical initial-state fingerprint (hex, stored lowercase); None: not given (the arms are then
+    compared with each other)."""
     pilot: bool = False
+    """Whether the case is a declared pilot (reported apart, never counted in N)."""
     tags: dict[str, TagValue] = Field(default_factory=dict)
+    """Free labels carried with the case (string, number or boolean values)."""
     policy_seed: int = Field(ge=0, lt=2**32)
+    """Seed of the policy's sampling RNG for the case; absent from the manifest: derived from env_seed."""
 
     @model_validator(mode="before")
     @classmethod

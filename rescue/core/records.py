@@ -39,19 +39,24 @@ EpisodeLabel = Literal["success", "failure", "unknown"]
 class TraceRow(BaseModel):
     """One policy query: what the policy saw and what it answered, as digests."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
     step: int
+    """Env step of the query (0, C, 2C, ...)."""
     state: str
+    """sha256 of the simulator's observation at the query, images left out (each array with its dtype and shape)."""
     images: dict[str, str] = Field(default_factory=dict)
+    """sha256 of each image the policy received, by observation key; empty when the observation profile has no camera."""
     instruction: str
+    """sha256 of the UTF-8 instruction the policy was queried with (from q on, the applied one)."""
     actions: str
+    """sha256 of the action chunk that ran: after any rules, cut to C actions (dtype and shape included)."""
 
 
 class ReceiptRef(BaseModel):
     """Where one receipt line lives and what its bytes hash to: the link from a record to its evidence."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
     path: str
     """The receipts file, relative to the study folder (as the receipt log was told)."""
@@ -71,26 +76,42 @@ ReceiptStatus = Literal["started", "ok", "error", "invalid_response", "timeout",
 class Assistance(BaseModel):
     """What the assisted arm did at the query point (the control arm: status `control`)."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     status: AssistanceStatus
+    """`control` on the control arm; `applied`; `not_reached` (the arm ended before q); otherwise why its request failed."""
     query_step: int | None = None
+    """Env step at which the arm asked (q); None when it never asked (control arm, not reached)."""
     subgoal: str | None = None
-    instruction: str | None = None  # the applied instruction, verbatim
+    """The subgoal as answered (the VLM's, or the sham source's); None unless applied."""
+    instruction: str | None = None
+    """The applied instruction, verbatim (the original with the subgoal injected); None unless applied."""
     instruction_digest: str | None = None
-    call_id: str | None = None  # the receipt's call id
-    # Where the subgoal came from: the VLM on this case, or (sham arm) a fixed text or a donor case's answer.
+    """sha256 of `instruction`'s UTF-8 bytes, as the trace rows from q on carry it; None unless applied."""
+    call_id: str | None = None
+    """The receipt's call id (a permuted sham arm: its donor's call); None when the arm made no call
+    (control, not reached, a fixed sham text, no VLM configured, a donor without an answer)."""
     source: Literal["vlm", "fixed", "permuted"] | None = None
-    source_sha256: str | None = None  # a fixed sham text's sha256
-    donor_case_id: str | None = None  # a permuted sham arm's donor
-    receipt: ReceiptRef | None = None  # the outcome line of that call (file, line, sha256 of its bytes)
-    request_id: str | None = None  # our request id within that call
+    """Where the subgoal came from: the VLM on this case, or (sham arm) a fixed text or a donor case's answer;
+    None when the arm never asked (control, not reached) or had no VLM configured."""
+    source_sha256: str | None = None
+    """sha256 of a fixed sham text; None for every other source."""
+    donor_case_id: str | None = None
+    """A permuted sham arm's donor case; None otherwise."""
+    receipt: ReceiptRef | None = None
+    """The outcome line of that call (file, line, sha256 of its bytes); None when there is no call."""
+    request_id: str | None = None
+    """Our request id within that call (a call may batch several cases); None when there is no call."""
     error_kind: str | None = None
+    """Short name of the failure (`timeout`, `invalid_response`, `no_advisor`, `donor_failed`...); None unless it failed."""
     error: str | None = None
+    """The failure in one line; None unless it failed."""
 
 
 class QueryRecord(BaseModel):
     """One policy query of an arm, as the diagnostics read it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     step: int
     """Env step of the query."""
@@ -116,82 +137,135 @@ class QueryRecord(BaseModel):
 class ArmResult(BaseModel):
     """One finished (or failed) replay of a case under one arm spec."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     case_id: str
+    """The case replayed."""
     arm: ArmName
+    """Which arm this replay was."""
     status: ArmStatus
-    error: str | None = None  # one line: the exception and its message
-    error_detail: str | None = None  # the whole text (a server's traceback), kept apart from the line
+    """How the arm ended: `complete` (ran to success or its horizon) or `error` (the infrastructure failed under it);
+    `interrupted` is declared, but no arm record carries it (an interrupted case has none)."""
+    error: str | None = None
+    """One line: the exception and its message; None unless the status is `error`."""
+    error_detail: str | None = None
+    """The whole text (a server's traceback), kept apart from the line; None unless the status is `error`."""
     success: bool | None = None
+    """Whether the task succeeded within the horizon; None when the arm did not complete."""
     steps: int = 0
+    """Env steps the arm ran (at most the case's horizon)."""
     fingerprint: str | None = None
-    # The digest of each part of the initial state (physics, proprioception, instruction, layout,
-    # model XML...), so that a deviation names what differed.
+    """The initial-state fingerprint, taken right after reset (LIBERO: sha256 of `fingerprint_parts` as canonical
+    JSON); None when the arm never reset."""
     fingerprint_parts: dict[str, str] = Field(default_factory=dict)
-    # PYTHONHASHSEED of the simulator process that reset the case (pinned by the pool).
+    """The digest of each part of the initial state (physics, proprioception, instruction, layout,
+    model XML...), by part name, so that a deviation names what differed; empty when the arm never reset."""
     python_hash_seed: str | None = None
+    """PYTHONHASHSEED of the simulator process that reset the case (pinned by the pool); None when not reported."""
     trace: list[TraceRow] = Field(default_factory=list)
+    """One row per policy query, in step order (the prefix proof compares the rows before q)."""
     assistance: Assistance
-    rule_firings: list[dict] = Field(default_factory=list)  # step, rule, chunk digests before/after
-    # Enabled rules the policy's replies could never trigger (only with allow_idle_rules).
+    """What the arm did at q (the control arm: status `control`)."""
+    rule_firings: list[dict] = Field(default_factory=list)
+    """Every rule firing, in order: `step`, `rule`, and the chunk's sha256 `before` and `after`; empty without rules."""
     idle_rules: list[str] = Field(default_factory=list)
-    # Whether the policy server reset and reported its sampling RNG for this arm;
-    # False: prefix equality with the other arm is not guaranteed by the server.
+    """Enabled rules the policy's replies could never trigger, one problem line each (only with allow_idle_rules)."""
     policy_rng_control: bool | None = None
-    # "fork": the prefix ran once and both arms continued from one snapshot at q.
+    """Whether the policy server reset and reported its sampling RNG for this arm;
+    False: prefix equality with the other arm is not guaranteed by the server. None: the arm never reached the policy."""
     mode: Literal["independent", "fork"] = "independent"
-    q_state: str | None = None  # digest of the simulator's full state when the arm reached q
+    """`fork`: the prefix ran once and the arms continued from one snapshot at q; `independent`: each arm ran whole."""
+    q_state: str | None = None
+    """Digest of the simulator's full state when the arm reached q; None when the arm ended before q or the
+    adapter gives no state digest."""
     keyframes: dict[str, str] = Field(default_factory=dict)
-    # Per policy query: the stage the policy reported, the end effector's world position, rule
-    # firings and chunk digests (DESIGN §6; `rescue diagnose` reads them).
-    queries: list[QueryRecord] = Field(default_factory=list)  # name ("q112", "end") -> sha256 of the stored PNG
+    """Keyframe name (`q112`, `end`) -> sha256 of the PNG stored in the study's frames folder; empty when keyframes are off."""
+    queries: list[QueryRecord] = Field(default_factory=list)
+    """Per policy query: the stage the policy reported, the end effector's world position, rule
+    firings and chunk digests (DESIGN §6; `rescue diagnose` reads them)."""
     started_at: float | None = None
+    """When the arm started, Unix time in seconds; None when it never got a simulator or policy connection."""
     finished_at: float | None = None
+    """When the arm's record was made, Unix time in seconds; None when it never got a simulator or policy connection."""
 
 
 class Usage(BaseModel):
     """Token counts of one call; each is None when the provider did not report it."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     input_tokens: int | None = None
+    """Input (prompt) tokens, images included, as the provider counts them."""
     cached_input_tokens: int | None = None
+    """Of the input tokens, those the provider served from its prompt cache."""
     output_tokens: int | None = None
+    """Output (completion) tokens, reasoning tokens included where the provider counts them there."""
     reasoning_tokens: int | None = None
+    """Of the output tokens, those spent on hidden reasoning."""
 
 
 class Receipt(BaseModel):
     """The durable record of one VLM call attempt or outcome (DESIGN §2)."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     kind: ReceiptKind
+    """`attempt_started` (written before an HTTP attempt is sent), `attempt` (how it ended) or `outcome` (the call's result)."""
     call_id: str
+    """Our id of the call, shared by its attempt lines and its outcome line."""
     attempt: int
     """Attempts made so far (on an outcome: how many the call took)."""
     request_ids: list[str]
-    tokens: dict[str, str] = Field(default_factory=dict)  # request id -> per-request token
+    """Our id of each request the call carries, one per case, in the order of `case_ids`."""
+    tokens: dict[str, str] = Field(default_factory=dict)
+    """Request id -> the per-request token its answer must echo (binds each answer to its request)."""
     case_ids: list[str]
+    """The cases the call asks for (more than one only when batched), in request order."""
     provider_request_id: str | None = None
+    """The provider's id of the HTTP request (its `x-request-id` header); None when none came back."""
     model_requested: str
+    """The model the call asked for (`vlm.model`)."""
     model_reported: str | None = None
+    """The model the response names; None when no response arrived or it named none."""
     endpoint_kind: Literal["chat", "responses"]
+    """Which API the call used: chat completions or responses."""
     prompt_template: str
+    """Name of the prompt template (`vlm.prompt_template`)."""
     prompt_template_sha256: str
+    """sha256 of the template file's bytes."""
     prompt_sha256: str
     """sha256 of the rendered prompt's UTF-8 bytes (the prompt is kept as `<sha256>.txt`)."""
-    image_sha256: dict[str, list[str]] = Field(default_factory=dict)  # request id -> view digests
+    image_sha256: dict[str, list[str]] = Field(default_factory=dict)
+    """Request id -> sha256 of each view's PNG, in view order (before any contact sheet)."""
     started_at: float
+    """When the attempt (on an outcome line: the call) started, Unix time in seconds."""
     finished_at: float | None = None
-    """None only on an `attempt_started` line."""
+    """When it ended, Unix time in seconds; None only on an `attempt_started` line."""
     latency_s: float | None = None
-    """None only on an `attempt_started` line."""
+    """Seconds from `started_at` to `finished_at` (an outcome's include retries and backoff); None only on an
+    `attempt_started` line."""
     status: ReceiptStatus
+    """`started` on an `attempt_started` line; otherwise how the attempt or call ended."""
     error_kind: str | None = None
+    """Short name of the failure (`timeout`, `rate_limit`, `server`, `invalid_response`, `refusal`, `cancelled`...);
+    None when nothing failed."""
     error: str | None = None
+    """The failure's message, any API key redacted; None when nothing failed."""
     usage: Usage = Field(default_factory=Usage)
+    """Token counts of the response; all None when no response arrived."""
     response_sha256: str | None = None
     """sha256 of the raw response body (kept as `<sha256>.txt`)."""
-    subgoals: dict[str, str | None] = Field(default_factory=dict)  # request id -> subgoal
+    subgoals: dict[str, str | None] = Field(default_factory=dict)
+    """Request id -> the subgoal parsed from the answer (None: that request got none); empty on attempt lines and
+    on calls that got no answer."""
     # A batched call can succeed for some of its requests and not for others.
-    request_status: dict[str, str] = Field(default_factory=dict)  # request id -> answer status
-    request_errors: dict[str, str] = Field(default_factory=dict)  # request id -> why rejected
-    sent_image_sha256: list[str] = Field(default_factory=list)  # images as sent (views or contact sheet)
+    request_status: dict[str, str] = Field(default_factory=dict)
+    """Request id -> that request's answer status (`ok`, `invalid_response`, `timeout`, `broker_error`); empty on
+    attempt lines."""
+    request_errors: dict[str, str] = Field(default_factory=dict)
+    """Request id -> why its answer was rejected; only rejected requests appear."""
+    sent_image_sha256: list[str] = Field(default_factory=list)
+    """sha256 of each PNG as sent: a single request's views, or one contact sheet for a batch."""
     generation: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
     """The generation settings of the call (max_output_tokens, temperature, seed, reasoning_effort,
     store); None: not sent, the provider's default applies."""
@@ -203,42 +277,75 @@ class Receipt(BaseModel):
 class CaseRecord(BaseModel):
     """Everything the classification of one case needs, gathered from the journal."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     case_id: str
+    """The case classified."""
     group: str
+    """The case's group (the manifest's `group`; by default its suite)."""
     task: str
+    """The case's task, as `suite/task_id`."""
     horizon: int
+    """H: the most env steps an arm may run."""
     query_step: int
+    """q: the env step of the query point (DESIGN §2)."""
     historical_fingerprint: str | None = None
+    """The manifest's initial-state fingerprint; None: it gives none (the arms are then compared with each other)."""
     pilot: bool = False
+    """Whether the manifest declared the case a pilot (reported apart, never counted in N)."""
     interrupted: bool = False
+    """Whether the case was claimed and never finished (its state is `interrupted`)."""
     control: ArmResult | None = None
+    """The control arm's record; None: none was recorded."""
     assisted: ArmResult | None = None
-    receipt: Receipt | None = None  # the outcome receipt of the assisted arm's call
-    # The sham arm (None: the study has none), what it was declared to use, and its donor's receipt.
+    """The assisted arm's record; None: none was recorded (or the study is an evaluation)."""
+    receipt: Receipt | None = None
+    """The outcome receipt of the assisted arm's call; None: the arm made no call, or its receipt was not found."""
     sham: ArmResult | None = None
+    """The sham arm's record; None: the study has none, or none was recorded."""
     sham_source: Literal["fixed", "permuted"] | None = None
+    """The sham source the study declared; None: the study has no sham arm."""
     sham_text: str | None = None
+    """The declared fixed sham text for this case's task; None unless the source is `fixed`."""
     sham_donor: str | None = None
+    """The case's declared donor; None unless the source is `permuted`."""
     sham_receipt: Receipt | None = None
+    """The outcome receipt of the call the sham arm's subgoal came from (its donor's); None without one."""
 
 
 class ShamVerdict(BaseModel):
     """The sham arm against the control arm, by the same DESIGN §3 rules as the assisted arm."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     label: Label
+    """The DESIGN §3 label of the sham arm against control."""
     rule: int
+    """The DESIGN §3 rule (1 to 9) that decided it."""
     reason: str
+    """Why, in one line."""
     in_m: bool = False
+    """Whether the control/sham pair is in M (both valid and complete, no deviation, exact prefix)."""
     in_e: bool = False
+    """Whether it is in E: in M, with the sham subgoal applied and its source proven."""
 
 
 class Verdict(BaseModel):
     """A case's classification and the rule (DESIGN §3 number) that decided it."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     case_id: str
+    """The case classified."""
     label: Label | EpisodeLabel
+    """The DESIGN §3 label; in an evaluation study, the episode's label (success, failure, unknown)."""
     rule: int
+    """The DESIGN §3 rule (1 to 9) that decided it; in an evaluation study 0 (the episode ran) or 2 (unknown)."""
     reason: str
+    """Why, in one line."""
     in_m: bool = False
+    """Whether the control/assisted pair is in M (both valid and complete, no deviation, exact prefix)."""
     in_e: bool = False
-    sham: ShamVerdict | None = None  # when the study has a sham arm
+    """Whether it is in E: in M, with the subgoal applied and valid evidence."""
+    sham: ShamVerdict | None = None
+    """The sham arm's own verdict; None when the study has no sham arm."""

@@ -28,13 +28,17 @@ DEFAULT_SHAM_TEXT = "Continue with the task."
 class ShamConfig(BaseModel):
     """Whether a study has a sham arm, and where its subgoal comes from."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     source: Literal["off", "fixed", "permuted"] = "off"
-    text: str = Field(default=DEFAULT_SHAM_TEXT, min_length=1, max_length=1500)  # the `fixed` subgoal
-    # `fixed` only: the subgoal for the cases of these tasks (`suite/task_id`); other tasks get `text`.
+    """`off`: no sham arm; `fixed`: a declared text; `permuted`: a donor case's VLM answer."""
+    text: str = Field(default=DEFAULT_SHAM_TEXT, min_length=1, max_length=1500)
+    """The `fixed` subgoal (content-free by default)."""
     by_task: dict[str, str] | None = None
-    seed: int = 0  # the `permuted` donor groups' seed
+    """`fixed` only: the subgoal for the cases of these tasks (`suite/task_id`); other tasks get `text`.
+    None: every task gets `text`."""
+    seed: int = 0
+    """The `permuted` donor groups' seed."""
 
     @field_validator("by_task")
     @classmethod

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.records import CaseRecord, Label, Verdict
 
@@ -116,65 +116,114 @@ def block_bootstrap_ci(
 class Breakdown(BaseModel):
     """Counts of one group or task."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     n: int
+    """Cases of the group or task in the summary."""
     counts: dict[str, int]
+    """Cases per DESIGN §3 label, every label present (zero included)."""
     rescued: int
-    rate: float | None  # rescued / n
+    """Cases labelled `rescued`."""
+    rate: float | None
+    """rescued / n, a fraction; None when n is 0."""
 
 
 class PairTable(BaseModel):
     """The raw 2x2 of arm outcomes over the pairs in M."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     assisted_only: int = 0
+    """Pairs where only the assisted arm succeeded (McNemar's b)."""
     control_only: int = 0
+    """Pairs where only the control arm succeeded (McNemar's c)."""
     both_success: int = 0
+    """Pairs where both arms succeeded."""
     both_fail: int = 0
+    """Pairs where both arms failed."""
 
 
 class ShamPairTable(BaseModel):
     """The raw 2x2 of assisted against sham over K: cases whose three arms are valid with both subgoals applied."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     assisted_only: int = 0
+    """Cases where only the assisted arm succeeded (McNemar's b)."""
     sham_only: int = 0
+    """Cases where only the sham arm succeeded (McNemar's c)."""
     both_success: int = 0
+    """Cases where both arms succeeded."""
     both_fail: int = 0
+    """Cases where both arms failed."""
 
 
 class ShamSummary(BaseModel):
     """The placebo comparison (DESIGN §8): the sham arm against control, and assisted against sham."""
 
-    counts: dict[str, int]  # the sham arm's own DESIGN §3 labels against control, over N
-    r: int  # cases the sham "rescued"
-    m: int  # sham pairs in M (valid, matched prefix, no deviation)
-    e: int  # of those, with the sham subgoal applied and its source proven
-    k: int  # cases where assisted and sham are both in E: the paired comparison's n
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    counts: dict[str, int]
+    """The sham arm's own DESIGN §3 labels against control, over N, every label present."""
+    r: int
+    """Cases the sham "rescued"."""
+    m: int
+    """Sham pairs in M (valid, matched prefix, no deviation)."""
+    e: int
+    """Of those, with the sham subgoal applied and its source proven."""
+    k: int
+    """Cases where assisted and sham are both in E: the paired comparison's n."""
     pairs: ShamPairTable
+    """The raw 2x2 of assisted against sham over K."""
     mcnemar_p: float
-    diff: float | None  # assisted minus sham success rate over K: the effect of the VLM's content
+    """Two-sided exact McNemar p-value of assisted against sham over K; 1.0 without discordant cases."""
+    diff: float | None
+    """Assisted minus sham success rate over K: the effect of the VLM's content; None when K is 0."""
     diff_ci: tuple[float, float] | None
+    """Newcombe square-and-add interval of `diff`, at the summary's confidence; None when K is 0."""
 
 
 class Summary(BaseModel):
     """The fixed-denominator summary of a study's main cohort (DESIGN §3)."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     n: int
+    """N: the cases summarized (finished or interrupted, with a verdict); the whole cohort once the study is complete."""
     counts: dict[str, int]
+    """Cases per DESIGN §3 label, every label present (zero included)."""
     r: int
+    """R: cases rescued."""
     m: int
+    """M: pairs with both arms valid and complete, no deviation, exact prefix."""
     e: int
+    """E: pairs in M with the subgoal applied and valid evidence."""
     r_over_n: float | None
+    """R / N, a fraction; None when N is 0."""
     r_over_m: float | None
+    """R / M, a fraction; None when M is 0."""
     r_over_e: float | None
+    """R / E, a fraction; None when E is 0."""
     pairs: PairTable
+    """The raw 2x2 of arm outcomes over M."""
     mcnemar_p: float
-    diff: float | None  # assisted minus control success rate over M
-    diff_ci: tuple[float, float] | None  # Newcombe square-and-add over M
+    """Two-sided exact McNemar p-value on the discordant pairs of M; 1.0 when there are none."""
+    diff: float | None
+    """Assisted minus control success rate over M; None when M is 0."""
+    diff_ci: tuple[float, float] | None
+    """Newcombe square-and-add interval of `diff` over M, at `confidence`; None when M is 0."""
     confidence: float = 0.95
+    """Confidence level of the intervals."""
     per_group: dict[str, Breakdown] = Field(default_factory=dict)
+    """The counts of each group, by group name."""
     per_task: dict[str, Breakdown] = Field(default_factory=dict)
+    """The counts of each task, by `suite/task_id`."""
     pilot_ids: list[str] = Field(default_factory=list)
+    """Ids of the pilot cases summarized apart, in manifest order; empty in a pilot cohort's own summary."""
     pilot: Summary | None = None
-    sham: ShamSummary | None = None  # when the study has a sham arm
+    """The pilot cohort's own summary; None without pilot cases (and in a pilot cohort's own summary)."""
+    sham: ShamSummary | None = None
+    """The placebo comparison; None when the study has no sham arm."""
 
 
 def _ratio(x: int, n: int) -> float | None:

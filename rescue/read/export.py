@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.classify import deviation_detail
 from rescue.core.digest import digest_json
@@ -50,112 +50,198 @@ class ExportError(StudyError):
 class StudyInfo(BaseModel):
     """Who the study is: its id, what it was run with, and its replanning interval C."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     study_id: str | None = None
-    kind: str = "rescue"  # "evaluation" studies run the control arm only and label episodes
+    """The study's id (its folder's name at creation); None: the journal holds none."""
+    kind: str = "rescue"
+    """`rescue`, or `evaluation`: evaluation studies run the control arm only and label episodes."""
     created_at: float | None = None
+    """When the study was created, Unix time in seconds; None: the journal holds none."""
     config_sha256: str | None = None
+    """sha256 of the resolved configuration, as stored at creation; None: the journal holds none."""
     manifest_sha256: str | None = None
+    """sha256 of the manifest file's bytes, as stored at creation; None: the journal holds none."""
     replan_interval: int | None = None
-    observation: str | None = None  # the observation profile the policy received (DESIGN §7)
+    """C, in env steps, as the study's configuration fixed it."""
+    observation: str | None = None
+    """The observation profile the policy received (DESIGN §7); None: the configuration names none."""
     journal_schema_version: int | None = None
+    """The journal's schema version (its meta `schema_version`)."""
     draining: bool = False
+    """Whether a drain was requested: no new case is claimed."""
     summary_stored: bool = False
+    """Whether the journal holds a stored summary (`rescue verify` re-checks it)."""
 
 
 class ArmEntry(BaseModel):
     """One arm of one case as exported."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     status: str
+    """How the arm ended: `complete` or `error` (the infrastructure failed under it)."""
     error: str | None = None
+    """One line: the exception and its message; None unless the status is `error`."""
     success: bool | None = None
+    """Whether the task succeeded within the horizon; None when the arm did not complete."""
     steps: int
+    """Env steps the arm ran."""
     fingerprint: str | None = None
+    """The arm's initial-state fingerprint; None when it never reset."""
     assistance: str
+    """The arm's assistance status: `control`, `applied`, `not_reached`, or why its request failed."""
     query_step: int | None = None
+    """Env step at which the arm asked (q); None when it never asked."""
     subgoal: str | None = None
-    source: str | None = None  # where the subgoal came from: vlm, or a sham arm's fixed text or donor
+    """The applied subgoal; None unless applied."""
+    source: str | None = None
+    """Where the subgoal came from: vlm, or a sham arm's fixed text or donor; None when the arm never asked."""
     donor_case_id: str | None = None
+    """A permuted sham arm's donor case; None otherwise."""
     call_id: str | None = None
+    """The VLM call's id (a permuted sham arm: its donor's); None when the arm made no call."""
     request_id: str | None = None
+    """Our request id within that call; None when the arm made no call."""
     trace_rows: int
-    # The trajectory alone (every query's state, images, instruction and actions digests): equal
-    # across runs, machines and backends whenever the arm did the same thing.
+    """Policy queries the arm recorded (rows of its trace)."""
     trace_sha256: str
-    digest: str  # the whole arm record, timings and hosts included
+    """The trajectory alone (every query's state, images, instruction and actions digests): equal
+    across runs, machines and backends whenever the arm did the same thing."""
+    digest: str
+    """sha256 of the whole arm record's canonical JSON, timings included (what the journal stores beside it)."""
 
 
 class CaseEntry(BaseModel):
     """One manifest case: its queue state, its stored verdict (if any) and its arms."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     case_id: str
+    """The case's id."""
     group: str
+    """The group the case is reported under."""
     task: str
+    """The case's task, as `suite/task_id`."""
     pilot: bool
+    """Whether the case is a declared pilot (never counted in the main summary)."""
     state: CaseState
+    """The case's queue state: `pending`, `claimed`, `finished` or `interrupted`."""
     label: str | None = None
+    """The stored verdict's DESIGN §3 label; None without a verdict."""
     rule: int | None = None
+    """The DESIGN §3 rule that decided it; None without a verdict."""
     reason: str | None = None
+    """Why, in one line; None without a verdict."""
     in_m: bool | None = None
+    """Whether the pair is in M; None without a verdict."""
     in_e: bool | None = None
-    deviation: str | None = None  # for an initial-state deviation: which fingerprint parts differed
+    """Whether the pair is in E; None without a verdict."""
+    deviation: str | None = None
+    """For an initial-state deviation: which fingerprint parts differed; None otherwise."""
     query_step: int | None = None
+    """q, the env step of the case's query point."""
     call_id: str | None = None
+    """The assisted arm's VLM call id; None without an assisted arm or a call."""
     control: ArmEntry | None = None
+    """The control arm; None: not recorded."""
     assisted: ArmEntry | None = None
+    """The assisted arm; None: not recorded (or an evaluation study)."""
     sham: ArmEntry | None = None
-    # The sham arm against control (DESIGN §8); None when the study has no sham arm.
+    """The sham arm; None: not recorded, or the study has none."""
     sham_label: str | None = None
+    """The sham arm's DESIGN §3 label against control (DESIGN §8); None without a sham verdict."""
     sham_rule: int | None = None
+    """The rule that decided the sham label; None without a sham verdict."""
     sham_reason: str | None = None
+    """Why, in one line; None without a sham verdict."""
 
 
 class EpisodeRow(BaseModel):
     """One episode of an evaluation study: where it started, how it ended, and its result's sha256."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     case_id: str
+    """The episode's case id."""
     task: str
+    """The task, as `suite/task_id`."""
     group: str
+    """The group the episode is reported under."""
     init_state_index: int
+    """Which of the task's recorded initial states the episode started from."""
     env_seed: int
+    """The environment's seed."""
     policy_seed: int
+    """The seed of the policy's sampling RNG."""
     horizon: int
+    """H: the most env steps the episode may run."""
     state: CaseState
-    label: str | None = None  # success, failure, unknown; None while not run
+    """The episode's queue state: `pending`, `claimed`, `finished` or `interrupted`."""
+    label: str | None = None
+    """`success`, `failure` or `unknown`; None without a verdict (not run yet)."""
     reason: str | None = None
+    """Why, in one line; None without a verdict."""
     status: str | None = None
+    """How the control arm ended (`complete`, `error`); None while not run."""
     success: bool | None = None
+    """Whether the task succeeded; None while not run or when the arm did not complete."""
     steps: int | None = None
+    """Env steps the episode ran; None while not run."""
     fingerprint: str | None = None
+    """The initial-state fingerprint; None while not run or when the arm never reset."""
     trace_rows: int | None = None
-    result_sha256: str | None = None  # the digest the journal stored with the arm result
+    """Policy queries recorded; None while not run."""
+    result_sha256: str | None = None
+    """The digest the journal stored with the arm result; None while not run."""
 
 
 class Coverage(BaseModel):
     """How much of a cohort the summary covers; N of DESIGN §3 is `n_manifest`."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     n_manifest: int = 0
-    n_pending: int = 0  # never started
-    n_in_flight: int = 0  # claimed, neither finished nor interrupted yet
+    """The cohort's cases in the manifest."""
+    n_pending: int = 0
+    """Never started."""
+    n_in_flight: int = 0
+    """Claimed, neither finished nor interrupted yet."""
     n_finished: int = 0
+    """Finished."""
     n_interrupted: int = 0
-    n_without_verdict: int = 0  # finished or interrupted but not yet classified
-    n_summarized: int = 0  # the summary's n: finished and interrupted cases with a verdict
-    complete: bool = False  # the summary's n equals n_manifest
+    """Claimed and never finished (their verdict is unknown)."""
+    n_without_verdict: int = 0
+    """Finished or interrupted but not yet classified."""
+    n_summarized: int = 0
+    """The summary's n: finished and interrupted cases with a verdict."""
+    complete: bool = False
+    """Whether the summary's n equals n_manifest."""
 
 
 class StudyExport(BaseModel):
     """A study's whole result in one document (what `rescue export` writes as JSON)."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     schema_version: Literal["rescue-export/3"] = EXPORT_SCHEMA
+    """The format of this document and its version."""
     study: StudyInfo
+    """Who the study is."""
     # The summary counts finished and interrupted cases only; `coverage` says
     # how many manifest cases that is, so a partial study cannot pass for a whole one.
-    coverage: dict[str, Coverage] = Field(default_factory=dict)  # "main", "pilot"
-    summary: Summary | None = None  # DESIGN §3 summary; None for an evaluation study
-    episodes: dict[str, Any] | None = None  # an evaluation study's success rates instead
-    episode_rows: list[EpisodeRow] | None = None  # an evaluation study's episodes, one row each
+    coverage: dict[str, Coverage] = Field(default_factory=dict)
+    """Per cohort (`main`, `pilot`): how many of its cases the summary covers."""
+    summary: Summary | None = None
+    """The DESIGN §3 summary of the main cohort; None for an evaluation study."""
+    episodes: dict[str, Any] | None = None
+    """An evaluation study's success rates (overall, per task, per group) instead; None for a rescue study."""
+    episode_rows: list[EpisodeRow] | None = None
+    """An evaluation study's episodes, one row each; None for a rescue study."""
     usage: UsageSummary
+    """VLM calls, tokens and latency over every receipts file of the study."""
     cases: list[CaseEntry]
+    """Every manifest case, in manifest order."""
 
 
 def coverage(records: StudyRecords, pilot: bool) -> Coverage:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rescue.core.config import ConfigError, StudyConfig, validate_config
 from rescue.core.manifest import Manifest, ManifestError, parse_manifest
@@ -51,30 +51,57 @@ class QueueError(StudyError):
     """A job that does not exist, or a queue request that cannot be carried out."""
 
 
+# The format of a job folder (its job.json, state.json, manifest and configuration), written in job.json.
+JOB_SCHEMA_VERSION = 1
+
+
 class JobSpec(BaseModel):
     """What was submitted, fixed at submission."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     job_id: str
+    """The job's id and its folder's name: `job-<UTC time>-<hex>`."""
     name: str
+    """A name for people (by default the manifest file's stem)."""
     submitted_at: float
+    """When the job was submitted, Unix time in seconds."""
     cases: int
+    """Cases in the submitted manifest."""
     manifest_sha256: str
+    """sha256 of the submitted manifest's bytes (kept byte for byte in the job folder)."""
     config_sha256: str
+    """sha256 of the configuration as given (its identity not yet resolved: the study's own differs)."""
     manifest_source: str | None = None
+    """The path or name the manifest was submitted under; None: not recorded."""
+    # Job folders made before the version was written hold none: they are version 1.
+    schema_version: Literal[1] = JOB_SCHEMA_VERSION
+    """The format of the job folder; a reader refuses a version it does not know."""
 
 
 class JobState(BaseModel):
     """Where a job stands; rewritten atomically by the worker and by `cancel`."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     state: JobStateName = "queued"
+    """`queued`, `running`, `finished` or `stopped`."""
     updated_at: float = Field(default_factory=time.time)
-    started_at: float | None = None  # the first start
+    """When this state was written, Unix time in seconds."""
+    started_at: float | None = None
+    """The first start, Unix time in seconds; None: never started."""
     finished_at: float | None = None
-    runs: int = 0  # starts of the job's child (a resume after a crash is a second run)
-    pid: int | None = None  # the child running it, while running
-    exit_code: int | None = None  # the child's, as `rescue run`/`resume` would exit
+    """When the job ended `finished` or `stopped`, Unix time in seconds; None while it has not."""
+    runs: int = 0
+    """Starts of the job's child (a resume after a crash is a second run)."""
+    pid: int | None = None
+    """The child running it, while running; None otherwise."""
+    exit_code: int | None = None
+    """The last run's exit code, as `rescue run`/`resume` would exit; None: no run has ended."""
     message: str | None = None
+    """One line for people: `starting`, `resuming`, `cancelled`, or the last line of the job's log; None at first."""
     cancel_requested: bool = False
+    """Whether `cancel` asked the running job to drain (it then ends `stopped` and is never resumed)."""
 
 
 @dataclass(frozen=True)

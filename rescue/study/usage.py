@@ -13,7 +13,7 @@ import statistics
 from collections import Counter
 from collections.abc import Iterable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.records import Receipt
 from rescue.study.receipts import ReceiptLine, first_outcomes
@@ -29,32 +29,54 @@ TOKEN_TYPES = {
 class TokenTally(BaseModel):
     """One token type over all calls."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     known_sum: int = 0
+    """Tokens summed over the calls that reported the counter."""
     calls_with: int = 0
+    """Calls that reported the counter."""
     calls_without: int = 0
-    total: int | None = None  # only when no call lacked the counter
+    """Calls that did not report it."""
+    total: int | None = None
+    """The total over all calls; None when any call lacked the counter."""
 
 
 class LatencySummary(BaseModel):
     """Per-call latency in seconds over outcome receipts (None when there are no calls)."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     sum_s: float = 0.0
+    """Total latency of the calls, seconds."""
     mean_s: float | None = None
+    """Mean latency of a call, seconds; None without calls."""
     median_s: float | None = None
+    """Median latency of a call, seconds; None without calls."""
     min_s: float | None = None
+    """Shortest call, seconds; None without calls."""
     max_s: float | None = None
+    """Longest call, seconds; None without calls."""
 
 
 class UsageSummary(BaseModel):
     """Deduplicated call count, statuses, tokens per type, latency; cost unknown."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     calls: int = 0
+    """VLM calls, each counted once (its first outcome receipt)."""
     cases: int = 0
+    """Distinct cases the calls asked for."""
     attempts: int = 0
+    """HTTP attempts over all calls, retries included."""
     by_status: dict[str, int] = Field(default_factory=dict)
+    """Calls per outcome status (`ok`, `error`, `timeout`...); only statuses that occurred."""
     tokens: dict[str, TokenTally] = Field(default_factory=dict)
+    """Token type (`input`, `cached_input`, `output`, `reasoning`) -> its tally over the calls."""
     latency: LatencySummary = Field(default_factory=LatencySummary)
-    cost: float | None = None  # no price list is assumed
+    """Latency of the calls, seconds."""
+    cost: float | None = None
+    """Always None: no price list is assumed."""
 
 
 def _outcomes(receipts: Iterable[Receipt | ReceiptLine]) -> list[Receipt]:
