@@ -53,7 +53,7 @@ def main() -> None:
         journal.close()
         t0 = time.perf_counter()
         journal = Journal.open(study)
-        interrupted = journal.recover_interrupted()
+        interrupted = journal.unsettled_ids()  # what a resume settles (each, then, in a transaction of its own)
         pending = len(journal.pending_ids())
         resume = time.perf_counter() - t0
         journal.close()

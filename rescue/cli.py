@@ -93,6 +93,10 @@ class _Live:
 
     __call__ = case_finished
 
+    def stopping(self, message: str) -> None:
+        # Printed above the bar, at once: the person who pressed Ctrl-C learns what it does.
+        self.progress.console.print(f"rescue: {message}")
+
     def _refresh(self) -> None:
         done = sum(self.counts.values())
         hours = (time.monotonic() - self.started) / 3600

@@ -49,6 +49,14 @@ def verdict(case_id: str, label: str = "not_rescued", rule: int = 8) -> Verdict:
     return Verdict(case_id=case_id, label=label, rule=rule, reason="test")
 
 
+def interrupt_all(journal: Journal, reason: str = "interrupted") -> list[str]:
+    """What a recovery does: every unsettled case interrupted with an unknown verdict, one by one."""
+    ids = journal.unsettled_ids()
+    for case_id in ids:
+        journal.interrupt(case_id, verdict(case_id, "unknown", 2), reason)
+    return ids
+
+
 @pytest.fixture
 def study(tmp_path):
     return tmp_path / "study"
@@ -214,7 +222,7 @@ def test_processes_never_share_a_case(study):
 def test_state_moves_are_enforced_by_the_file_itself(journal):
     journal.claim("case-00000", "w")
     journal.claim("case-00001", "w")
-    journal.recover_interrupted()
+    interrupt_all(journal)
     conn = sqlite3.connect(journal.path)
     for case_id, state in [
         ("case-00000", "pending"),
@@ -236,10 +244,10 @@ def test_recover_interrupted_is_final(journal):
     journal.claim("case-00001", "w")
     journal.claim("case-00002", "w")
     journal.finish_case("case-00002", (), verdict("case-00002"))
-    assert journal.recover_interrupted() == ["case-00001", "case-00003"]
+    assert interrupt_all(journal) == ["case-00001", "case-00003"]
     assert journal.state("case-00001") == "interrupted"
     assert journal.state("case-00002") == "finished"
-    assert journal.recover_interrupted() == []
+    assert interrupt_all(journal) == []
     handed_out = []
     while (case := journal.claim_next("w2")) is not None:
         handed_out.append(case.case_id)
@@ -271,10 +279,9 @@ def test_killed_worker_leaves_its_case_claimed_then_interrupted(journal, study):
 
     with Journal.open(study) as j:
         assert j.state(claimed) == "claimed"
-        assert j.recover_interrupted(reason="worker killed") == [claimed]
+        assert interrupt_all(j, reason="worker killed") == [claimed]
         assert j.state(claimed) == "interrupted"
         assert j.claim_next("next").case_id == "case-00001"
-        j.set_verdict(claimed, verdict(claimed, "unknown", 2))
         assert j.verdicts()[claimed].label == "unknown"
 
 
@@ -300,7 +307,7 @@ def test_arm_results_need_a_live_claim(journal):
     with pytest.raises(JournalError, match="pending"):
         journal.finish_case("case-00000", [arm("case-00000")], verdict("case-00000"))
     journal.claim("case-00000", "w")
-    journal.recover_interrupted()
+    interrupt_all(journal)
     # A worker thought lost must not change an interrupted case.
     with pytest.raises(JournalError, match="interrupted"):
         journal.finish_case("case-00000", [arm("case-00000")], verdict("case-00000"))
@@ -320,16 +327,28 @@ def test_finish_stores_the_verdict_once(journal):
     assert journal.verdicts() == {"case-00000": verdict("case-00000", "rescued", 9)}
     with pytest.raises(JournalError):
         journal.finish_case("case-00000", (), verdict("case-00000"))
-    with pytest.raises(JournalError, match="not interrupted"):
-        journal.set_verdict("case-00000", verdict("case-00000"))
+    with pytest.raises(JournalError, match="not claimed or interrupted"):
+        journal.interrupt("case-00000", verdict("case-00000"))
 
 
 def test_interrupted_verdict_is_written_once(journal):
     journal.claim("case-00004", "w")
-    journal.recover_interrupted()
-    journal.set_verdict("case-00004", verdict("case-00004", "unknown", 2))
+    interrupt_all(journal)
     with pytest.raises(DuplicateRecord):
-        journal.set_verdict("case-00004", verdict("case-00004", "unknown", 2))
+        journal.interrupt("case-00004", verdict("case-00004", "unknown", 2))
+
+
+def test_a_case_interrupted_without_its_verdict_is_settled_by_the_next_recovery(journal):
+    # A recovery that stopped between the two (an older version, or a crash): the state moved, no verdict.
+    journal.claim("case-00002", "w")
+    conn = sqlite3.connect(journal.path)
+    with conn:
+        conn.execute("UPDATE cases SET state = 'interrupted', reason = 'interrupted' WHERE case_id = 'case-00002'")
+    conn.close()
+    assert journal.unsettled_ids() == ["case-00002"]
+    assert interrupt_all(journal) == ["case-00002"]
+    assert journal.verdicts()["case-00002"].label == "unknown"
+    assert journal.unsettled_ids() == []
 
 
 def test_one_batched_call_is_indexed_for_each_of_its_cases(journal):

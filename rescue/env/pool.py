@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import os
+import signal
 import threading
 import traceback
 from typing import Any, Callable
@@ -35,8 +36,17 @@ def _quiet(log_path: str | None) -> None:
     os.close(target)
 
 
+# Signals meant for the driver: a terminal's Ctrl-C reaches the whole foreground process group,
+# and a simulator must outlive it so that the arms in flight can finish (the driver drains, then
+# stops its simulators itself). A child starts with them blocked (see SimProcess) and ignores them.
+DRIVER_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def _serve(conn, adapter_spec: str, adapter_kwargs: dict, log_path: str | None = None) -> None:
     """Process main: build the adapter, then answer (method, args) requests until told to stop."""
+    for sig in DRIVER_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, DRIVER_SIGNALS)  # a pending one is discarded: ignored
     _quiet(log_path)
     try:
         adapter = resolve(adapter_spec)(**adapter_kwargs)
@@ -140,13 +150,17 @@ class SimProcess(Simulator):
         self._lock = threading.Lock()
         self.name = name
         self.hash_seed = str(hash_seed)
-        # A spawned child reads PYTHONHASHSEED from the environment it inherits at start.
+        # A spawned child reads PYTHONHASHSEED from the environment it inherits at start, and
+        # inherits this thread's signal mask: blocked, the driver's signals cannot kill it while
+        # it boots, before `_serve` ignores them (a signal sent meanwhile waits for this thread).
         with _spawn_lock:
             before = os.environ.get("PYTHONHASHSEED")
             os.environ["PYTHONHASHSEED"] = self.hash_seed
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, DRIVER_SIGNALS)
             try:
                 self._proc.start()
             finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 if before is None:
                     os.environ.pop("PYTHONHASHSEED", None)
                 else:

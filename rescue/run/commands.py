@@ -17,12 +17,12 @@ from rescue.core.manifest import Case, Manifest, load_manifest, parse_manifest
 from rescue.core.records import Verdict
 from rescue.core.sham import ShamConfig
 from rescue.env.backend import LOCAL, Backend
-from rescue.run.engine import STOP_REASON_KEY, complement_manifest, recover, run_study
+from rescue.run.engine import complement_manifest, recover, run_study
 from rescue.run.peers import check_live_identity, resolved_config
 from rescue.study import logs
 from rescue.study.files import write_manifest
 from rescue.study.folder import StudyError, create_study, load_study_config, new_study_dir, open_journal, study_outcome
-from rescue.study.journal import Journal
+from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, Journal
 from rescue.study.layout import STUDIES, StudyLayout
 from rescue.study.owner import own_study
 
@@ -85,6 +85,7 @@ def resume(study_dir: Path, on_case: OnCase = None, verbose: bool = False, backe
             with Journal.open(study_dir) as journal:
                 journal.clear_drain()
                 journal.delete_meta(STOP_REASON_KEY)
+                journal.delete_meta(STOPPED_NOW_KEY)
             logs.configure(StudyLayout.of(study_dir).events, verbose)
             interrupted = recover(study_dir)
             asyncio.run(run_study(study_dir, on_case, backend=backend))

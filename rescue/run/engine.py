@@ -32,7 +32,7 @@ from rescue.policy.client import WebsocketPolicyClient
 from rescue.run.arm import ArmSpec, run_arm, run_forked
 from rescue.run.peers import Services, start_services
 from rescue.study.folder import SHAM_DONORS_KEY, classify_case, load_study_config, outcome_receipts, store_summary
-from rescue.study.journal import Journal
+from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, Journal
 from rescue.study.layout import StudyLayout
 from rescue.study.receipts import OutcomeIndex
 from rescue.vlm.answers import SubgoalRequest
@@ -40,8 +40,6 @@ from wrappers.async_rules import AsyncRuleWrapper
 
 log = structlog.get_logger()
 
-# Journal meta key: why a study stopped claiming before its queue was empty.
-STOP_REASON_KEY = "stop_reason"
 
 
 @dataclass
@@ -78,6 +76,9 @@ class RunObserver:
     def case_finished(self, verdict: Verdict) -> None:
         """A case got its verdict."""
 
+    def stopping(self, message: str) -> None:
+        """A signal changed how the run ends (one line to tell the person who sent it)."""
+
 
 class _CallbackObserver(RunObserver):
     def __init__(self, on_case: Callable[[Verdict], None]):
@@ -94,7 +95,7 @@ def as_observer(on_case: RunObserver | Callable[[Verdict], None] | None) -> RunO
     if on_case is not None and hasattr(on_case, "case_finished"):
         # A live view that does not import the engine (the CLI's) fills in what it lacks.
         observer = RunObserver()
-        for name in ("study_started", "arm_started", "arm_finished", "vlm_waiting", "case_finished"):
+        for name in ("study_started", "arm_started", "arm_finished", "vlm_waiting", "case_finished", "stopping"):
             if hasattr(on_case, name):
                 setattr(observer, name, getattr(on_case, name))
         return observer
@@ -124,6 +125,9 @@ class Engine:
         self._answers: dict[str, Any] = {}
         self._answer_events: dict[str, asyncio.Event] = {}
         self._stop = asyncio.Event()
+        # Signals so far (the first drains, the second stops now) and the workers a second one cancels.
+        self._signals: list[str] = []
+        self._workers: list[asyncio.Task] = []
         # The outcome lines the VLM client wrote, read back by the one receipts reader.
         self._outcomes = OutcomeIndex(self.layout.receipts)
 
@@ -132,18 +136,28 @@ class Engine:
         self._stop.set()
 
     async def run(self) -> None:
-        """Run workers until the queue is empty or drained."""
+        """Run workers until the queue is empty or drained.
+
+        A first SIGINT or SIGTERM stops claiming and lets the arms in flight finish; a second
+        stops them now: their cases are recorded `unknown` (interrupted), never run again."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             self.observer.study_started(len(self.journal.pending_ids()), len(self.config.arms))
-            workers = [
+            self._workers = [
                 asyncio.create_task(self._worker(f"w{i}-{os.getpid()}", self.services))
                 for i in range(max(1, self.config.cases_in_flight))
             ]
-            await asyncio.gather(*workers)
+            await asyncio.wait(self._workers)
+            if len(self._signals) > 1:
+                self._stopped_now()
+            else:
+                for worker in self._workers:
+                    worker.result()  # a worker's own failure is the run's
+                if self._signals:
+                    self.journal.set_meta(STOP_REASON_KEY, f"{self._signals[0]} stopped it claiming; the arms in flight finished")
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -151,9 +165,31 @@ class Engine:
 
     def _on_signal(self, sig: int) -> None:
         name = signal.Signals(sig).name
-        log.warning("study.draining", signal=name)
-        self.journal.set_meta(STOP_REASON_KEY, f"{name} asked it to drain (arms in flight finished)")
-        self.drain()
+        self._signals.append(name)
+        if len(self._signals) == 1:
+            log.warning("study.draining", signal=name)
+            self.journal.set_meta(STOP_REASON_KEY, f"{name} stopped it claiming; arms were in flight")
+            self.observer.stopping(f"{name}: no new case is claimed; the arms in flight finish "
+                                   f"(send it again to stop them now: their cases become unknown)")
+            self.drain()
+            return
+        if len(self._signals) == 2:
+            log.warning("study.stopping_now", signal=name)
+            self.observer.stopping(f"{name} again: stopping the arms in flight now; their cases become unknown (interrupted)")
+            self.drain()
+            for worker in self._workers:
+                worker.cancel()
+
+    def _stopped_now(self) -> None:
+        """After a second signal: the cases the cancelled arms held become unknown (interrupted)."""
+        reason = f"interrupted: a second {self._signals[1]} stopped its arms"
+        ids = settle(self.journal, self.config, self.layout.receipts, reason)
+        listed = f": {', '.join(ids)}" if ids else ""
+        self.journal.set_meta(
+            STOP_REASON_KEY,
+            f"a second {self._signals[1]} stopped it at once; {len(ids)} case(s) in flight were recorded unknown (interrupted){listed}",
+        )
+        self.journal.set_meta(STOPPED_NOW_KEY, ids)
 
     def _stopping(self) -> bool:
         return self._stop.is_set() or self.journal.draining()
@@ -434,21 +470,31 @@ def _infrastructure_error(case: Case, arm: str, exc: Exception) -> ArmResult:
     )
 
 
+def settle(journal: Journal, config: StudyConfig, receipts_path: Path, reason: str = "interrupted") -> list[str]:
+    """Give every unsettled case its final state and verdict: a claimed case becomes `interrupted`,
+    `unknown` (rule 2), and so does one a recovery left interrupted without a verdict. One
+    transaction per case, so a recovery stopped half-way (a full disk, a kill) leaves every case
+    either settled or still to settle, and running it again finishes the job. Returns their ids."""
+    ids = journal.unsettled_ids()
+    if not ids:
+        return []
+    receipts = outcome_receipts(receipts_path)
+    donors = dict(journal.meta().get(SHAM_DONORS_KEY) or {})
+    for case_id in ids:
+        case = journal.case(case_id)
+        verdict = classify_case(config, case, journal.arms(case_id), receipts, interrupted=True, donors=donors)
+        journal.interrupt(case_id, verdict, reason)
+        log.info("case.classified", case_id=case_id, label=verdict.label, rule=verdict.rule, reason=reason)
+    return ids
+
+
 def recover(study_dir: Path) -> list[str]:
     """Turn started-unfinished cases into `unknown` (reason: interrupted); return their ids."""
     layout = StudyLayout.of(study_dir)
     config = load_study_config(layout.root)
     journal = Journal.open(layout.root)
     try:
-        ids = journal.recover_interrupted()
-        receipts = outcome_receipts(layout.receipts)
-        for case_id in ids:
-            case = journal.case(case_id)
-            donors = dict(journal.meta().get(SHAM_DONORS_KEY) or {})
-            verdict = classify_case(config, case, journal.arms(case_id), receipts, interrupted=True, donors=donors)
-            journal.set_verdict(case_id, verdict)
-            log.info("case.classified", case_id=case_id, label=verdict.label, rule=verdict.rule, reason="interrupted")
-        return ids
+        return settle(journal, config, layout.receipts)
     finally:
         journal.close()
 

@@ -94,12 +94,15 @@ class Worker:
         self.stopping = asyncio.Event()
         self.current: Job | None = None
         self._proc: asyncio.subprocess.Process | None = None
+        self._stops = 0
 
     def stop(self) -> None:
-        """Drain: the running job's arms in flight finish, then the worker exits."""
-        if self.stopping.is_set():
+        """Drain: the running job's arms in flight finish, then the worker exits. A second stop
+        is passed on to the job too, which then stops its arms now (their cases become unknown)."""
+        self._stops += 1
+        if self._stops > 2:
             return
-        log.warning("serve.draining")
+        log.warning("serve.draining" if self._stops == 1 else "serve.stopping_now")
         self.stopping.set()
         if self._proc is not None and self._proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
@@ -170,8 +173,11 @@ class Worker:
         with open(job.layout.log, "ab") as out:
             out.write(f"--- run {job.state.runs} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n".encode())
             out.flush()
+            # A session of its own: a terminal's Ctrl-C reaches the worker, which drains the job;
+            # it must not reach the job (and its simulators) directly.
             self._proc = await asyncio.create_subprocess_exec(
                 *args, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT, env=env,
+                start_new_session=True,
             )
         job = await asyncio.to_thread(write_state, job, pid=self._proc.pid)
         log.info("serve.job_started", job=job.spec.job_id, pid=self._proc.pid, run=job.state.runs)

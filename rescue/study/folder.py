@@ -27,7 +27,7 @@ from rescue.core.records import ArmResult, CaseRecord, Receipt, Verdict
 from rescue.core.sham import ShamConfig, sham_donors
 from rescue.core.stats import Summary, summarize
 from rescue.study.files import fsync_dir, write_atomic, write_manifest
-from rescue.study.journal import CaseState, Journal
+from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, CaseState, Journal
 from rescue.study.layout import RECEIPTS, STUDIES, StudyLayout
 from rescue.study.receipts import outcomes_by_call, read_receipt_file
 
@@ -291,8 +291,10 @@ def study_outcome(study_dir: str | os.PathLike[str]) -> StudyOutcome:
         meta = journal.meta()
     n = sum(counts.values())
     left = counts["pending"] + counts["claimed"]
-    if left:
-        why = meta.get("stop_reason") or ("a drain was requested" if meta.get("drain") else "it was interrupted")
+    if left or meta.get(STOPPED_NOW_KEY):
+        why = meta.get(STOP_REASON_KEY) or ("a drain was requested" if meta.get("drain") else "it was interrupted")
+        if not left:
+            return StudyOutcome(code=EXIT_STOPPED, message=f"the study stopped: {why}")
         return StudyOutcome(
             code=EXIT_STOPPED,
             message=f"the study stopped with {left} of {n} cases without a verdict: {why}",

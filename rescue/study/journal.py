@@ -48,6 +48,10 @@ _CREATED_KEY = "created_at"
 _DRAIN_KEY = "drain"
 # The study's summary as last stored; `rescue verify` recomputes and compares it.
 SUMMARY_KEY = "summary"
+# Why a run stopped claiming before its queue was empty (one line for the person who runs it), and
+# the cases a second signal stopped in flight; a resume clears both.
+STOP_REASON_KEY = "stop_reason"
+STOPPED_NOW_KEY = "stopped_now"
 
 _SCHEMA = """
 CREATE TABLE meta (
@@ -323,21 +327,32 @@ class Journal:
             )
         return self.case_type.model_validate_json(row[1])
 
-    def recover_interrupted(self, reason: str = "interrupted") -> list[str]:
-        """Make every claimed-but-unfinished case `interrupted` (final); return their ids in order."""
-        with self._write() as conn:
-            ids = [
-                r[0]
-                for r in conn.execute(
-                    "SELECT case_id FROM cases WHERE state = 'claimed' ORDER BY ord"
-                ).fetchall()
-            ]
-            conn.execute(
-                "UPDATE cases SET state = 'interrupted', reason = ?, finished_at = ? "
-                "WHERE state = 'claimed'",
-                (reason, time.time()),
+    def unsettled_ids(self) -> list[str]:
+        """Cases a recovery must settle, in manifest order: claimed but unfinished (the process that
+        held them is gone), and interrupted without a verdict (a recovery that stopped half-way)."""
+        return [
+            r[0]
+            for r in self._read(
+                "SELECT c.case_id FROM cases c LEFT JOIN verdicts v USING (case_id) "
+                "WHERE c.state = 'claimed' OR (c.state = 'interrupted' AND v.case_id IS NULL) ORDER BY c.ord"
             )
-        return ids
+        ]
+
+    def interrupt(self, case_id: str, verdict: Verdict, reason: str = "interrupted") -> None:
+        """Make a claimed case `interrupted` (final) with its verdict, in one transaction; a case
+        interrupted earlier without a verdict gets its verdict (repair). Nothing else is changed."""
+        if verdict.case_id != case_id:
+            raise JournalError(f"verdict is for {verdict.case_id!r}, not {case_id!r}")
+        with self._write() as conn:
+            state = self._require_case(conn, case_id)
+            if state == "claimed":
+                conn.execute(
+                    "UPDATE cases SET state = 'interrupted', reason = ?, finished_at = ? WHERE case_id = ?",
+                    (reason, time.time(), case_id),
+                )
+            elif state != "interrupted":
+                raise JournalError(f"case {case_id!r} is {state}, not claimed or interrupted")
+            self._insert_verdict(conn, verdict)
 
     # --- results ---------------------------------------------------------
 
@@ -379,16 +394,6 @@ class Journal:
                 "UPDATE cases SET state = 'finished', finished_at = ? WHERE case_id = ?",
                 (time.time(), case_id),
             )
-            self._insert_verdict(conn, verdict)
-
-    def set_verdict(self, case_id: str, verdict: Verdict) -> None:
-        """Store the verdict of an interrupted case (finished cases get theirs from `finish_case`)."""
-        if verdict.case_id != case_id:
-            raise JournalError(f"verdict is for {verdict.case_id!r}, not {case_id!r}")
-        with self._write() as conn:
-            state = self._require_case(conn, case_id)
-            if state != "interrupted":
-                raise JournalError(f"case {case_id!r} is {state}, not interrupted")
             self._insert_verdict(conn, verdict)
 
     @staticmethod

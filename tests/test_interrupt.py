@@ -1,0 +1,239 @@
+"""A terminal's Ctrl-C: the whole foreground process group gets SIGINT.
+
+Each command starts the way an interactive shell starts a foreground job: a process group of
+its own and SIGINT at its default disposition (checked, since a harness that ignores SIGINT
+would pass it on to its children, and they would survive on broken code). The signal goes to
+the whole group with `os.killpg`, so the simulators get it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, case_states, cli_env, ensure_stopped, rescue_cli, write_cases
+
+pytestmark = [pytest.mark.sim, pytest.mark.e2e]
+
+SIGINT_BIT = 1 << (signal.SIGINT - 1)
+
+
+def _as_a_terminal_starts_it() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def start_foreground(*args: str, cwd: Path = ROOT) -> subprocess.Popen:
+    """`rescue ARGS` as a shell's foreground job: its own process group, SIGINT not ignored."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rescue.cli", *args], cwd=cwd, env=cli_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_as_a_terminal_starts_it,
+    )
+    ignored = int(next(l for l in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if l.startswith("SigIgn"))
+                  .split()[1], 16)
+    assert not ignored & SIGINT_BIT, "the command started with SIGINT ignored: the test would prove nothing"
+    return proc
+
+
+def ctrl_c(proc: subprocess.Popen) -> None:
+    """What the terminal does on Ctrl-C: SIGINT to every process of the foreground group."""
+    os.killpg(proc.pid, signal.SIGINT)
+
+
+def wait_until(predicate, what: str, timeout: float = 300.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"never: {what}")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live processes of a process group (its simulators among them)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(entry.name))
+    return out
+
+
+def _partial_export(study: Path, out: Path) -> dict:
+    rescue_cli("export", str(study), "--partial", "--out", str(out))
+    return json.loads(out.read_text())
+
+
+def _row_reason(study: Path, case_id: str) -> str:
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{study / 'journal.sqlite'}?mode=ro", uri=True)
+    try:
+        return con.execute("SELECT reason FROM cases WHERE case_id = ?", (case_id,)).fetchone()[0]
+    finally:
+        con.close()
+
+
+def claimed(study: Path) -> bool:
+    return (study / "journal.sqlite").exists() and "claimed" in case_states(study).values()
+
+
+def vlm_call_in_flight(study: Path) -> bool:
+    """An assisted arm waits for the VLM: an attempt started whose call has no outcome yet."""
+    path = study / "receipts" / "receipts.jsonl"
+    if not path.exists():
+        return False
+    lines = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    started = {l["call_id"] for l in lines if l["kind"] == "attempt_started"}
+    return bool(started - {l["call_id"] for l in lines if l["kind"] == "outcome"})
+
+
+@pytest.fixture
+def slow_vlm():
+    """The local endpoint answering after 20 s: long enough to press Ctrl-C during the wait."""
+    proc = subprocess.Popen([sys.executable, "-m", "rescue.cli", "serve-vlm", "--port", "0", "--latency", "20"],
+                            cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        yield re.search(r"(http://\S+/v1)", proc.stdout.readline()).group(1)
+    finally:
+        ensure_stopped(proc)
+
+
+def test_ctrl_c_mid_arm_lets_the_arms_in_flight_finish_then_resume_runs_the_rest(tmp_path):
+    manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=96)
+    study = tmp_path / "study"
+    proc = start_foreground("run", str(manifest), "--study", str(study), "--cases-in-flight", "1")
+    try:
+        wait_until(lambda: claimed(study), "a case in flight")
+        time.sleep(2.0)  # its arms are stepping
+        in_flight = [c for c, s in case_states(study).items() if s == "claimed"]
+        assert len(group_members(proc.pid)) >= 3  # the command and its two simulators share the group
+        ctrl_c(proc)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        ensure_stopped(proc)
+    assert proc.returncode == 3, err
+    assert "no new case is claimed" in out + err
+    states = case_states(study)
+    assert [states[c] for c in in_flight] == ["finished"]  # its arms finished: nothing was lost
+    assert "pending" in states.values() and "claimed" not in states.values()
+    partial = _partial_export(study, tmp_path / "e.json")
+    case = next(c for c in partial["cases"] if c["case_id"] == in_flight[0])
+    assert case["label"] in ("rescued", "not_rescued")
+    assert case["control"]["status"] == case["assisted"]["status"] == "complete"
+    rescue_cli("resume", str(study))
+    assert set(case_states(study).values()) == {"finished"}
+    assert rescue_cli("verify", str(study)).returncode == 0
+
+
+def test_a_second_ctrl_c_during_the_vlm_wait_stops_now_and_says_so(tmp_path, slow_vlm):
+    manifest = write_cases(tmp_path / "m.jsonl", 3, horizon=64)
+    study = tmp_path / "study"
+    proc = start_foreground("run", str(manifest), "--study", str(study), "--cases-in-flight", "1", "--vlm-url", slow_vlm)
+    try:
+        wait_until(lambda: vlm_call_in_flight(study), "an assisted arm waiting for the VLM")
+        in_flight = [c for c, s in case_states(study).items() if s == "claimed"]
+        ctrl_c(proc)
+        time.sleep(1.0)
+        ctrl_c(proc)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        ensure_stopped(proc)
+    assert proc.returncode == 3, err
+    said = out + err
+    assert "stopping the arms in flight now" in said and "recorded unknown (interrupted)" in said
+    assert "arms in flight finished" not in said
+    states = case_states(study)
+    assert [states[c] for c in in_flight] == ["interrupted"]
+    partial = _partial_export(study, tmp_path / "e.json")
+    case = next(c for c in partial["cases"] if c["case_id"] == in_flight[0])
+    assert case["label"] == "unknown" and case["reason"] == "case interrupted"
+    assert "second SIGINT" in _row_reason(study, in_flight[0])
+    # Resume never runs it again; the never-started cases run.
+    rescue_cli("resume", str(study))
+    after = case_states(study)
+    assert after[in_flight[0]] == "interrupted" and set(after.values()) <= {"finished", "interrupted"}
+    assert rescue_cli("verify", str(study)).returncode == 0
+
+
+def test_ctrl_c_mid_episode_of_an_evaluation_finishes_the_episode(tmp_path):
+    study = tmp_path / "eval"
+    proc = start_foreground("eval", "--suite", "libero_object", "--tasks", "3", "--episodes", "4", "--horizon", "96",
+                            "--study", str(study), "--cases-in-flight", "1")
+    try:
+        wait_until(lambda: claimed(study), "an episode in flight")
+        time.sleep(1.5)
+        in_flight = [c for c, s in case_states(study).items() if s == "claimed"]
+        ctrl_c(proc)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        ensure_stopped(proc)
+    assert proc.returncode == 3, err
+    assert [case_states(study)[c] for c in in_flight] == ["finished"]
+
+
+def test_ctrl_c_during_a_resume_lets_its_arms_finish(tmp_path):
+    from conftest import kill_mid_study
+
+    manifest = write_cases(tmp_path / "m.jsonl", 5, horizon=96)
+    study = tmp_path / "study"
+    kill_mid_study(["run", str(manifest), "--study", str(study), "--cases-in-flight", "1"], study)
+    before = case_states(study)
+    proc = start_foreground("resume", str(study))
+    try:
+        wait_until(lambda: [c for c, s in case_states(study).items() if s == "claimed" and before[c] == "pending"],
+                   "a never-started case in flight")
+        time.sleep(1.5)
+        in_flight = [c for c, s in case_states(study).items() if s == "claimed"]
+        ctrl_c(proc)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        ensure_stopped(proc)
+    assert proc.returncode == 3, err
+    after = case_states(study)
+    assert [after[c] for c in in_flight] == ["finished"]
+    for case_id, state in before.items():
+        if state == "claimed":
+            assert after[case_id] == "interrupted"  # the kill's case, settled by the resume
+
+
+def test_ctrl_c_on_the_service_drains_its_job_and_a_restart_resumes_it(tmp_path):
+    queue = tmp_path / "queue"
+    manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=96)
+    rescue_cli("submit", str(manifest), "--queue", str(queue), "--cases-in-flight", "1", "--simulators", "1")
+    (job,) = list((queue / "jobs").iterdir())
+    study = job / ("study-" + job.name.removeprefix("job-"))
+    proc = start_foreground("serve", "--queue", str(queue), "--port", "0")
+    try:
+        wait_until(lambda: claimed(study), "the job's first case in flight")
+        time.sleep(1.5)
+        in_flight = [c for c, s in case_states(study).items() if s == "claimed"]
+        ctrl_c(proc)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        ensure_stopped(proc)
+    assert proc.returncode == 0, err
+    states = case_states(study)
+    assert [states[c] for c in in_flight] == ["finished"]
+    assert "pending" in states.values()
+    assert json.loads((job / "state.json").read_text())["state"] == "queued"  # resumed at the next start
+    again = start_foreground("serve", "--queue", str(queue), "--port", "0")
+    try:
+        wait_until(lambda: json.loads((job / "state.json").read_text())["state"] == "finished", "the job finished")
+    finally:
+        os.killpg(again.pid, signal.SIGTERM)
+        again.communicate(timeout=120)
+        ensure_stopped(again)
+    assert set(case_states(study).values()) == {"finished"}
+    assert rescue_cli("verify", str(study)).returncode == 0
