@@ -477,7 +477,7 @@ def test_evaluation_study_verifies_and_exports_episode_rates(tmp_path):
     assert report.ok, report.render()
     export = export_study(study)
     assert export.study.kind == "evaluation" and export.summary is None
-    assert export.episodes["overall"]["success"] == 1 and export.episodes["overall"]["unexecuted"] == 1
+    assert export.episodes.overall.success == 1 and export.episodes.overall.unexecuted == 1
     assert study_status(study).labels == {"success": 1, "failure": 1, "unknown": 0}
 
     edit_arm(study, "ep-1", "control", lambda obj: obj.update(success=True), rehash=True)

@@ -16,6 +16,8 @@ from rescue.core.records import ArmResult, CaseRecord, Receipt, Verdict
 from rescue.core.stats import Summary
 from rescue.read import schemas
 from rescue.read.export import StudyExport
+from rescue.run.commands import Ablation
+from rescue.run.compare import ComparePlan, Comparison
 from rescue.service.queue import JobSpec, JobState
 from rescue.study.usage import UsageSummary
 
@@ -27,6 +29,7 @@ SCHEMA_DIR = Path(__file__).resolve().parent.parent / "docs" / "schemas"
 # a queue job or an export; every model they hold is reached through their field types.
 PERSISTED: tuple[type[BaseModel], ...] = (
     StudyConfig, Case, ArmResult, Verdict, Receipt, Summary, CaseRecord, StudyExport, UsageSummary, JobSpec, JobState,
+    ComparePlan, Comparison, Ablation,
 )
 
 

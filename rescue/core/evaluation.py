@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from rescue.core.manifest import Case
 from rescue.core.records import ArmResult, Verdict
@@ -31,20 +31,33 @@ def classify_episode(case_id: str, arm: ArmResult | None, interrupted: bool) -> 
 class Rate(BaseModel):
     """Successes of a slice of episodes; the rate is over all its episodes, unknowns included."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     n: int = 0
+    """Every episode of the slice in the manifest, run or not."""
     success: int = 0
+    """Episodes labelled success."""
     failure: int = 0
+    """Episodes labelled failure."""
     unknown: int = 0
+    """Episodes labelled unknown (infrastructure, or interrupted)."""
     unexecuted: int = 0
+    """Episodes without a verdict yet (never started, or still running)."""
     rate: float | None = None
+    """success / n (0-1); None when the slice is empty."""
 
 
 class EvalSummary(BaseModel):
     """Success per task, per group and overall, with unknown and unexecuted episodes shown."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     overall: Rate
+    """Every episode of the manifest."""
     per_task: dict[str, Rate]
+    """By task (`suite/task_id`)."""
     per_group: dict[str, Rate]
+    """By the manifest's group."""
 
 
 def summarize_eval(cases: list[Case], verdicts: dict[str, Verdict]) -> EvalSummary:

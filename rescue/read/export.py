@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.classify import deviation_detail
 from rescue.core.digest import digest_json
+from rescue.core.evaluation import EvalSummary
 from rescue.core.manifest import Case
 from rescue.core.querypoint import query_point
 from rescue.core.records import ArmResult, Receipt
@@ -234,7 +235,7 @@ class StudyExport(BaseModel):
     """Per cohort (`main`, `pilot`): how many of its cases the summary covers."""
     summary: Summary | None = None
     """The DESIGN §3 summary of the main cohort; None for an evaluation study."""
-    episodes: dict[str, Any] | None = None
+    episodes: EvalSummary | None = None
     """An evaluation study's success rates (overall, per task, per group) instead; None for a rescue study."""
     episode_rows: list[EpisodeRow] | None = None
     """An evaluation study's episodes, one row each; None for a rescue study."""
@@ -356,7 +357,7 @@ def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         # Imported here: only evaluation studies need the episode summary.
         from rescue.core.evaluation import summarize_eval
 
-        episodes = summarize_eval(records.cases, records.verdicts).model_dump(mode="json")
+        episodes = summarize_eval(records.cases, records.verdicts)
         rows = [_episode_row(records, case, stored_digests.get((case.case_id, "control"))) for case in records.cases]
     else:
         summary = study_summary(records)

@@ -6,9 +6,9 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from rescue.core.catalog import OFFICIAL_HORIZON
 from rescue.core.config import StudyConfig
@@ -217,18 +217,43 @@ def demo(
 class AblationRow(BaseModel):
     """One rule setting of an ablation against all rules on, paired by case."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     setting: str
+    """The setting's name: `all_on`, `all_off` or `no_<rule>`."""
     enabled: list[str]
+    """The rules on in this setting."""
     study: str
+    """The setting's evaluation study folder."""
     n: int
+    """Instances (manifest cases)."""
     success: int
+    """Instances that succeeded under this setting."""
     unknown: int
-    wins: int  # this setting succeeded where all_on failed
-    losses: int  # all_on succeeded where this setting failed
-    paired: int  # cases with a success/failure label in both
+    """Instances unknown under this setting (infrastructure)."""
+    wins: int
+    """This setting succeeded where all_on failed."""
+    losses: int
+    """all_on succeeded where this setting failed."""
+    paired: int
+    """Cases with a success/failure label in both."""
     mcnemar_p: float
-    diff: float | None  # this setting minus all_on, over the paired cases
+    """Exact McNemar p-value on wins and losses."""
+    diff: float | None
+    """This setting's success rate minus all_on's over the paired cases (0-1); None when none is paired."""
     diff_ci: tuple[float, float] | None
+    """Newcombe paired 95% interval of diff; None when none is paired."""
+
+
+class Ablation(BaseModel):
+    """`ablation.json`: every setting of an ablation against all rules on."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    schema_version: Literal["rescue-ablation/1"] = "rescue-ablation/1"
+    """The format of this document."""
+    rows: list[AblationRow]
+    """One row per setting, in the order the settings ran."""
 
 
 def ablate(
@@ -253,7 +278,7 @@ def ablate(
         elif study_outcome(study).code:
             resume(study, on_case, verbose)
     rows = ablation_rows(root, settings)
-    (root / "ablation.json").write_text(json.dumps([r.model_dump(mode="json") for r in rows], indent=2) + "\n")
+    (root / "ablation.json").write_text(Ablation(rows=rows).model_dump_json(indent=2) + "\n")
     return root, rows
 
 

@@ -243,7 +243,7 @@ async def serve_async(queue: Path, host: str, port: int, api_key: str | None, ve
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound = runner.addresses[0][1] if runner.addresses else port
-    info = {"pid": os.getpid(), "host": host, "port": bound, "started_at": time.time()}
+    info = {"schema_version": "rescue-serve/1", "pid": os.getpid(), "host": host, "port": bound, "started_at": time.time()}
     (Path(queue) / SERVE_INFO).write_text(json.dumps(info) + "\n")
     print(f"rescue serve: queue {queue}, http://{host}:{bound}/", flush=True)
     try:

@@ -238,7 +238,7 @@ def _partitions(study: Path, export: StudyExport, meta: dict) -> str:
 
 
 def _evaluation(export: StudyExport) -> str:
-    ep = export.episodes or {}
+    ep = export.episodes.model_dump(mode="json") if export.episodes else {}
     cols = ("n", "success", "failure", "unknown", "unexecuted")
     rows = [*sorted((ep.get("per_task") or {}).items()), ("overall", ep.get("overall") or {})]
     body = "".join(
