@@ -42,6 +42,17 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _ids(text: str, flag: str) -> list[int]:
+    """--tasks or --inits as ids; a bad one is bad input (exit 2), named."""
+    from rescue.core.catalog import parse_ids
+    from rescue.core.config import ConfigError
+
+    try:
+        return parse_ids(text)
+    except ValueError as exc:
+        raise ConfigError(f"{flag} {text!r}: {exc}") from None
+
+
 def _config(args: argparse.Namespace):
     from rescue.core.config import load_config
 
@@ -153,7 +164,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             study = commands.continue_from(Path(args.continue_from), Path(args.target), live, args.verbose, _backend(args))
         else:
             study = commands.run_manifest(Path(args.target), args.study and Path(args.study), _config(args), live,
-                                         args.verbose, _backend(args))
+                                         args.verbose, _backend(args), pilot_run=args.pilot_run)
     console.print(f"study: {study}")
     if args.continue_from:
         console.print(f"[bold]prior part[/bold] ({args.continue_from}):")
@@ -177,7 +188,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from rescue.run import commands
 
-    tasks = [int(t) for t in args.tasks.split(",")]
+    tasks = _ids(args.tasks, "--tasks")
     with _Live("episodes") as live:
         study = commands.evaluate(args.suite, tasks, args.episodes, args.horizon, args.study and Path(args.study),
                                  _config(args), live, args.verbose, args.first_init, _backend(args))
@@ -190,7 +201,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rescue.read.verify import verify_study
     from rescue.run import commands
 
-    tasks = tuple(int(t) for t in args.tasks.split(","))
+    tasks = tuple(_ids(args.tasks, "--tasks"))
     with _Live("episodes, then cases") as live:
         paths = commands.demo(Path(args.root), tasks, args.episodes, args.max_cases, live, args.verbose)
     console.print(f"baseline evaluation: {paths['baseline']}")
@@ -287,21 +298,16 @@ def cmd_manifest_check(args: argparse.Namespace) -> int:
 
     # Checked against the shipped benchmark catalog: no simulator starts.
     manifest = load_manifest(args.file, catalog=None if args.no_env else "libero")
+    if not args.pilot_run:
+        manifest.require_main_cohort()
     console.print(f"{args.file}: {len(manifest.cases)} cases ({len(manifest.pilot_cases)} pilot), sha256 {manifest.sha256}")
     return 0
 
 
 def cmd_manifest_from_eval(args: argparse.Namespace) -> int:
-    from rescue.core.config import ConfigError
     from rescue.run.commands import manifest_from_eval
 
-    inits = None
-    if args.inits is not None:
-        lo, sep, hi = args.inits.partition("-")
-        try:
-            inits = range(int(lo), int(hi if sep else lo) + 1)
-        except ValueError:
-            raise ConfigError(f"--inits {args.inits!r}: expected an initial state or a range like 30-39") from None
+    inits = None if args.inits is None else _ids(args.inits, "--inits")
     cases = manifest_from_eval(Path(args.study), Path(args.out), args.pilot_tasks, args.limit, inits)
     pilot = [c.case_id for c in cases if c.pilot]
     console.print(f"wrote {len(cases)} failure case(s) to {args.out}" + (f"; pilot: {', '.join(pilot)}" if pilot else ""))
@@ -370,7 +376,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         config_a, name_a = compare.side_config(args.a, args.policy_a, shared)
         config_b, name_b = compare.side_config(args.b, args.policy_b, shared)
         study = Path(args.study) if args.study else compare.new_compare_dir()
-        tasks = [int(t) for t in args.tasks.split(",")]
+        tasks = _ids(args.tasks, "--tasks")
         with _Live("episodes (A, then B)") as live:
             request = compare.CompareRequest(suite=args.suite, tasks=tasks, episodes=args.episodes, horizon=args.horizon,
                                              first_init=args.first_init, seed=args.seed, reps=args.reps)
@@ -479,6 +485,7 @@ def _add_study_commands(sub) -> None:
     p.add_argument("target", help="MANIFEST, or with --continue-from the NEW study folder")
     p.add_argument("--study", help="study folder (default: a new folder under studies/)")
     p.add_argument("--continue-from", metavar="STUDY", help="run the never-claimed complement of STUDY")
+    p.add_argument("--pilot-run", action="store_true", help="the manifest's cases may all be pilot (a pilot run alone)")
     _add_run_options(p)
     p.set_defaults(func=cmd_run)
 
@@ -542,6 +549,7 @@ def _add_manifest_commands(sub) -> None:
     m = msub.add_parser("check", help="validate a manifest; every error names its line and field")
     m.add_argument("file")
     m.add_argument("--no-env", action="store_true", help="skip checking suites, tasks, initial states, instructions and horizons against the LIBERO catalog")
+    m.add_argument("--pilot-run", action="store_true", help="the cases may all be pilot (a pilot run alone)")
     m.set_defaults(func=cmd_manifest_check)
     m = msub.add_parser("from-eval", help="write the failure manifest of an evaluation study")
     m.add_argument("study")

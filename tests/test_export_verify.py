@@ -52,7 +52,12 @@ TASK_INSTRUCTION = "pick up the black bowl and place it on the plate"
 
 
 def manifest_lines() -> list[dict]:
-    base = dict(suite="libero_spatial", init_state_index=0, env_seed=7, horizon=H)
+    base = dict(suite="libero_spatial", env_seed=7, horizon=H)
+    # Each case its own episode (a manifest refuses one episode under two ids).
+    return [dict(line, init_state_index=i) for i, line in enumerate(_lines(base))]
+
+
+def _lines(base: dict) -> list[dict]:
     return [
         # Given instructions and fingerprints for some cases, none for others:
         # verify must re-derive the original instruction either way.

@@ -121,10 +121,63 @@ def test_sha256_is_of_the_file_bytes_and_stable(tmp_path):
 
 
 def test_fingerprint_is_hex_and_lowercased(tmp_path):
-    assert Case.model_validate(case_dict(0, fingerprint="ABcd01")).fingerprint == "abcd01"
+    assert Case.model_validate(case_dict(0, fingerprint="ABcd01" * 10 + "ABCD")).fingerprint == "abcd01" * 10 + "abcd"
     path = write_lines(tmp_path / "m.jsonl", [json.dumps(case_dict(0, fingerprint="xyz"))])
     (problem,) = problems_of(path)
     assert problem.startswith(f"{path}:1: fingerprint: ")
+
+
+def test_a_fingerprint_of_the_wrong_length_is_refused(tmp_path):
+    path = write_lines(tmp_path / "m.jsonl", [json.dumps(case_dict(0, fingerprint="ab" * 31)),
+                                              json.dumps(case_dict(1, fingerprint="ab" * 33))])
+    assert problems_of(path) == [f"{path}:1: fingerprint: a fingerprint is a sha256: 64 hex digits, not 62",
+                                 f"{path}:2: fingerprint: a fingerprint is a sha256: 64 hex digits, not 66"]
+
+
+def test_one_episode_under_two_ids_or_as_pilot_and_main_is_refused(tmp_path):
+    twice = dict(case_dict(0), case_id="again")
+    as_pilot = dict(case_dict(0), case_id="pilot-too", pilot=True)
+    other_seed = dict(case_dict(0), case_id="other-seed", env_seed=8)  # another episode: accepted
+    path = write_lines(tmp_path / "m.jsonl", [json.dumps(case_dict(0)), json.dumps(twice), json.dumps(as_pilot),
+                                              json.dumps(other_seed)])
+    assert problems_of(path) == [
+        f"{path}:2: (case): the same episode (suite, task, initial state, env seed) as line 1",
+        f"{path}:3: (case): the same episode (suite, task, initial state, env seed) as line 1",
+    ]
+
+
+def test_a_lone_surrogate_is_refused_with_line_and_field(tmp_path):
+    # \ud800 is valid JSON and decodes to a string that no UTF-8 writer accepts.
+    in_tag = json.dumps(case_dict(0, tags={"note": "x"})).replace('"x"', '"\\ud800"')
+    in_id = json.dumps([dict(case_dict(1), case_id="a")]).replace('"a"', '"a\\udfffb"')
+    lines = write_lines(tmp_path / "m.jsonl", [in_tag])
+    assert problems_of(lines) == [f"{lines}:1: tags.note: holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape "
+                                  "without its pair), which is not text"]
+    listed = tmp_path / "m.json"
+    listed.write_text(in_id)
+    assert problems_of(listed) == [f"{listed}[0]: case_id: holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape "
+                                   "without its pair), which is not text"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "folder"])
+def test_anything_but_a_regular_file_is_refused_at_once(tmp_path, kind):
+    import os
+
+    path = {"fifo": tmp_path / "m.fifo", "dev_zero": Path("/dev/zero"), "folder": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)  # nobody writes to it: a reader that opened it blocking would hang here
+    (problem,) = problems_of(path)
+    what = {"fifo": "a FIFO (named pipe)", "dev_zero": "a character device", "folder": "a folder"}[kind]
+    assert problem == f"{path}: is {what}, not a file; give the manifest as a regular file"
+
+
+def test_a_manifest_of_pilot_cases_only_needs_to_be_a_pilot_run(tmp_path):
+    path = write_lines(tmp_path / "m.jsonl", [json.dumps(case_dict(0, pilot=True))])
+    manifest = load_manifest(path)
+    with pytest.raises(ManifestError, match="main cohort is empty"):
+        manifest.require_main_cohort()
+    load_manifest(write_lines(tmp_path / "n.jsonl", [json.dumps(case_dict(0, pilot=True)), json.dumps(case_dict(1))])
+                  ).require_main_cohort()
 
 
 def test_adapter_subclass_accepts_its_own_fields(tmp_path):
@@ -313,7 +366,7 @@ def test_shipped_catalog_equals_the_installed_libero():
     pytest.importorskip("libero.libero.benchmark")
     built = build_libero_catalog()
     assert built.suites == libero_catalog().suites
-    shipped = (ROOT / "rescue" / CATALOG_FILE).read_text(encoding="utf-8")
+    shipped = (ROOT / "rescue" / "core" / CATALOG_FILE).read_text(encoding="utf-8")
     assert render(built) == shipped, "regenerate with `python -m rescue.core.catalog`"
 
 

@@ -24,6 +24,19 @@ CATALOG_FILE = "catalog_libero.json"
 OFFICIAL_HORIZON = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
 
 
+def parse_ids(text: str) -> list[int]:
+    """Task or initial-state ids from the command line: a list `0,3,5`, a range `0-3`, or both `0-3,7`.
+
+    ValueError names the part that is not an id or a range (negative, reversed, not a number)."""
+    ids: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not (lo.isdigit() and (hi.isdigit() if sep else True)) or (sep and int(hi) < int(lo)):
+            raise ValueError(f"{part.strip()!r} is not an id or a range like 0-3")
+        ids += range(int(lo), int(hi) + 1) if sep else [int(lo)]
+    return ids
+
+
 class Task(BaseModel):
     """One benchmark task."""
 

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -51,6 +52,8 @@ MAX_PROBLEMS = 100
 _INT32_MAX = 2**31 - 1
 _CASE_ID_CHARS = re.compile(r"[A-Za-z0-9._:-]")
 _UTF8_BOM = b"\xef\xbb\xbf"
+# An initial-state fingerprint is a sha256 in hex.
+FINGERPRINT_HEX_DIGITS = 64
 
 CatalogChoice = Catalog | Literal["libero"] | None
 """A catalog to check cases against: a Catalog, "libero" (the shipped one), or None (no benchmark checks)."""
@@ -171,6 +174,8 @@ class Case(BaseModel):
     @field_validator("fingerprint")
     @classmethod
     def _lowercase_fingerprint(cls, value: str | None) -> str | None:
+        if value is not None and len(value) != FINGERPRINT_HEX_DIGITS:
+            raise ValueError(f"a fingerprint is a sha256: {FINGERPRINT_HEX_DIGITS} hex digits, not {len(value)}")
         # Fingerprints are compared as strings; one spelling avoids false deviations.
         return value.lower() if value is not None else None
 
@@ -212,6 +217,14 @@ class Manifest(BaseModel):
     def case_ids(self) -> list[str]:
         """All case ids, in manifest order."""
         return [c.case_id for c in self.cases]
+
+    def require_main_cohort(self) -> None:
+        """Refuse a manifest whose every case is a pilot (N = 0), unless it is run as a pilot on purpose."""
+        if not self.main_cases:
+            raise ManifestError([
+                f"{self.source}: every one of its {len(self.cases)} cases is a pilot, so the main cohort is empty "
+                "(N = 0); mark the main cases `\"pilot\": false`, or give --pilot-run to run the pilot alone"
+            ])
 
 
 # --- reading JSON ------------------------------------------------------------
@@ -302,7 +315,7 @@ def _entries(data: bytes, start: int, label: str, suffix: str) -> Iterator[tuple
             return
         for i, item in enumerate(items):
             where = f"{label}[{i}]"
-            size = len(json.dumps(item, ensure_ascii=False).encode())
+            size = len(json.dumps(item, ensure_ascii=False).encode("utf-8", "surrogatepass"))
             if size > MAX_LINE_BYTES:
                 item = _Unreadable(f"{where}: case is {size} bytes long, at most {MAX_LINE_BYTES}")
             yield where, f"index {i}", item
@@ -335,6 +348,25 @@ def _entries(data: bytes, start: int, label: str, suffix: str) -> Iterator[tuple
                 obj = text if isinstance(text, _Unreadable) else _parse(text, where, one_line=True)
                 yield where, f"line {lineno}", obj
         start = end + 1
+
+
+def _surrogate_at(value: Any, loc: tuple[int | str, ...] = ()) -> tuple[int | str, ...] | None:
+    """Where a JSON value holds a lone UTF-16 surrogate (`\\ud800` escapes decode to one), or None.
+
+    Such a string is not text: it cannot be written as UTF-8, so it would fail far from here."""
+    if isinstance(value, str):
+        return loc if any("\ud800" <= ch <= "\udfff" for ch in value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _surrogate_at(key, loc + (key,)) or _surrogate_at(item, loc + (key,))
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _surrogate_at(item, loc + (i,))
+            if found is not None:
+                return found
+    return None
 
 
 def _format_loc(loc: tuple[int | str, ...]) -> str:
@@ -425,6 +457,7 @@ def parse_manifest(
     cases: list[Case] = []
     first_seen: dict[str, str] = {}
     folded: dict[str, tuple[str, str]] = {}
+    episodes: dict[tuple[str, int, int, int], str] = {}
     for where, dup_where, obj in _entries(data, start, label, Path(source).suffix.lower()):
         if len(problems) >= MAX_PROBLEMS:
             problems.append(f"{label}: stopped after {MAX_PROBLEMS} problems")
@@ -434,6 +467,12 @@ def parse_manifest(
             continue
         if not isinstance(obj, dict):
             problems.append(f"{where}: expected a JSON object, got {type(obj).__name__}")
+            continue
+        bad_text = _surrogate_at(obj)
+        if bad_text is not None:
+            where_field = _format_loc(tuple(str(p).encode("utf-8", "backslashreplace").decode() for p in bad_text))
+            problems.append(f"{where}: {where_field}: holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape "
+                            "without its pair), which is not text")
             continue
         line: list[tuple[str, str]] = []
         # Duplicates are checked on the raw id so that a line with another
@@ -451,7 +490,13 @@ def parse_manifest(
                                             f"({other[1]}) only in letter case"))
         checked = _benchmark_problems(obj, cat, max_horizon_factor) if cat is not None else []
         try:
-            cases.append(case_type.model_validate(obj))
+            case = case_type.model_validate(obj)
+            episode = (case.suite, case.task_id, case.init_state_index, case.env_seed)
+            if episode in episodes:
+                # One episode, one case: twice (or once pilot, once main) it would be counted twice.
+                line.append(("(case)", f"the same episode (suite, task, initial state, env seed) as {episodes[episode]}"))
+            episodes.setdefault(episode, dup_where)
+            cases.append(case)
         except ValidationError as exc:
             for err in exc.errors(include_url=False):
                 if err["loc"] == ("horizon",) and err["type"] == "less_than_equal" and any(f == "horizon" for f, _ in checked):
@@ -469,6 +514,44 @@ def parse_manifest(
     return Manifest(cases=cases, source=source, sha256=hashlib.sha256(data).hexdigest())
 
 
+_FILE_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+
+
+def read_manifest_bytes(path: str | os.PathLike[str]) -> bytes:
+    """A manifest file's bytes, at most MAX_MANIFEST_BYTES; ManifestError for anything but a regular file.
+
+    Opened without blocking and checked before a byte is read: a FIFO would hang the reader,
+    `/dev/zero` would never end."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ManifestError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)), "not a regular file")
+            raise ManifestError([f"{path}: is {kind}, not a file; give the manifest as a regular file"])
+        if info.st_size > MAX_MANIFEST_BYTES:  # refused before reading any of it
+            raise ManifestError([f"{path}: the file is {info.st_size} bytes long, at most {MAX_MANIFEST_BYTES}"])
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            # Read what stat promises plus one byte: a buffer of the file's size, not of the
+            # limit. One byte over the limit is enough to refuse a file that keeps growing.
+            want = min(info.st_size + 1, MAX_MANIFEST_BYTES + 1)
+            data = f.read(want)
+            if len(data) == want:
+                data += f.read(MAX_MANIFEST_BYTES + 1 - len(data))
+    except OSError as exc:
+        raise ManifestError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError([f"{path}: the file grew past {MAX_MANIFEST_BYTES} bytes while it was read"])
+    return data
+
+
 def load_manifest(
     path: str | os.PathLike[str],
     case_type: type[Case] = Case,
@@ -478,20 +561,7 @@ def load_manifest(
 ) -> Manifest:
     """Read a JSONL or JSON-list manifest; raise ManifestError listing every problem (see parse_manifest)."""
     path = Path(path)
-    try:
-        with path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_MANIFEST_BYTES:  # refused before reading any of it
-                raise ManifestError([f"{path}: the file is {size} bytes long, at most {MAX_MANIFEST_BYTES}"])
-            # Read what stat promises plus one byte (a pipe says 0): a buffer
-            # of the file's size, not of the limit. One byte over the limit is
-            # enough to refuse a file that keeps growing.
-            want = min(size + 1, MAX_MANIFEST_BYTES + 1)
-            data = f.read(want)
-            if len(data) == want:
-                data += f.read(MAX_MANIFEST_BYTES + 1 - len(data))
-    except OSError as exc:
-        raise ManifestError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    data = read_manifest_bytes(path)
     return parse_manifest(data, str(path), case_type, catalog=catalog, max_horizon_factor=max_horizon_factor)
 
 

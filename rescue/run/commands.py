@@ -61,9 +61,14 @@ def run_manifest(
     on_case: OnCase = None,
     verbose: bool = False,
     backend: Backend = LOCAL,
+    pilot_run: bool = False,
 ) -> Path:
-    """Create a study from a manifest and run every case (on `backend`'s simulators)."""
+    """Create a study from a manifest and run every case (on `backend`'s simulators).
+
+    `pilot_run`: the manifest may hold pilot cases only (otherwise an empty main cohort is refused)."""
     manifest = load_manifest(manifest_path)
+    if not pilot_run:
+        manifest.require_main_cohort()
     backend.connect(config.env.simulators)  # a backend that cannot be used is refused before the study exists
     study_dir = new_study(study_dir, manifest, config)
     _run(study_dir, on_case, verbose, config, backend)
@@ -164,7 +169,7 @@ def eval_summary(study_dir: Path) -> EvalSummary:
 
 
 def manifest_from_eval(
-    eval_dir: Path, out: Path, pilot_tasks: int = 0, limit: int | None = None, inits: range | None = None
+    eval_dir: Path, out: Path, pilot_tasks: int = 0, limit: int | None = None, inits: list[int] | None = None
 ) -> list[Case]:
     """Write the failure manifest of an evaluation study, with fingerprints and provenance
     (only failures of the initial states `inits`, when given; then at most `limit`)."""

@@ -18,11 +18,11 @@ import json
 import time
 from pathlib import Path
 
+from rescue.core.catalog import parse_ids
 from rescue.core.querypoint import query_point
 from rescue.embedded.expert import situation_phase
 from rescue.embedded.learned import DEFAULT_CHECKPOINT, LearnedPolicy
 from rescue.embedded.phases import PHASES, parse_pick_place, sub_instruction
-from rescue.embedded.training.make_demos import ints
 from rescue.env.libero import SUITE_HORIZON, LiberoAdapter
 from wrappers.injection import inject
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--horizon", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    result = evaluate(args.checkpoint, args.suite, ints(args.tasks), ints(args.inits), args.horizon)
+    result = evaluate(args.checkpoint, args.suite, parse_ids(args.tasks), parse_ids(args.inits), args.horizon)
     text = json.dumps(result, indent=2) + "\n"
     if args.out:
         args.out.write_text(text)

@@ -19,18 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
+from rescue.core.catalog import parse_ids
 from rescue.embedded.expert import Expert
 from rescue.env.libero import SUITE_HORIZON, LiberoAdapter
 
 OBS_KEYS = ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos", "task/object_pos", "task/target_pos")
 NOISE = 0.3  # std of the executed-motion perturbation, in action units
 HELD_OUT = 10  # initial states 0..9 of every task are never trained on
-
-
-def ints(text: str) -> list[int]:
-    """Ids from the command line: a range "10-29" or a list "0,3,5"."""
-    lo, _, hi = text.partition("-")
-    return list(range(int(lo), int(hi) + 1)) if hi else [int(t) for t in text.split(",")]
 
 
 def rollout(adapter: LiberoAdapter, case: dict, noise: float, rng: np.random.Generator) -> dict:
@@ -106,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    tasks = ints(args.tasks)
+    tasks = parse_ids(args.tasks)
     start = time.time()
     data = generate(args.suite, tasks, args.inits, args.noisy_stride, args.seed)
     out = args.out or Path("data/demos") / f"{args.suite}.npz"

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from rescue.core.catalog import parse_ids
 from rescue.embedded.expert import Expert, situation_phase
 from rescue.embedded.phases import PHASES, parse_pick_place
 from rescue.embedded.subgoal_model import INPUT_SIZE, OBJECTS, VIEWS, downsample
-from rescue.embedded.training.make_demos import HELD_OUT, NOISE, ints
+from rescue.embedded.training.make_demos import HELD_OUT, NOISE
 from rescue.env.libero import SUITE_HORIZON, LiberoAdapter
 
 STATE_KEYS = ("robot0_eef_pos", "robot0_gripper_qpos", "task/object_pos", "task/target_pos")
@@ -146,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("data/frames/libero_object.npz"))
     args = parser.parse_args(argv)
 
-    inits = ints(args.inits)
+    inits = parse_ids(args.inits)
     if any(i < HELD_OUT for i in inits):
         print(f"note: initial states below {HELD_OUT} are the policy's held-out states", flush=True)
     start = time.time()
-    data = collect_isolated(args.suite, ints(args.tasks), inits, args.every, args.sources.split(","), args.policy, args.seed)
+    data = collect_isolated(args.suite, parse_ids(args.tasks), inits, args.every, args.sources.split(","), args.policy, args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out, **data)
     print(json.dumps({"out": str(args.out), "frames": int(len(data["frames"])), "seconds": round(time.time() - start, 1),

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from rescue.core.catalog import parse_ids
 from rescue.core.observation import OPENPI_LIBERO, compose_state, prepare_image
 from rescue.embedded.locator import INPUT_SIZE, shrink
 from rescue.embedded.subgoal_model import OBJECTS
-from rescue.embedded.training.make_demos import ints
 from rescue.embedded.training.make_frames import in_fresh_processes, sampled_states
 from rescue.env.libero import LiberoAdapter
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.time()
     sources = args.sources.split(",")
-    jobs = [(args.suite, [t], ints(args.inits), args.every, sources, args.seed + t) for t in ints(args.tasks)]
+    jobs = [(args.suite, [t], parse_ids(args.inits), args.every, sources, args.seed + t) for t in parse_ids(args.tasks)]
     data = in_fresh_processes(collect, jobs, args.workers)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out, **data)

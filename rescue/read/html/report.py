@@ -257,10 +257,11 @@ def write_report(study_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
     """
     study = Path(study_dir)
     out_path = Path(out) if out else StudyLayout.of(study).report
-    out_path.parent.mkdir(parents=True, exist_ok=True)
+    # Read first: a path that is no study is refused before anything is created.
     export = export_study(study)
     with open_journal(study) as journal:
         records = read_study(study, journal)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
     final = report_files(out_path)
     building = final.with_name(f".{final.name}.building-{os.getpid()}")
     shutil.rmtree(building, ignore_errors=True)
