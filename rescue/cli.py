@@ -651,9 +651,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Exit codes (README lists them): 0 done; 1 verify found problems, or an internal error;
 # 2 bad input (manifest, config, a folder that is not a study, a changed policy server);
-# 3 a run stopped with cases never run; 4 every case unknown; 5 export of an unfinished study.
+# 3 a run stopped with cases never run (or a peer did not answer before the first claim);
+# 4 every case unknown; 5 export of an unfinished study.
 EXIT_INTERNAL = 1
 EXIT_BAD_INPUT = 2
+EXIT_PEER = 3  # a peer the study needs does not answer before the first claim: nothing ran
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -668,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     import sqlite3
 
     from rescue.core.config import ConfigError
+    from rescue.core.failfast import PeerUnreachable
     from rescue.core.identity import IdentityError
     from rescue.core.manifest import ManifestError
     from rescue.env.backend import BackendError
@@ -686,6 +689,9 @@ def main(argv: list[str] | None = None) -> int:
     except (StudyError, IdentityError, ConfigError, JournalError, LayoutError, BackendError) as exc:
         print(f"rescue: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except PeerUnreachable as exc:
+        print(f"rescue: {exc}", file=sys.stderr)
+        return EXIT_PEER
     except sqlite3.Error as exc:
         print(f"rescue: the study's journal cannot be used: {exc}", file=sys.stderr)
         return EXIT_INTERNAL

@@ -147,25 +147,66 @@ def test_an_observation_mismatch_stops_after_k_arms_naming_the_key(tmp_path):
     assert all("\n" not in c["reason"] for c in finished)  # one line; the server's traceback is kept apart
 
 
-def test_a_rejected_vlm_key_stops_the_study_the_same_way(tmp_path):
+def test_a_rejected_vlm_key_is_found_before_anything_runs_or_stops_the_study_the_same_way(tmp_path):
     port = _free_port()
     endpoint = _serve(["serve-vlm", "--api-key-env", "RIGHT_KEY"], port, env={"RIGHT_KEY": "the-right-key"})
     manifest = write_cases(tmp_path / "m.jsonl", 6, horizon=48)
-    study = tmp_path / "study"
+    url = f"http://127.0.0.1:{port}/v1"
+    unchecked = tmp_path / "unchecked.toml"
+    unchecked.write_text('[vlm]\nstartup_check = "none"\n')
     try:
         env = {**cli_env(), "OPENAI_API_KEY": "a-wrong-key"}
-        proc = subprocess.run(
-            [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study),
-             "--vlm-url", f"http://127.0.0.1:{port}/v1", "--simulators", "2", "--cases-in-flight", "1"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-        )
+        run = [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--vlm-url", url, "--simulators", "2",
+               "--cases-in-flight", "1"]
+        # The start's check (GET /models with the key) refuses it before the study exists.
+        early = subprocess.run([*run, "--study", str(tmp_path / "early")], cwd=ROOT, env=env, capture_output=True,
+                               text=True, timeout=120)
+        # Without it, the first 3 VLM calls fail alike and stop the study.
+        proc = subprocess.run([*run, "--study", str(tmp_path / "study"), "--config", str(unchecked)], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=600)
     finally:
         _stop(endpoint)
+    line = _one_clean_line(early)
+    assert early.returncode == EXIT_STOPPED, line
+    assert url in line and "HTTP 401" in line and "$OPENAI_API_KEY" in line and "nothing was claimed" in line
+    assert not (tmp_path / "early").exists()
     out = _one_clean_line(proc)
     assert proc.returncode == EXIT_STOPPED, out
     assert "VLM auth" in out and "api_key_env" in out
-    states = list(case_states(study).values())
+    states = list(case_states(tmp_path / "study").values())
     assert states.count("finished") == 3 and states.count("pending") == 3
+
+
+def test_an_unreachable_policy_server_or_vlm_endpoint_is_named_before_anything_runs(tmp_path):
+    manifest = write_cases(tmp_path / "m.jsonl", 1, horizon=48)
+    dead = _free_port()  # nothing listens on it
+    started = time.time()
+    policy = rescue_cli("run", str(manifest), "--study", str(tmp_path / "a"), "--policy-url", f"ws://127.0.0.1:{dead}",
+                        check=False, timeout=60)
+    waited = time.time() - started
+    vlm = rescue_cli("run", str(manifest), "--study", str(tmp_path / "b"), "--vlm-url", f"http://127.0.0.1:{dead}/v1",
+                     check=False, timeout=60)
+    line = _one_clean_line(policy)
+    assert policy.returncode == EXIT_STOPPED and f"ws://127.0.0.1:{dead}" in line and "within 5 s" in line, line
+    assert waited < 15  # 5 s for the server, plus starting Python
+    line = _one_clean_line(vlm)
+    assert vlm.returncode == EXIT_STOPPED and f"http://127.0.0.1:{dead}/v1" in line and "not reachable" in line, line
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    # A study whose VLM endpoint has gone away since it was created: resume names it, claims nothing.
+    from conftest import resolved_config
+
+    from rescue.core.manifest import load_manifest
+    from rescue.study.folder import create_study
+
+    config = resolved_config(8, vlm={"base_url": f"http://127.0.0.1:{dead}/v1"})
+    config = config.model_copy(update={"policy": config.policy.model_copy(update={
+        "factory": "rescue.embedded.scripted:make_policy", "observation": "privileged",
+        "announced": {"action_horizon": 8, "observation": "privileged", "policy": "rescue.embedded.scripted:make_policy"}})})
+    create_study(tmp_path / "c", load_manifest(manifest), config)
+    resume = rescue_cli("resume", str(tmp_path / "c"), check=False, timeout=60)
+    line = _one_clean_line(resume)
+    assert resume.returncode == EXIT_STOPPED and "not reachable" in line, line
+    assert set(case_states(tmp_path / "c").values()) == {"pending"}
 
 
 def test_a_second_owner_is_refused_and_the_live_run_is_untouched(tmp_path):

@@ -88,6 +88,10 @@ class VLMConfig(BaseModel):
     """Sent as `reasoning_effort` (chat) or `reasoning.effort` (responses), only when set."""
     store: bool = False
     """Whether the provider may store the request and response (sent on both APIs)."""
+    startup_check: Literal["models", "call", "none"] | None = None
+    """What a start asks the endpoint before the first claim: `models` (None: the default) lists its
+    models (the cheapest request that needs the key; a server without `/models` passes), `call` sends
+    one minimal chat call (1 output token), `none` asks nothing."""
 
     @model_validator(mode="before")
     @classmethod
@@ -245,7 +249,8 @@ class StudyConfig(BaseModel):
 
 
 # (section, key) of settings added after studies existed: in the digest only when not None.
-HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute"), ("sham", "by_task"))
+HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute"), ("sham", "by_task"),
+                   ("vlm", "startup_check"))
 
 
 class ConfigError(ValueError):

@@ -31,6 +31,11 @@ _FIXES = {
 }
 
 
+class PeerUnreachable(RuntimeError):
+    """A peer the study needs (policy server, VLM endpoint) does not answer, or refuses us, before
+    the first claim: the command stops with nothing run (exit 3), naming the URL and the fix."""
+
+
 def one_line(text: str) -> str:
     """One line that names an error: the exception line of a traceback, else the first line."""
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]

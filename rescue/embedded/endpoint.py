@@ -351,7 +351,12 @@ async def _handle_generate(request: web.Request) -> web.StreamResponse:
 
 
 async def _handle_models(request: web.Request) -> web.Response:
-    model = request.app[STATE].options.model
+    options = request.app[STATE].options
+    model = options.model
+    # Like OpenAI's, listing models needs the key: it is the cheapest check that a key works.
+    presented = request.headers.get("Authorization", "").removeprefix("Bearer ")
+    if options.expected_api_key is not None and presented != options.expected_api_key:
+        return _error(401, f"Incorrect API key provided: {presented}.", "invalid_request_error", "invalid_api_key", {})
     return web.json_response(
         {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "local"}]}
     )

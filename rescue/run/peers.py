@@ -14,15 +14,24 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
+import aiohttp
+
 from rescue.core.config import PolicyConfig, StudyConfig
+from rescue.core.failfast import PeerUnreachable, one_line
 from rescue.core.identity import IdentityError, announced_identity, identity_changes, resolve_interval, resolve_observation
 from rescue.core.observation import get_profile
 from rescue.env.backend import LOCAL, Backend
 from rescue.env.pool import SimPool
-from rescue.policy.client import WebsocketPolicyClient
+from rescue.policy.client import PolicyServerError, WebsocketPolicyClient
 from rescue.study.layout import RECEIPTS, StudyLayout
 from rescue.study.receipts import ReceiptLog
 from rescue.vlm.client import VLMClient
+
+# How long the policy server may take to answer with its metadata at a start.
+POLICY_ANSWER_S = 5.0
+# How long the VLM endpoint may take to answer the start's check.
+VLM_ANSWER_S = 15.0
+
 
 # The observation profile of a policy that announces none (DESIGN §7).
 EXTERNAL_DEFAULT_OBSERVATION = "openpi-libero"
@@ -40,9 +49,52 @@ async def probe_policy(policy: PolicyConfig) -> dict[str, Any]:
         from rescue.policy.bundled import load_factory, policy_metadata
 
         return policy_metadata(load_factory(policy.factory), policy.factory)
-    client = await WebsocketPolicyClient.connect(policy.url, api_key=policy_api_key(policy))
+    try:
+        client = await asyncio.wait_for(
+            WebsocketPolicyClient.connect(policy.url, api_key=policy_api_key(policy), connect_timeout_s=POLICY_ANSWER_S),
+            POLICY_ANSWER_S,
+        )
+    except (OSError, asyncio.TimeoutError, aiohttp.ClientError, PolicyServerError) as exc:
+        why = "did not answer" if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {one_line(str(exc))}"
+        raise PeerUnreachable(
+            f"the policy server at {policy.url} did not send its metadata within {POLICY_ANSWER_S:g} s ({why}); "
+            "start it (or fix policy.url / --policy-url), then run the command again; nothing was claimed"
+        ) from None
     try:
         return dict(client.metadata)
+    finally:
+        await client.close()
+
+
+async def check_vlm(config: StudyConfig) -> None:
+    """Before the first claim: the study's VLM endpoint answers and takes its key (the cheapest
+    authenticated request, `GET /models`, or one minimal call, as `[vlm] startup_check` says).
+
+    Nothing is checked when no arm asks the VLM, nor for the bundled endpoint (started by the run)."""
+    vlm = config.vlm
+    check = vlm.startup_check or "models"
+    if "assisted" not in config.arms or vlm.base_url == "local" or check == "none":
+        return
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=vlm.base_url, api_key=vlm.resolved_api_key(), max_retries=0, timeout=VLM_ANSWER_S)
+    try:
+        if check == "models":
+            await client.models.list()
+        else:
+            await client.chat.completions.create(model=vlm.model, max_completion_tokens=1,
+                                                 messages=[{"role": "user", "content": "Reply with OK."}])
+    except openai.APIStatusError as exc:
+        if exc.status_code == 404 and check == "models":
+            return  # a server without /models: it answered, and did not refuse the key
+        fix = (f"check the key in ${vlm.api_key_env}" if exc.status_code in (401, 403)
+               else "check vlm.base_url and vlm.model")
+        raise PeerUnreachable(f"the VLM endpoint at {vlm.base_url} refused the start's check with HTTP "
+                              f"{exc.status_code} ({one_line(exc.message)}); {fix}; nothing was claimed") from None
+    except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+        raise PeerUnreachable(f"the VLM endpoint at {vlm.base_url} is not reachable ({type(exc).__name__}: "
+                              f"{one_line(str(exc.__cause__ or exc))}); start it or fix vlm.base_url / --vlm-url; "
+                              "nothing was claimed") from None
     finally:
         await client.close()
 
@@ -67,8 +119,11 @@ def resolve_config(config: StudyConfig, metadata: dict[str, Any]) -> StudyConfig
 
 
 async def resolved_config(config: StudyConfig) -> StudyConfig:
-    """Probe the configured policy server and fix the study's identity (IdentityError when it cannot)."""
-    return resolve_config(config, await probe_policy(config.policy))
+    """Probe the configured policy server and fix the study's identity (IdentityError when it cannot);
+    check the VLM endpoint too (PeerUnreachable when either does not answer)."""
+    resolved = resolve_config(config, await probe_policy(config.policy))
+    await check_vlm(resolved)
+    return resolved
 
 
 def check_identity(config: StudyConfig, metadata: dict[str, Any]) -> None:
@@ -85,8 +140,9 @@ def check_identity(config: StudyConfig, metadata: dict[str, Any]) -> None:
 
 
 async def check_live_identity(config: StudyConfig) -> None:
-    """Probe the configured policy server and check it against the study's identity."""
+    """Probe the configured policy server and check it against the study's identity; check the VLM endpoint."""
     check_identity(config, await probe_policy(config.policy))
+    await check_vlm(config)
 
 
 @dataclass
