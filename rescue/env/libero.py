@@ -10,6 +10,8 @@ query, and the views a caller asks for, when it asks.
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import os
 import pickle
 from collections import OrderedDict
@@ -57,8 +59,28 @@ def _quiet_imports():
     return benchmark, get_libero_path, ControlEnv
 
 
+# MjModel fields robosuite and LIBERO write after the model is compiled, so a snapshot carries
+# them: fixture placement (`BDDLBaseDomain._reset_internal` writes body_pos/body_quat at every
+# reset, from the env's seed), site visibility (robosuite hides sites in `reset()` only, not in
+# the constructor; LIBERO's stove toggles its burner site) and site sizes (segmentation).
+MUTABLE_MODEL_FIELDS = ("body_pos", "body_quat", "site_rgba", "site_size")
+# The offscreen buffer robosuite grows when a render is larger than it.
+MUTABLE_VIS = ("offwidth", "offheight")
+# What a robot keeps between steps besides its controller.
+ROBOT_STATE = ("torques", "recent_qpos", "recent_actions", "recent_torques", "recent_ee_forcetorques",
+               "recent_ee_pose", "recent_ee_vel", "recent_ee_vel_buffer", "recent_ee_acc")
+# MjData scalars that size the arena (contacts, constraint rows) and the solver's statistics:
+# copied first, so the arrays they size take the source's shapes.
+MJDATA_SCALARS = ("ncon", "ne", "nf", "nefc", "nnzJ", "parena", "solver_iter", "solver_nnz",
+                  "maxuse_arena", "maxuse_con", "maxuse_efc", "maxuse_stack",
+                  "nbodypair_broad", "nbodypair_narrow", "ngeompair_mid", "ngeompair_narrow")
+
+
 def _copy_mjdata(dst, src) -> None:
-    """Copy every array and the clock of one MjData into another of the same model, in place."""
+    """Copy all of one MjData into another of the same model, in place (views into it stay valid):
+    the arena's sizes, every array, the contacts, the clock."""
+    for name in MJDATA_SCALARS:
+        setattr(dst, name, getattr(src, name))
     for name in dir(src):
         if name.startswith("_"):
             continue
@@ -68,9 +90,39 @@ def _copy_mjdata(dst, src) -> None:
             continue
         if isinstance(value, np.ndarray) and value.size:
             target = getattr(dst, name)
-            if isinstance(target, np.ndarray) and target.shape == value.shape:
-                target[...] = value
+            if target.shape != value.shape:
+                raise RuntimeError(f"restore: MjData.{name} has shape {target.shape} here, {value.shape} in the snapshot")
+            target[...] = value
+    for name in dir(src.contact):
+        if not name.startswith("_"):
+            value = getattr(src.contact, name)
+            if isinstance(value, np.ndarray) and value.size:
+                getattr(dst.contact, name)[...] = value
     dst.time = src.time
+
+
+def static_model_digest(model) -> str:
+    """Digest of the compiled model as the physics runs it, but for the fields the env writes at run
+    time (MUTABLE_MODEL_FIELDS, carried by a snapshot): two processes that compiled the task alike agree."""
+    h = hashlib.blake2b(digest_size=20)
+
+    def add(prefix: str, obj) -> None:
+        for name in sorted(dir(obj)):
+            if name.startswith("_") or (obj is model and name in MUTABLE_MODEL_FIELDS):
+                continue
+            try:
+                value = getattr(obj, name)
+            except Exception:
+                continue
+            if isinstance(value, np.ndarray):
+                h.update(f"{prefix}{name}{value.shape}{value.dtype}".encode())
+                h.update(np.ascontiguousarray(value).tobytes())
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                h.update(f"{prefix}{name}={value!r}".encode())
+
+    add("", model)
+    add("opt.", model.opt)
+    return h.hexdigest()
 
 
 class LiberoAdapter:
@@ -86,6 +138,7 @@ class LiberoAdapter:
         self._goal: tuple[str, str, str] | None = None
         self._profile: ObservationProfile = PRIVILEGED
         self._armed: set[str] = set()  # view observables that capture at the next step
+        self._model_digests: dict[int, str] = {}  # id(env) -> its static model digest
 
     def _suite(self, name: str):
         if name not in self._suites:
@@ -300,38 +353,87 @@ class LiberoAdapter:
         return ChunkResult(obs=obs, steps=steps, success=success)
 
     def snapshot(self) -> dict:
-        """Everything a continuation depends on: MuJoCo's integration state, the gripper's
-        smoothed action, the observables' sampling timers and the env's step counters."""
+        """Everything a continuation depends on, so that a restore is exact in any process (one that
+        never built the task, built it by a restore, or reset another state of it): MuJoCo's data
+        (all of it), the model fields the env writes at run time, the controller's state (its goals
+        and kinematics cache, `new_update` among them), the robots' buffers and the gripper's
+        smoothed action, the observables' clocks, the observation cache, the env's counters; and the
+        digest of the compiled model, so a restore into another model is refused."""
         env = self._env.env
+        m, d = env.sim.model._model, env.sim.data._data
         return {
             "key": self._key,
             "goal": self._goal,
             "profile": self._profile,
             "views": [(c.camera, c.size) for c in self._profile.cameras],
+            "model": self._static_digest(),
+            "model_fields": {f: np.array(getattr(m, f), copy=True) for f in MUTABLE_MODEL_FIELDS},
+            "model_vis": {f: int(getattr(m.vis.global_, f)) for f in MUTABLE_VIS},
             "physics": self._physics_state(),
             # Derived quantities too: robosuite's controller reads the kinematics left by the last
             # mj_step, which a fresh mj_forward on the integration state would not reproduce.
-            "mjdata": pickle.dumps(env.sim.data._data),
+            "mjdata": pickle.dumps(d),
+            # Pickling MjData zeroes the solver's statistics; they are carried apart.
+            "solver_stats": {k: int(getattr(d, k)) for k in ("solver_iter", "solver_nnz")},
+            "controllers": [
+                (type(r.controller).__name__, {k: copy.deepcopy(v) for k, v in vars(r.controller).items() if k != "sim"})
+                for r in env.robots
+            ],
+            "robots": [{k: copy.deepcopy(getattr(r, k)) for k in ROBOT_STATE} for r in env.robots],
             "gripper": [np.array(r.gripper.current_action, copy=True) for r in env.robots],
             "observables": {
                 name: (o._time_since_last_sample, o._current_delay, np.array(o._current_observed_value, copy=True), o._sampled)
                 for name, o in env._observables.items()
             },
+            # Without the views' frames (up to 2 x 196 KB; no frame outlives its query).
+            "obs_cache": {k: copy.deepcopy(v) for k, v in env._obs_cache.items() if not k.startswith(VIEW_PREFIX)},
             "timestep": env.timestep,
             "cur_time": env.cur_time,
+            "done": env.done,
         }
 
+    def _static_digest(self) -> str:
+        """The current env's static model digest, computed once per env (about 0.4 s)."""
+        key = id(self._env)
+        if key not in self._model_digests:
+            self._model_digests[key] = static_model_digest(self._env.sim.model._model)
+        return self._model_digests[key]
+
     def restore(self, snap: dict) -> None:
-        """Put this process's simulator in a snapshot's state (and the snapshot's profile)."""
+        """Put this process's simulator in a snapshot's state (and the snapshot's profile), exactly:
+        whatever this process did with the task's env before (never built it, built it by a restore,
+        reset another initial state of it), the continuation is the snapshot's process's, bit for bit.
+        A snapshot of another compiled model (another package version, another hash seed's scene) is refused."""
         self._env = self._env_for(*snap["key"])
         self._key, self._goal, self._profile = tuple(snap["key"]), snap["goal"], snap["profile"]
         env = self._env.env
+        m = env.sim.model._model
+        if "model" not in snap:
+            raise RuntimeError("restore: the snapshot carries no model digest (made by an older version)")
+        if self._static_digest() != snap["model"]:
+            raise RuntimeError(f"restore: this simulator compiled another model for {snap['key'][0]} task "
+                               f"{snap['key'][1]} than the snapshot's ({self._static_digest()[:12]} vs {snap['model'][:12]})")
+        for name, value in snap["model_fields"].items():
+            getattr(m, name)[...] = value
+        for name, value in snap["model_vis"].items():
+            setattr(m.vis.global_, name, value)
         for camera, size in snap["views"]:
             self._view(camera, size)
-        _copy_mjdata(env.sim.data._data, pickle.loads(snap["mjdata"]))
+        d = env.sim.data._data
+        _copy_mjdata(d, pickle.loads(snap["mjdata"]))
+        for name, value in snap["solver_stats"].items():
+            setattr(d, name, value)
         if not np.array_equal(self._physics_state(), snap["physics"]):
             raise RuntimeError("restored simulator state differs from the snapshot")
-        for robot, action in zip(env.robots, snap["gripper"]):
+        # No mj_forward: it would overwrite the derived quantities the last mj_step left.
+        for robot, (kind, attrs) in zip(env.robots, snap["controllers"]):
+            if type(robot.controller).__name__ != kind:
+                raise RuntimeError(f"restore: the controller is a {type(robot.controller).__name__} here, a {kind} in the snapshot")
+            for name, value in attrs.items():
+                setattr(robot.controller, name, copy.deepcopy(value))
+        for robot, state, action in zip(env.robots, snap["robots"], snap["gripper"]):
+            for name, value in state.items():
+                setattr(robot, name, copy.deepcopy(value))
             robot.gripper.current_action = np.array(action, copy=True)
         for name, (since, delay, value, sampled) in snap["observables"].items():
             if name.startswith(VIEW_PREFIX) and name not in env._observables:
@@ -339,7 +441,9 @@ class LiberoAdapter:
             o = env._observables[name]
             o._time_since_last_sample, o._current_delay, o._sampled = since, delay, sampled
             o._current_observed_value = np.array(value, copy=True)
-        env.timestep, env.cur_time, env.done = snap["timestep"], snap["cur_time"], False
+        views = {k: v for k, v in env._obs_cache.items() if k.startswith(VIEW_PREFIX)}
+        env._obs_cache = {**copy.deepcopy(snap["obs_cache"]), **views}
+        env.timestep, env.cur_time, env.done = snap["timestep"], snap["cur_time"], snap["done"]
 
     def state_digest(self) -> str:
         """Digest of the full integration state now (for proofs that two arms stood in one state)."""
