@@ -390,9 +390,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from rescue.core.config import config_data
+    from rescue.service.config import job_request, load_service_config
     from rescue.service.queue import submit_file
 
-    spec = submit_file(Path(args.queue), Path(args.manifest), _config(args), args.name)
+    # A job chooses among the service's named endpoints and policies; its other settings are checked
+    # against what a job may set, and the whole request against the service's configuration.
+    data = config_data(args.config, {
+        "vlm.endpoint": args.vlm_endpoint, "policy.name": args.policy, "env.simulators": args.simulators,
+        "cases_in_flight": args.cases_in_flight, "vlm.model": args.vlm_model, "vlm.api": args.vlm_api,
+        "vlm.batch_size": args.batch_size,
+    })
+    service = load_service_config(args.service_config) if args.service_config else None
+    spec = submit_file(Path(args.queue), Path(args.manifest), job_request(data), args.name, service)
     print(f"queued {spec.job_id} ({spec.cases} cases, {spec.name}) in {args.queue}")
     return 0
 
@@ -427,7 +437,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rescue.service.worker import ServeError, serve
 
     try:
-        return serve(Path(args.queue), args.host, args.port, args.api_key_env, args.verbose)
+        return serve(Path(args.queue), args.host, args.port, args.api_key_env, args.verbose, args.config)
     except ServeError as exc:
         print(f"rescue: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -603,7 +613,16 @@ def _add_service_commands(sub) -> None:
     p.add_argument("manifest")
     p.add_argument("--name", help="a name shown in the queue (default: the manifest's file name)")
     p.add_argument("--queue", default="queue", help="the queue folder (jobs go under QUEUE/jobs/)")
-    _add_run_options(p)
+    p.add_argument("--config", help="TOML of the job's settings (only those a job may set: docs/service.md)")
+    p.add_argument("--vlm-endpoint", metavar="NAME", help="one of the service's named VLM endpoints")
+    p.add_argument("--policy", metavar="NAME", help="one of the service's named policies")
+    p.add_argument("--simulators", type=int, help="simulator processes")
+    p.add_argument("--cases-in-flight", type=int, help="cases run at once")
+    p.add_argument("--vlm-model", help="a model the named endpoint allows")
+    p.add_argument("--vlm-api", choices=["chat", "responses"], help="Chat Completions or Responses")
+    p.add_argument("--batch-size", type=int, help="cases per VLM call (1: no batching)")
+    p.add_argument("--service-config", metavar="TOML",
+                   help="check against this service configuration (default: $RESCUE_SERVICE_CONFIG, else the embedded defaults)")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("queue", help="the queued, running, finished and stopped jobs")
@@ -621,6 +640,8 @@ def _add_service_commands(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address; beyond loopback an API key is required")
     p.add_argument("--port", type=int, default=8765, help="HTTP port")
     p.add_argument("--api-key-env", help="environment variable holding the API key")
+    p.add_argument("--config", metavar="TOML", help="the service's configuration: the VLM endpoints and policies "
+                   "jobs may name (default: $RESCUE_SERVICE_CONFIG, else only the embedded ones)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("serve-vlm", help="the local OpenAI-compatible endpoint", add_help=False)

@@ -98,6 +98,17 @@ def _submit(manifest: Path, name: str, queue: Path) -> str:
     return out.stdout.split()[1]
 
 
+def _crash(proc: subprocess.Popen, queue: Path) -> None:
+    """What a crash of the machine's service does: SIGKILL to the worker's process group and to the
+    running job's, which is a session of its own (so a Ctrl-C meant for the worker never reaches it)."""
+    jobs = [json.loads(p.read_text()).get("pid") for p in (queue / "jobs").glob("*/state.json")]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for pid in filter(None, jobs):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
 def test_serve_survives_sigkill_mid_job_and_resumes_as_rescue_resume(tmp_path):
     queue = tmp_path / "queue"
     first = _submit(write_cases(tmp_path / "a.jsonl", 2, horizon=48), "first", queue)
@@ -135,8 +146,7 @@ def test_serve_survives_sigkill_mid_job_and_resumes_as_rescue_resume(tmp_path):
         else:
             raise AssertionError("the second job never had a finished case and a case in flight")
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _crash(proc, queue)
 
     before_arms, finished, in_flight, never = states_before_resume(study_b)
     assert finished and in_flight
@@ -298,3 +308,73 @@ def test_cancel_drains_a_running_job_and_sigterm_puts_the_job_back_in_the_queue(
     assert "claimed" not in states.values() and "pending" in states.values()
     listed = {row["job_id"]: row["state"] for row in json.loads(rescue_cli("queue", "--queue", str(queue), "--json").stdout)}
     assert listed == {first: "stopped", second: "queued"}
+
+
+def test_a_job_names_the_services_endpoint_a_second_serve_is_refused_and_log_and_cancel_work_over_http(tmp_path):
+    """The one real job of the security tests: the operator's endpoint with its key, nothing else, and the
+    running job untouched by a second `rescue serve` on its queue."""
+    from test_service_security import SECRET, Recorder, call, serve, stop, wait_up
+
+    from rescue.embedded.endpoint import EndpointOptions, make_app
+
+    queue = tmp_path / "queue"
+    # The operator's endpoint: the bundled VLM on loopback, answering only its own key (others get a 401).
+    with Recorder(make_app(EndpointOptions(expected_api_key="lab-key"))) as lab:
+        service = tmp_path / "service.toml"
+        service.write_text(f'[vlm.lab]\nbase_url = "{lab.url}"\napi_key_env = "LAB_KEY"\n'
+                           'models = ["rescue-advisor-v0"]\n')
+        env = {"RESCUE_SERVICE_CONFIG": str(service), "LAB_KEY": "lab-key"}
+        port = _free_port()
+        proc = serve(queue, port, env=env)
+        try:
+            wait_up(port, proc)
+            manifest = write_cases(tmp_path / "a.jsonl", 3, horizon=48).read_text()
+            status, text = call(port, "POST", "/jobs", {"manifest": manifest, "name": "lab", "config": {
+                "vlm": {"endpoint": "lab"}, "cases_in_flight": 1, "env": {"simulators": 1}}})
+            assert status == 201, text
+            job_id = json.loads(text)["job_id"]
+            study = _study(queue, job_id)
+            _wait_claimed(study)
+            state_file = queue / "jobs" / job_id / "state.json"
+            before = json.loads(state_file.read_text())
+
+            second = serve(queue, _free_port(), env=env)
+            try:
+                _, err = second.communicate(timeout=60)
+            finally:
+                ensure_stopped(second)
+            assert second.returncode == 2
+            assert len(err.strip().splitlines()) == 1 and f"process {proc.pid}" in err
+            after = json.loads(state_file.read_text())
+            assert (after["state"], after["runs"], after["pid"]) == ("running", 1, before["pid"])
+            assert _alive(before["pid"]) and int((study / ".owner.lock").read_text()) == before["pid"]
+
+            deadline = time.time() + 400
+            while "finished" not in case_states(study).values():
+                assert time.time() < deadline, "no case finished"
+                time.sleep(0.2)
+            status, text = call(port, "POST", f"/jobs/{job_id}/cancel", {})
+            assert status == 200 and "draining" in json.loads(text)["message"]
+            deadline = time.time() + 300
+            while (view := json.loads(call(port, "GET", f"/jobs/{job_id}")[1]))["state"] == "running":
+                assert time.time() < deadline, "the cancelled job never ended"
+                time.sleep(0.5)
+            assert view["state"] == "stopped" and view["message"] == "cancelled"
+            assert view["study"] == f"jobs/{job_id}/{study.name}"
+            finished = {c for c, s in case_states(study).items() if s == "finished"}
+            assert finished and "claimed" not in case_states(study).values()
+
+            status, text = call(port, "GET", f"/jobs/{job_id}/log")
+            assert status == 200 and "--- run 1" in json.loads(text)["log"]
+            status, export = call(port, "GET", f"/jobs/{job_id}/export")
+            assert status == 200 and json.loads(export)["partial"] is True
+            cases = {c["case_id"]: c for c in json.loads(export)["export"]["cases"]}
+            assert any(cases[c]["assisted"]["assistance"] == "applied" for c in finished)
+            for answer in (text, export, call(port, "GET", "/jobs")[1]):
+                assert str(tmp_path) not in answer and str(ROOT) not in answer
+        finally:
+            stop(proc)
+    calls = [r for r in lab.requests if r["path"].endswith("/completions")]
+    assert calls and {r["authorization"] for r in calls} == {"Bearer lab-key"}
+    assert not any(SECRET in (r["authorization"] or "") for r in lab.requests)
+    assert rescue_cli("verify", str(study)).returncode == 0

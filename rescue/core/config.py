@@ -259,8 +259,13 @@ class ConfigError(ValueError):
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> StudyConfig:
     """Read a TOML file (if any), apply dotted-key overrides, validate; ConfigError names what is wrong."""
-    data: dict[str, Any] = {}
     where = str(path) if path is not None else "the command line"
+    return validate_config(config_data(path, overrides), where)
+
+
+def config_data(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A TOML file's tables (if any) with dotted-key overrides applied (None values skipped), not yet validated."""
+    data: dict[str, Any] = {}
     if path is not None:
         try:
             data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
@@ -278,7 +283,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         for p in parents:
             node = node.setdefault(p, {})
         node[leaf] = value
-    return validate_config(data, where)
+    return data
 
 
 def validate_config(data: dict[str, Any], where: str) -> StudyConfig:

@@ -5,7 +5,10 @@ simulators and the study's owner lock, so each job runs in a process of its
 own; its exit code is `rescue run`'s (0, 3 stopped, 4 all unknown, 2 bad
 input, 1 internal). A job whose study exists is resumed exactly as
 `rescue resume` does (claimed-unfinished cases become unknown, interrupted);
-otherwise the study is created (its identity resolved now) and run.
+otherwise the study is created (its identity resolved now) and run, with the
+study configuration the worker resolved from the job's choices and gives on
+stdin (rescue.service.config.resolve_job), never the job folder's as written.
+Paths it prints are relative to the job folder.
 """
 
 from __future__ import annotations
@@ -21,26 +24,32 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 1
 
 
-def run_job(job_dir: Path, verbose: bool = False) -> int:
-    """Create and run, or resume, the study of one job; write its report when every case has a verdict."""
+def run_job(job_dir: Path, config_json: str | None = None, verbose: bool = False) -> int:
+    """Create and run, or resume, the study of one job; write its report when every case has a verdict.
+
+    `config_json`: the resolved study configuration of a job whose study does not exist yet."""
+    from rescue.core.config import ConfigError
     from rescue.run import commands
     from rescue.study.folder import EXIT_ALL_UNKNOWN, EXIT_OK, study_outcome
 
     job = JobLayout(Path(job_dir))
+    study = job.study.name
     if StudyLayout.of(job.study).is_study():
         interrupted = commands.resume(job.study, verbose=verbose)
-        print(f"resumed {job.study}: {len(interrupted)} started-unfinished case(s) recorded as unknown (interrupted)"
+        print(f"resumed {study}: {len(interrupted)} started-unfinished case(s) recorded as unknown (interrupted)"
               + (f": {', '.join(interrupted)}" if interrupted else ""), flush=True)
     else:
-        config = StudyConfig.model_validate_json(job.config.read_text(encoding="utf-8"))
+        if not config_json:
+            raise ConfigError("no study configuration on stdin (the worker gives the one it resolved)")
+        config = StudyConfig.model_validate_json(config_json)
         commands.run_manifest(job.manifest, job.study, config, verbose=verbose)
-        print(f"ran {job.study}", flush=True)
+        print(f"ran {study}", flush=True)
     outcome = study_outcome(job.study)
     print(outcome.message, flush=True)
     if outcome.code in (EXIT_OK, EXIT_ALL_UNKNOWN):
         from rescue.read.html.report import write_report
 
-        print(f"report: {write_report(job.study)}", flush=True)
+        print(f"report: {study}/{Path(write_report(job.study)).name}", flush=True)
     return outcome.code
 
 
@@ -50,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     verbose = "-v" in argv
     args = [a for a in argv if a != "-v"]
     if len(args) != 1:
-        print("usage: python -m rescue.service.job [-v] JOB_DIR", file=sys.stderr)
+        print("usage: python -m rescue.service.job [-v] JOB_DIR < RESOLVED_CONFIG_JSON", file=sys.stderr)
         return EXIT_BAD_INPUT
     from rescue.core.config import ConfigError
     from rescue.core.identity import IdentityError
@@ -61,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
 
     logs.configure(None, verbose)
     try:
-        return run_job(Path(args[0]), verbose)
+        config_json = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
+        return run_job(Path(args[0]), config_json, verbose)
     except ManifestError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)

@@ -1,8 +1,10 @@
 """The job queue: one folder per submitted study under `QUEUE/jobs/<job-id>/`.
 
-A job folder holds the manifest as submitted (`manifest.jsonl`), the study
-configuration as given (`config.json`, its identity not yet resolved) and its
-sha256, `job.json` (who, when, what), `state.json` (queued, running, finished,
+A job folder holds the manifest as submitted (`manifest.jsonl`), the job's
+settings as given (`config.json`: job-settable keys only, see service.config; the
+service's endpoint and policy are added when the job starts) and the sha256 of
+their study configuration, `job.json` (who, when, what, the endpoint and policy it
+named), `state.json` (queued, running, finished,
 stopped), the child's output `job.log`, and from its start the study folder
 `study-<stamp>-<hex>/` (the job id's stamp: each study id stays unique). A job is laid out under a private name and renamed into place, so a
 listing never sees half a job. Short transitions (the worker taking a job, a
@@ -27,8 +29,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rescue.core.config import ConfigError, StudyConfig, validate_config
-from rescue.core.manifest import Manifest, ManifestError, parse_manifest
+from rescue.core.config import ConfigError, StudyConfig
+from rescue.core.manifest import Manifest, parse_manifest, read_manifest_bytes
+from rescue.service.config import (
+    JobRequest,
+    ServiceConfig,
+    request_of,
+    resolve_job,
+    service_config_from_env,
+)
 from rescue.study import layout
 from rescue.study.files import write_atomic
 from rescue.study.folder import StudyError
@@ -74,6 +83,10 @@ class JobSpec(BaseModel):
     """sha256 of the configuration as given (its identity not yet resolved: the study's own differs)."""
     manifest_source: str | None = None
     """The path or name the manifest was submitted under; None: not recorded."""
+    vlm_endpoint: str | None = None
+    """The service's VLM endpoint the job named (`vlm.endpoint`); None: the service's default when it starts."""
+    policy_name: str | None = None
+    """The service's policy the job named (`policy.name`); None: the service's default when it starts."""
     # Job folders made before the version was written hold none: they are version 1.
     schema_version: Literal[1] = JOB_SCHEMA_VERSION
     """The format of the job folder; a reader refuses a version it does not know."""
@@ -177,22 +190,29 @@ def queue_lock(queue: str | os.PathLike[str]) -> Iterator[None]:
         os.close(fd)
 
 
-def config_problems(data: dict) -> StudyConfig:
-    """A StudyConfig from a JSON object (the API's `config`), or ConfigError naming every problem."""
-    return validate_config(data, "config")
+# A job's name is shown in listings and pages: one line of text.
+MAX_NAME_CHARS = 200
 
 
-def validate_job(manifest_bytes: bytes, source: str, config: StudyConfig) -> Manifest:
-    """Check a submission as `rescue run` would before anything runs: ManifestError or ConfigError."""
-    # A key given in a TOML file is never written (not even into the job): it could not reach the job.
-    if config.vlm.api_key_from_config and "assisted" in config.arms:
-        raise ConfigError(
-            "a queued job cannot carry a VLM key given as [vlm] api_key (it is never stored); "
-            f"set it in the worker's environment variable {config.vlm.api_key_env} (vlm.api_key_env) instead"
-        )
-    if config.policy.replan_interval is not None and config.policy.announced is not None:
-        raise ConfigError("give the configuration as written; the study's identity is resolved when the job starts")
-    return parse_manifest(manifest_bytes, source, catalog="libero")
+def check_name(name: str | None) -> None:
+    """Refuse a job name that is not one short line of text (ConfigError)."""
+    if name is None:
+        return
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS:
+        raise ConfigError(f"name: a text of 1 to {MAX_NAME_CHARS} characters")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise ConfigError("name: one line, no control characters")
+
+
+def validate_job(manifest_bytes: bytes, source: str, request: JobRequest, service: ServiceConfig) -> Manifest:
+    """Check a submission as the worker and `rescue run` will before anything runs: ManifestError or ConfigError.
+
+    The job's choices must be the service's (`resolve_job`); the worker resolves them
+    again when the job starts, under the service configuration it has then."""
+    resolve_job(request, service)
+    manifest = parse_manifest(manifest_bytes, source, catalog="libero")
+    manifest.require_main_cohort()  # a job runs as `rescue run` without --pilot-run
+    return manifest
 
 
 def _new_job_id() -> str:
@@ -200,22 +220,33 @@ def _new_job_id() -> str:
 
 
 def submit_job(
-    queue: str | os.PathLike[str], manifest_bytes: bytes, source: str, config: StudyConfig, name: str | None = None
+    queue: str | os.PathLike[str], manifest_bytes: bytes, source: str, config: StudyConfig | JobRequest,
+    name: str | None = None, service: ServiceConfig | None = None,
 ) -> JobSpec:
-    """Validate a manifest and configuration and place a queued job; nothing is written when either is bad."""
-    manifest = validate_job(manifest_bytes, source, config)
+    """Validate a manifest and a job's settings and place a queued job; nothing is written when either is bad.
+
+    `config` is a job request (`service.config.job_request`) or a study configuration,
+    which may then set job-settable keys only; `service`: the choices it is checked
+    against (default: RESCUE_SERVICE_CONFIG's, else the embedded defaults)."""
+    request = config if isinstance(config, JobRequest) else request_of(config)
+    check_name(name)
+    manifest = validate_job(manifest_bytes, source, request, service or service_config_from_env())
     jobs = jobs_dir(queue)
     jobs.mkdir(parents=True, exist_ok=True)
     job_id = _new_job_id()
-    config_json = json.dumps(config.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+    # Only what the job set: the worker adds the service's endpoint and policy when the job starts.
+    settings = request.settings()
+    config_json = json.dumps(settings, indent=2, sort_keys=True) + "\n"
     spec = JobSpec(
         job_id=job_id,
         name=name or Path(source).stem,
         submitted_at=time.time(),
         cases=len(manifest.cases),
         manifest_sha256=manifest.sha256,
-        config_sha256=config.sha256(),
+        config_sha256=StudyConfig.model_validate(settings).sha256(),
         manifest_source=source,
+        vlm_endpoint=request.endpoint,
+        policy_name=request.policy,
     )
     tmp = jobs / f".{job_id}.submitting-{os.getpid()}"
     try:
@@ -232,15 +263,24 @@ def submit_job(
     return spec
 
 
-def submit_file(queue: str | os.PathLike[str], manifest_path: str | os.PathLike[str], config: StudyConfig,
-                name: str | None = None) -> JobSpec:
+def submit_file(queue: str | os.PathLike[str], manifest_path: str | os.PathLike[str], config: StudyConfig | JobRequest,
+                name: str | None = None, service: ServiceConfig | None = None) -> JobSpec:
     """`rescue submit`: read a manifest file and submit it."""
     path = Path(manifest_path)
+    data = read_manifest_bytes(path)  # a regular file within the size bound, as `rescue run` reads it
+    return submit_job(queue, data, str(path), config, name, service)
+
+
+def read_request(job: Job) -> JobRequest:
+    """A queued job's request: its settings (config.json) and its choices (job.json); ConfigError when refused.
+
+    Checked again here, not trusted from submission: anyone who can write the
+    queue folder can write a job folder by hand."""
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ManifestError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
-    return submit_job(queue, data, str(path), config, name)
+        config = StudyConfig.model_validate_json(job.layout.config.read_text(encoding="utf-8"))
+    except (OSError, ValidationError) as exc:
+        raise ConfigError(f"{job.spec.job_id}: the job's configuration is unreadable ({type(exc).__name__})") from None
+    return request_of(config, job.spec.vlm_endpoint, job.spec.policy_name)
 
 
 def read_job(path: Path) -> Job:
@@ -329,7 +369,7 @@ class JobView(BaseModel):
     labels: dict[str, int] = Field(default_factory=dict)
     eta_s: float | None = None
     draining: bool = False
-    study: str | None = None
+    study: str | None = None  # the study folder, relative to the queue folder
     report: bool = False  # the finished job's report.html exists
 
 
@@ -357,5 +397,5 @@ def job_view(job: Job, now: float | None = None) -> JobView:
     labels = {k: v for k, v in {**status.labels, **status.pilot_labels}.items() if v}
     return view.model_copy(update={
         "done": done, "states": status.states, "labels": labels, "eta_s": eta, "draining": status.draining,
-        "study": str(study.root), "report": study.report.is_file(),
+        "study": f"{JOBS}/{job.spec.job_id}/{study.root.name}", "report": study.report.is_file(),
     })

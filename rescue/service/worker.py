@@ -1,8 +1,9 @@
 """`rescue serve`: take jobs in submission order, one at a time, each in a child process; serve the API.
 
-Each job runs as `python -m rescue.service.job JOB_DIR` (rescue.service.job),
-in the worker's process group, so a kill of the group (systemd's default
-KillMode, `kill -9 -PGID`) takes the child and its simulators with it.
+Each job runs as `python -m rescue.service.job JOB_DIR` (rescue.service.job) in a
+session of its own, so a signal meant for the worker (a terminal's Ctrl-C, `kill
+-PGID`) reaches the job only as the worker's drain; a kill of the unit's cgroup
+(systemd) takes the child and its simulators with it.
 
 Restart after a crash: a job left `running` is taken first again and resumed as
 `rescue resume` would. If only the worker died, its child may still be alive and
@@ -14,25 +15,58 @@ the study's owner lock, and by its command line naming the job, never by name.
 SIGTERM (or SIGINT) drains: the running child is sent SIGTERM, its arms in flight
 finish, the job goes back to `queued` (its study is resumed at the next start), and
 the worker exits 0.
+
+One worker per queue: it holds an OS lock on `QUEUE/.serve.lock` for its whole
+life (released by the kernel however it dies), so a second `rescue serve` on the
+same queue is refused naming the first one's pid, before it looks at any job.
+
+A job's choices are resolved against the service's configuration when it starts
+(rescue.service.config): the child gets the resolved study configuration on its
+stdin; a stored study is checked against the same choices before it is resumed.
+A job the service does not allow ends `stopped` without a child.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
+import fcntl
 import json
 import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import structlog
 
 import rescue
-from rescue.service.queue import OPEN_STATES, Job, list_jobs, queue_lock, write_state
-from rescue.study.folder import EXIT_ALL_UNKNOWN, EXIT_OK, EXIT_STOPPED, open_journal
+from rescue.core.config import ConfigError
+from rescue.service.config import (
+    NO_KEY_ENV,
+    SERVICE_CONFIG_ENV,
+    ServiceConfig,
+    load_service_config,
+    resolve_job,
+    study_problems,
+)
+from rescue.service.queue import (
+    OPEN_STATES,
+    Job,
+    list_jobs,
+    queue_lock,
+    read_request,
+    write_state,
+)
+from rescue.study.folder import (
+    EXIT_ALL_UNKNOWN,
+    EXIT_OK,
+    EXIT_STOPPED,
+    StudyError,
+    load_study_config,
+    open_journal,
+)
 from rescue.study.layout import StudyLayout
 from rescue.study.owner import StudyBusy, own_study
 
@@ -41,20 +75,14 @@ log = structlog.get_logger("rescue.service")
 # How long an orphaned child of a dead worker may take to drain before it is killed.
 ORPHAN_DRAIN_S = 600.0
 SERVE_INFO = "serve.json"
+SERVE_LOCK = ".serve.lock"
+# A job the service refuses at its start exits as bad input does.
+EXIT_REFUSED = 2
 
 
 class ServeError(RuntimeError):
-    """The worker cannot start as asked (a bind beyond loopback without a key)."""
-
-
-def is_loopback(host: str) -> bool:
-    """Whether a bind address reaches this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    """The worker cannot start as asked: a bind beyond loopback without a key, a bad service
+    configuration, or a queue another worker serves."""
 
 
 def _alive(pid: int) -> bool:
@@ -77,6 +105,29 @@ def _is_job_child(pid: int, job: Job) -> bool:
     return b"rescue.service.job" in cmdline and any(arg.rstrip(b"/").endswith(b"/" + job_id) for arg in cmdline)
 
 
+@contextlib.contextmanager
+def own_queue(queue: Path) -> Iterator[None]:
+    """Hold the queue's worker lock for the block; ServeError naming the running worker's pid when it is held."""
+    path = Path(queue) / SERVE_LOCK
+    # Not inherited by the job children (os.open is close-on-exec): an orphan of a dead worker does not hold it.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                owner = path.read_text().strip() or "?"
+            except OSError:
+                owner = "?"
+            raise ServeError(f"{queue} is served by process {owner} (a running `rescue serve`); "
+                             "one worker per queue: stop that one first (SIGTERM drains it)") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)
+
+
 def _lock_owner(study: Path) -> int | None:
     try:
         return int(StudyLayout.of(study).lock.read_text().strip())
@@ -87,8 +138,9 @@ def _lock_owner(study: Path) -> int | None:
 class Worker:
     """Takes jobs from a queue folder, one at a time, and runs each in a child process."""
 
-    def __init__(self, queue: Path, poll_s: float = 0.5, verbose: bool = False):
+    def __init__(self, queue: Path, poll_s: float = 0.5, verbose: bool = False, service: ServiceConfig | None = None):
         self.queue = Path(queue)
+        self.service = service or ServiceConfig()
         self.poll_s = poll_s
         self.verbose = verbose
         self.stopping = asyncio.Event()
@@ -163,9 +215,38 @@ class Worker:
                         raise
                     time.sleep(0.2)
 
+    def _prepare(self, job: Job) -> str | None:
+        """The resolved study configuration (JSON) of a job to create, None for one to resume;
+        ConfigError when the service does not allow what the job or its stored study points at."""
+        if StudyLayout.of(job.layout.study).is_study():
+            try:
+                problems = study_problems(load_study_config(job.layout.study), self.service)
+            except StudyError as exc:
+                raise ConfigError(str(exc)) from None
+            if problems:
+                raise ConfigError("the study's configuration is not this service's: " + "; ".join(problems))
+            return None
+        return resolve_job(read_request(job), self.service).model_dump_json()
+
+    def _refuse(self, job: Job, why: str) -> None:
+        """End a job the service does not allow, without starting it; the reason goes to its log and state."""
+        with open(job.layout.log, "a", encoding="utf-8") as out:
+            out.write(f"--- run {job.state.runs} refused at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
+                      f"rescue: refused: {why}\n")
+        with queue_lock(self.queue):
+            write_state(job, state="stopped", pid=None, exit_code=EXIT_REFUSED, message=f"refused: {why}"[:500],
+                        finished_at=time.time())
+        log.warning("serve.job_refused", job=job.spec.job_id, why=why)
+
     async def _run(self, job: Job) -> None:
+        try:
+            config_json = await asyncio.to_thread(self._prepare, job)
+        except ConfigError as exc:
+            await asyncio.to_thread(self._refuse, job, str(exc))
+            return
         self.current = job
         env = dict(os.environ)
+        env.pop(NO_KEY_ENV, None)  # an endpoint without a key gets the client's placeholder, nothing else
         # The child imports the same rescue package as this worker.
         package_root = str(Path(rescue.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = package_root + os.pathsep + env.get("PYTHONPATH", "")
@@ -176,9 +257,14 @@ class Worker:
             # A session of its own: a terminal's Ctrl-C reaches the worker, which drains the job;
             # it must not reach the job (and its simulators) directly.
             self._proc = await asyncio.create_subprocess_exec(
-                *args, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT, env=env,
+                *args, stdin=asyncio.subprocess.PIPE, stdout=out, stderr=asyncio.subprocess.STDOUT, env=env,
                 start_new_session=True,
             )
+        assert self._proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self._proc.stdin.write((config_json or "").encode())
+            await self._proc.stdin.drain()
+        self._proc.stdin.close()
         job = await asyncio.to_thread(write_state, job, pid=self._proc.pid)
         log.info("serve.job_started", job=job.spec.job_id, pid=self._proc.pid, run=job.state.runs)
         drained = False
@@ -228,17 +314,19 @@ def _last_line(path: Path, default: str) -> str:
     return lines[-1][:500] if lines else default
 
 
-async def serve_async(queue: Path, host: str, port: int, api_key: str | None, verbose: bool = False) -> int:
+async def serve_async(queue: Path, host: str, port: int, api_key: str | None, verbose: bool = False,
+                      service: ServiceConfig | None = None) -> int:
     """Run the worker and the HTTP API until SIGTERM or SIGINT; 0 after a clean drain."""
     from aiohttp import web
 
     from rescue.service.api import make_app
 
-    worker = Worker(queue, verbose=verbose)
+    service = service or ServiceConfig()
+    worker = Worker(queue, verbose=verbose, service=service)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
-    runner = web.AppRunner(make_app(queue, api_key, worker), access_log=None)
+    runner = web.AppRunner(make_app(queue, api_key, worker, service), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -254,12 +342,21 @@ async def serve_async(queue: Path, host: str, port: int, api_key: str | None, ve
 
 
 def serve(queue: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 8765,
-          api_key_env: str | None = None, verbose: bool = False) -> int:
-    """`rescue serve`: refuse a bind beyond loopback without an API key, then run until stopped."""
+          api_key_env: str | None = None, verbose: bool = False, config: str | os.PathLike[str] | None = None) -> int:
+    """`rescue serve`: refuse a bind beyond loopback without an API key, or a queue another worker serves,
+    then run until stopped. `config`: the service's configuration file (default: RESCUE_SERVICE_CONFIG's;
+    none: the embedded defaults)."""
+    from rescue.service.api import is_loopback
+
     api_key = os.environ.get(api_key_env) if api_key_env else None
     if api_key_env and not api_key:
         raise ServeError(f"--api-key-env {api_key_env}: the environment variable is not set")
     if not is_loopback(host) and not api_key:
         raise ServeError(f"binding {host} (beyond loopback) needs an API key: --api-key-env VAR with VAR set")
+    try:
+        service = load_service_config(config if config is not None else os.environ.get(SERVICE_CONFIG_ENV) or None)
+    except ConfigError as exc:
+        raise ServeError(f"service configuration: {exc}") from None
     Path(queue).mkdir(parents=True, exist_ok=True)
-    return asyncio.run(serve_async(Path(queue), host, port, api_key, verbose))
+    with own_queue(Path(queue)):
+        return asyncio.run(serve_async(Path(queue), host, port, api_key, verbose, service))

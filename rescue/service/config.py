@@ -1,0 +1,475 @@
+"""What a job may choose: the service's own configuration, and the job-settable keys.
+
+A submitted job must not be able to point the worker at a host, a file or code:
+it would then send the worker's own keys to the submitter's endpoint, read the
+worker's files, or run any importable callable. So the operator names what jobs
+may use in a TOML file of the service (`rescue serve`, RESCUE_SERVICE_CONFIG):
+
+    [defaults]
+    vlm = "openai"                # the endpoint of a job that names none
+    policy = "pi05"
+
+    [vlm.openai]
+    base_url = "https://api.openai.com/v1"
+    api_key_env = "OPENAI_API_KEY"
+    models = ["gpt-4.1-mini", "gpt-4.1"]   # a job may ask for these; the first is its default
+
+    [policy.pi05]
+    url = "ws://gpu-box:8000"
+    api_key_env = "PI05_KEY"
+
+    [limits]
+    simulators = 4
+
+A job names its choices (`vlm.endpoint`, `policy.name`) and may set only the
+keys of JOB_KEYS (generation settings, arms, rules, counts...); anything else is
+refused naming the key. The worker resolves the names into the study's
+configuration when the job starts (`resolve_job`), and checks a stored study's
+configuration against the same choices before resuming it (`study_problems`).
+
+Without a service file the embedded defaults are the only choices: the local VLM
+endpoint and the embedded policies.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from rescue.core.config import (
+    ConfigError,
+    EnvConfig,
+    PolicyConfig,
+    StudyConfig,
+    VLMConfig,
+    validate_config,
+)
+from rescue.core.prompts import DEFAULT_ROOT
+
+# The environment variable naming the service's configuration file (what `rescue serve` reads).
+SERVICE_CONFIG_ENV = "RESCUE_SERVICE_CONFIG"
+# The key variable of an endpoint that takes no key: the worker never passes it to a job,
+# so the VLM client sends its placeholder, never another variable's key.
+NO_KEY_ENV = "RESCUE_NO_VLM_KEY"
+LOCAL = "local"
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# A prompt template is a file name in the endpoint's prompt folder, never a path.
+_TEMPLATE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+
+# The keys a job may set, dotted; a section listed whole (rules, sham) may be set in every key below it.
+# Everything else is refused: it points the worker at a host, a file or code, or it is resolved when the
+# study is created. `vlm.endpoint` and `policy.name` name the service's choices.
+JOB_KEYS: frozenset[str] = frozenset({
+    "cases_in_flight", "release_simulator_while_waiting", "fork_at_q", "keyframes", "keepalive_s",
+    "fail_fast_arms", "arms", "allow_idle_rules", "query_rule", "rules", "sham",
+    "env.simulators", "env.image_size",
+    "policy.replan_interval", "policy.observation",
+    "vlm.model", "vlm.api", "vlm.structured", "vlm.deadline_s", "vlm.request_timeout_s", "vlm.max_attempts",
+    "vlm.backoff_initial_s", "vlm.backoff_max_s", "vlm.backoff_jitter_s", "vlm.max_subgoal_chars",
+    "vlm.prompt_template", "vlm.max_concurrent_calls", "vlm.requests_per_minute", "vlm.batch_size",
+    "vlm.batch_window_s", "vlm.image_format", "vlm.image_detail", "vlm.max_output_tokens", "vlm.temperature",
+    "vlm.seed", "vlm.reasoning_effort", "vlm.store", "vlm.startup_check",
+})
+CHOICE_KEYS = ("vlm.endpoint", "policy.name")
+_ENDPOINT_HINT = "the service's endpoints carry their URLs and keys: name one with vlm.endpoint"
+_POLICY_HINT = "the service's policies carry their servers and code: name one with policy.name"
+# Why a key of StudyConfig is not job-settable (the rest: "resolved when the job starts").
+_REFUSED_WHY: dict[str, str] = {
+    "vlm.base_url": _ENDPOINT_HINT,
+    "vlm.api_key_env": _ENDPOINT_HINT,
+    "vlm.api_key": _ENDPOINT_HINT,
+    "vlm.api_key_from_config": _ENDPOINT_HINT,
+    "vlm.prompt_root": "a folder of the worker's host: the service's endpoint sets it",
+    "policy.url": _POLICY_HINT,
+    "policy.factory": _POLICY_HINT,
+    "policy.api_key_env": _POLICY_HINT,
+    "env.adapter": "code: the service runs its own simulator adapter",
+}
+
+
+class Endpoint(BaseModel):
+    """One VLM endpoint a job may name (`[vlm.<name>]`): where it is, which key goes with it."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    base_url: str
+    """Base URL of the OpenAI-compatible API (http:// or https://); `local`: the bundled endpoint."""
+    api_key_env: str | None = None
+    """The worker's environment variable holding this endpoint's key; None: no key is sent."""
+    models: list[str] = Field(default_factory=list)
+    """The models a job may ask for, the first its default (`model = "x"` gives one); empty: any model."""
+    api: Literal["chat", "responses"] | None = None
+    """The API every job uses on this endpoint; None: the job's `vlm.api` (default chat)."""
+    prompt_root: str | None = None
+    """The folder of prompt templates on the worker's host; None: the shipped prompts."""
+    max_concurrent_calls: int | None = Field(default=None, gt=0)
+    """The most requests in flight a job may ask for (and its default); None: as the job says."""
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    """The highest request rate a job may ask for (and its default); None: as the job says."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_model(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "model" in data:
+            data = dict(data)
+            if "models" in data:
+                raise ValueError("give model or models, not both")
+            data["models"] = [data.pop("model")]
+        return data
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if value != LOCAL and not re.match(r"https?://[^/\s]+", value):
+            raise ValueError(f"{value!r}: an http:// or https:// URL, or 'local'")
+        return value
+
+
+class NamedPolicy(BaseModel):
+    """One policy a job may name (`[policy.<name>]`): a server's URL or an in-process factory."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    url: str | None = None
+    """The policy server's websocket URL (ws:// or wss://)."""
+    factory: str | None = None
+    """`module:attr` of an in-process policy served on loopback (when there is no url)."""
+    api_key_env: str | None = None
+    """The worker's environment variable holding the policy server's key; None: no key is sent."""
+    observation: str | None = None
+    """The observation profile every job uses with it; None: the job's `policy.observation`, else what the server announces."""
+    replan_interval: int | None = Field(default=None, gt=0)
+    """C for every job; None: the job's `policy.replan_interval`, else the server's `action_horizon`."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> NamedPolicy:
+        if (self.url is None) == (self.factory is None):
+            raise ValueError("give exactly one of url and factory")
+        if self.url is not None and not re.match(r"wss?://[^/\s]+", self.url):
+            raise ValueError(f"url {self.url!r}: a ws:// or wss:// URL")
+        if self.factory is not None and self.api_key_env is not None:
+            raise ValueError("api_key_env goes with a url (an in-process policy takes no key)")
+        return self
+
+
+class Defaults(BaseModel):
+    """What a job that names nothing gets."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    vlm: str | None = None
+    """The endpoint of a job without `vlm.endpoint`; None: `local` if offered, else the first listed."""
+    policy: str | None = None
+    """The policy of a job without `policy.name`; None: `learned` if offered, else the first listed."""
+
+
+class Limits(BaseModel):
+    """The most a job may ask of the worker's machine."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    simulators: int = Field(default=8, gt=0)
+    """Simulator processes of one job (`env.simulators`) at most."""
+    cases_in_flight: int = Field(default=64, gt=0)
+    """Cases one job runs at once (`cases_in_flight`) at most."""
+    image_size: int = Field(default=1024, gt=0)
+    """Side of the views rendered for the VLM (`env.image_size`) at most, in pixels."""
+
+
+def _embedded_endpoints() -> dict[str, Endpoint]:
+    return {LOCAL: Endpoint(base_url=LOCAL)}
+
+
+def _embedded_policies() -> dict[str, NamedPolicy]:
+    # Named by string: the service imports no policy; the job's child loads the one a study uses.
+    return {name: NamedPolicy(factory=f"rescue.embedded.{module}:make_policy")
+            for name, module in (("learned", "learned"), ("scripted", "scripted"), ("vision_language", "vision_language"))}
+
+
+class ServiceConfig(BaseModel):
+    """The operator's choices: named VLM endpoints and policies, the defaults and the limits of a job."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    vlm: dict[str, Endpoint] = Field(default_factory=_embedded_endpoints)
+    """The endpoints a job may name; not given: the local endpoint only."""
+    policy: dict[str, NamedPolicy] = Field(default_factory=_embedded_policies)
+    """The policies a job may name; not given: the embedded policies (learned, scripted, vision_language)."""
+    defaults: Defaults = Field(default_factory=Defaults)
+    """What a job that names nothing gets."""
+    limits: Limits = Field(default_factory=Limits)
+    """The most a job may ask of the machine."""
+
+    @model_validator(mode="after")
+    def _names(self) -> ServiceConfig:
+        for section, named in (("vlm", self.vlm), ("policy", self.policy)):
+            if not named:
+                raise ValueError(f"[{section}] offers nothing: name at least one")
+            for name in named:
+                if not _NAME.fullmatch(name):
+                    raise ValueError(f"[{section}.{name}]: a name is letters, digits, '_', '.' or '-'")
+        for section, name, named in (("vlm", self.defaults.vlm, self.vlm), ("policy", self.defaults.policy, self.policy)):
+            if name is not None and name not in named:
+                raise ValueError(f"defaults.{section} = {name!r}: no [{section}.{name}]")
+        return self
+
+    def endpoint(self, name: str | None) -> tuple[str, Endpoint]:
+        """The named endpoint (None: the default); ConfigError naming the offered ones."""
+        return _choose("vlm.endpoint", name, self.defaults.vlm, LOCAL, self.vlm)
+
+    def named_policy(self, name: str | None) -> tuple[str, NamedPolicy]:
+        """The named policy (None: the default); ConfigError naming the offered ones."""
+        return _choose("policy.name", name, self.defaults.policy, "learned", self.policy)
+
+
+def _choose(key: str, name: str | None, default: str | None, fallback: str, named: dict[str, Any]) -> tuple[str, Any]:
+    if name is None:
+        name = default or (fallback if fallback in named else next(iter(named)))
+    if name not in named:
+        raise ConfigError(f"{key}: the service offers no {name!r} (it offers: {', '.join(sorted(named))})")
+    return name, named[name]
+
+
+def load_service_config(path: str | os.PathLike[str] | None) -> ServiceConfig:
+    """The service's configuration from a TOML file; None: the embedded defaults. ConfigError names what is wrong."""
+    if path is None:
+        return ServiceConfig()
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such service configuration file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    try:
+        return ServiceConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(part) for part in err["loc"]) or "(top level)"
+            problems.append(f"{key}: {'unknown key' if err['type'] == 'extra_forbidden' else err['msg']}")
+        raise ConfigError(f"{path}: " + "; ".join(problems)) from None
+
+
+def service_config_from_env() -> ServiceConfig:
+    """The service configuration named by RESCUE_SERVICE_CONFIG, else the embedded defaults."""
+    return load_service_config(os.environ.get(SERVICE_CONFIG_ENV) or None)
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A job as submitted: its study settings (job-settable keys only) and its choices by name."""
+
+    config: StudyConfig
+    """The settings the job gave; every other key is the default until the worker resolves the choices."""
+    endpoint: str | None = None
+    """`vlm.endpoint`: the service's VLM endpoint; None: its default."""
+    policy: str | None = None
+    """`policy.name`: the service's policy; None: its default."""
+    given: frozenset[str] = field(default_factory=frozenset)
+    """The dotted keys the job gave (what `resolve_job` must not overwrite)."""
+
+    def settings(self) -> dict[str, Any]:
+        """The job's settings as given (the job-settable keys it set), as a configuration object."""
+        out: dict[str, Any] = {}
+        for dotted, value in _leaves(self.config.model_dump(mode="json")):
+            if dotted in self.given:
+                section, _, key = dotted.partition(".")
+                if key:
+                    out.setdefault(section, {})[key] = value
+                else:
+                    out[section] = value
+        return out
+
+
+# Sections of StudyConfig whose keys are walked one by one (the others are leaves, or allowed whole).
+_SECTIONS: dict[str, type[BaseModel]] = {"policy": PolicyConfig, "env": EnvConfig, "vlm": VLMConfig}
+
+
+def _leaves(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of the keys of a configuration object, down to a section's keys (not into values)."""
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if not prefix and key in _SECTIONS and isinstance(value, Mapping):
+            yield from _leaves(value, f"{key}.")
+        else:
+            yield dotted, value
+
+
+def _known(dotted: str) -> bool:
+    section, _, key = dotted.partition(".")
+    if key:
+        return section in _SECTIONS and (key in _SECTIONS[section].model_fields or key == "api_key")
+    return section in StudyConfig.model_fields
+
+
+def _settable(dotted: str) -> bool:
+    return dotted in JOB_KEYS or dotted.split(".", 1)[0] in JOB_KEYS
+
+
+def key_problem(dotted: str) -> str | None:
+    """Why a job may not set this key, in one line; None: it may."""
+    if _settable(dotted) or dotted in CHOICE_KEYS:
+        return None
+    if not _known(dotted):
+        return f"{dotted}: unknown key"
+    why = _REFUSED_WHY.get(dotted, "resolved when the job starts")
+    return f"{dotted}: not settable by a job ({why})"
+
+
+def job_request(data: Any) -> JobRequest:
+    """A job request from a configuration object (the API's `config`); ConfigError naming every refused key."""
+    if not isinstance(data, Mapping):
+        raise ConfigError("config: a JSON object of settings")
+    problems: list[str] = []
+    choices: dict[str, str | None] = dict.fromkeys(CHOICE_KEYS)
+    settings: dict[str, Any] = {}
+    for dotted, value in _leaves(data):
+        if dotted in _SECTIONS:
+            problems.append(f"{dotted}: a table of settings")
+            continue
+        if dotted in CHOICE_KEYS:
+            if not isinstance(value, str) or not _NAME.fullmatch(value):
+                problems.append(f"{dotted}: a name of the service's configuration")
+            else:
+                choices[dotted] = value
+            continue
+        problem = key_problem(dotted)
+        if problem:
+            problems.append(problem)
+            continue
+        node = settings
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    if problems:
+        raise ConfigError("config: " + "; ".join(problems))
+    config = validate_config(settings, "config")
+    return JobRequest(config, choices["vlm.endpoint"], choices["policy.name"], frozenset(d for d, _ in _leaves(settings)))
+
+
+def request_of(config: StudyConfig, endpoint: str | None = None, policy: str | None = None) -> JobRequest:
+    """A job request from a study configuration (`rescue submit`'s, or a queued job's config.json).
+
+    A key counts as given when it was set or differs from the default, so a
+    full dump of an older job holds only what differs; ConfigError names every refused key."""
+    given = set(dict(_leaves(config.model_dump(mode="json", exclude_unset=True)))) - {"vlm.api_key_from_config"}
+    default = dict(_leaves(StudyConfig().model_dump(mode="json")))
+    changed = {k for k, v in _leaves(config.model_dump(mode="json")) if v != default.get(k)} - {"vlm.api_key_from_config"}
+    if config.vlm.api_key is not None or config.vlm.api_key_from_config:
+        changed.add("vlm.api_key")
+    # A refused key written with its default value (every key of an older job's full dump) points nowhere new.
+    refused = [p for k in sorted(given | changed) if (p := key_problem(k)) and k in changed]
+    if refused:
+        raise ConfigError("config: " + "; ".join(refused))
+    keep = {k for k in given | changed if _settable(k)}
+    return JobRequest(config, endpoint, policy, frozenset(keep))
+
+
+def resolve_job(request: JobRequest, service: ServiceConfig) -> StudyConfig:
+    """The study configuration of a job: its settings, with the service's endpoint and policy it named.
+
+    ConfigError names every problem: a name the service does not offer, a
+    model it does not allow, a setting the endpoint or policy fixes otherwise,
+    a limit exceeded, a prompt template that is not a template's name."""
+    problems: list[str] = []
+    data = request.config.model_dump(mode="json")
+    given = request.given
+    try:
+        _, endpoint = service.endpoint(request.endpoint)
+    except ConfigError as exc:
+        problems.append(str(exc))
+        endpoint = None
+    try:
+        _, policy = service.named_policy(request.policy)
+    except ConfigError as exc:
+        problems.append(str(exc))
+        policy = None
+    vlm, pol = data["vlm"], data["policy"]
+    if endpoint is not None:
+        vlm.update(base_url=endpoint.base_url, api_key_env=endpoint.api_key_env or NO_KEY_ENV,
+                   prompt_root=endpoint.prompt_root)
+        if endpoint.models:
+            if "vlm.model" not in given:
+                vlm["model"] = endpoint.models[0]
+            elif vlm["model"] not in endpoint.models:
+                problems.append(f"vlm.model: {vlm['model']!r} is not offered by this endpoint "
+                                f"(it offers: {', '.join(endpoint.models)})")
+        if endpoint.api is not None:
+            if "vlm.api" in given and vlm["api"] != endpoint.api:
+                problems.append(f"vlm.api: this endpoint takes {endpoint.api!r} only")
+            vlm["api"] = endpoint.api
+        for key in ("max_concurrent_calls", "requests_per_minute"):
+            cap = getattr(endpoint, key)
+            if cap is None:
+                continue
+            if f"vlm.{key}" in given and vlm[key] is not None and vlm[key] <= cap:
+                continue
+            if f"vlm.{key}" in given:
+                problems.append(f"vlm.{key}: at most {cap:g} on this endpoint")
+            vlm[key] = cap
+    if policy is not None:
+        pol.update(url=policy.url, api_key_env=policy.api_key_env,
+                   factory=policy.factory or PolicyConfig.model_fields["factory"].default)
+        for key in ("observation", "replan_interval"):
+            fixed = getattr(policy, key)
+            if fixed is None:
+                continue
+            if f"policy.{key}" in given and pol[key] != fixed:
+                problems.append(f"policy.{key}: this policy fixes it to {fixed!r}")
+            pol[key] = fixed
+    if not _TEMPLATE.fullmatch(vlm["prompt_template"]):
+        problems.append("vlm.prompt_template: the name of a template (letters, digits, '_' or '-'), not a path")
+    elif endpoint is not None:
+        root = Path(endpoint.prompt_root) if endpoint.prompt_root else DEFAULT_ROOT
+        if not (root / f"{vlm['prompt_template']}.txt").is_file():
+            problems.append(f"vlm.prompt_template: this endpoint has no template {vlm['prompt_template']!r}")
+    limits = service.limits
+    for key, value, most in (("env.simulators", data["env"]["simulators"], limits.simulators),
+                             ("cases_in_flight", data["cases_in_flight"], limits.cases_in_flight),
+                             ("env.image_size", data["env"]["image_size"], limits.image_size)):
+        if value > most:
+            problems.append(f"{key}: at most {most} on this service")
+    if problems:
+        raise ConfigError("config: " + "; ".join(problems))
+    return validate_config(data, "config")
+
+
+def study_problems(config: StudyConfig, service: ServiceConfig) -> list[str]:
+    """Why a stored study may not go on under this service: a host, key, file or code the service does not offer."""
+    problems = []
+    vlm = config.vlm
+    # The bundled endpoint runs in the job itself: whatever key variable an older study named stays on loopback.
+    endpoints = [e for e in service.vlm.values()
+                 if e.base_url == vlm.base_url and (vlm.base_url == LOCAL or (e.api_key_env or NO_KEY_ENV) == vlm.api_key_env)]
+    if not endpoints:
+        problems.append("vlm.base_url, vlm.api_key_env: not an endpoint of this service")
+    elif not any(e.prompt_root == vlm.prompt_root for e in endpoints):
+        problems.append("vlm.prompt_root: not this endpoint's prompt folder")
+    if not _TEMPLATE.fullmatch(vlm.prompt_template):
+        problems.append("vlm.prompt_template: not a template's name")
+    pol = config.policy
+    # A policy with a url is that server; its factory is never loaded.
+    if not any(p.url == pol.url and p.api_key_env == pol.api_key_env and (p.url is not None or p.factory == pol.factory)
+               for p in service.policy.values()):
+        problems.append("policy.url, policy.factory, policy.api_key_env: not a policy of this service")
+    if config.env.adapter != EnvConfig.model_fields["adapter"].default:
+        problems.append("env.adapter: not the service's simulator adapter")
+    return problems

@@ -1,0 +1,58 @@
+"""Bad input found at once by the commands a user types: one line naming what and where, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from conftest import rescue_cli
+
+from rescue.core.catalog import parse_ids
+
+pytestmark = pytest.mark.e2e
+
+CASE = {"case_id": "a", "suite": "libero_object", "task_id": 0, "init_state_index": 0, "env_seed": 0, "horizon": 280}
+
+
+@pytest.mark.parametrize("command", [["manifest", "check"], ["run"], ["submit"]])
+def test_a_fifo_as_a_manifest_is_refused_without_hanging(tmp_path, command):
+    fifo = tmp_path / "m.jsonl"
+    os.mkfifo(fifo)  # nobody ever writes: a reader that blocks on it would hang until the timeout
+    extra = ["--queue", str(tmp_path / "q")] if command == ["submit"] else ["--study", str(tmp_path / "s")] \
+        if command == ["run"] else []
+    out = rescue_cli(*command, str(fifo), *extra, check=False, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"{fifo}: is a FIFO (named pipe), not a file; give the manifest as a regular file"
+    assert not (tmp_path / "s").exists() and not (tmp_path / "q" / "jobs").exists()
+
+
+def test_dev_zero_as_a_manifest_is_refused_at_once(tmp_path):
+    out = rescue_cli("submit", "/dev/zero", "--queue", str(tmp_path / "q"), check=False, timeout=60)
+    assert out.returncode == 2 and "/dev/zero: is a character device" in out.stderr
+
+
+def test_a_manifest_of_pilot_cases_only_runs_only_as_a_pilot_run(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps(dict(CASE, pilot=True)) + "\n")
+    for command in (["manifest", "check", str(path)], ["run", str(path), "--study", str(tmp_path / "s")]):
+        out = rescue_cli(*command, check=False)
+        assert out.returncode == 2 and "main cohort is empty" in out.stderr and "--pilot-run" in out.stderr
+    assert not (tmp_path / "s").exists()
+    assert rescue_cli("manifest", "check", str(path), "--pilot-run").returncode == 0
+
+
+def test_task_ranges_are_ranges_and_bad_ones_are_named(tmp_path):
+    assert parse_ids("0-3") == [0, 1, 2, 3] and parse_ids("0-2,7") == [0, 1, 2, 7] and parse_ids("5") == [5]
+    for bad in ("3-1", "-1", "a", "0-", "1,,2"):
+        with pytest.raises(ValueError):
+            parse_ids(bad)
+    out = rescue_cli("eval", "--tasks", "0-x", "--study", str(tmp_path / "e"), check=False)
+    assert out.returncode == 2 and out.stderr.strip() == "rescue: --tasks '0-x': '0-x' is not an id or a range like 0-3"
+    assert not (tmp_path / "e").exists()
+
+
+def test_report_on_a_wrong_path_creates_nothing(tmp_path):
+    out = rescue_cli("report", str(tmp_path / "nowhere" / "study"), check=False)
+    assert out.returncode == 2 and "is not a study folder" in out.stderr
+    assert not (tmp_path / "nowhere").exists()

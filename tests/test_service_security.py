@@ -1,0 +1,311 @@
+"""A service a submitter cannot turn against it: a real `rescue serve` on loopback, hostile requests, no simulation.
+
+The hostile peer is a real OpenAI-compatible-looking server on loopback that records the
+Authorization header of every request it gets; the worker runs with a secret of its own in
+its environment. Nothing here runs a simulator: every job the tests place is refused before
+a child would start (the one real job is in test_service.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Self
+
+import pytest
+from conftest import ROOT, cli_env, ensure_stopped, write_cases
+
+pytestmark = pytest.mark.e2e
+
+SECRET = "worker-secret-9d1c"
+
+
+class Recorder:
+    """An aiohttp application on loopback, in a thread of the test, recording every request it gets."""
+
+    def __init__(self, app=None):
+        from aiohttp import web
+
+        self.requests: list[dict] = []
+
+        @web.middleware
+        async def record(request, handler):
+            self.requests.append({"method": request.method, "path": request.path,
+                                  "authorization": request.headers.get("Authorization")})
+            return await handler(request)
+
+        async def answer(request):
+            return web.json_response({"id": "x", "object": "chat.completion", "choices": []})
+
+        if app is None:
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", answer)
+        app.middlewares.append(record)
+        self.app = app
+        self._ready = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> Self:
+        from aiohttp import web
+
+        def run() -> None:
+            self.loop = asyncio.new_event_loop()
+            runner = web.AppRunner(self.app)
+            self.loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            self.loop.run_until_complete(site.start())
+            self.port = site._server.sockets[0].getsockname()[1]
+            self._runner = runner
+            self._ready.set()
+            self.loop.run_forever()
+            self.loop.run_until_complete(runner.cleanup())
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        assert self._ready.wait(30)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(queue: Path, port: int, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    """`rescue serve` as a terminal starts it: its own process group, the worker's secret in its environment."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "rescue.cli", "serve", "--queue", str(queue), "--port", str(port), *extra],
+        cwd=ROOT, env={**cli_env(), "WORKER_SECRET": SECRET, **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+
+
+def call(port: int, method: str, path: str, body: bytes | str | dict | None = None,
+         headers: dict | None = None) -> tuple[int, str]:
+    """One HTTP request as any client sends it; (status, body text)."""
+    if isinstance(body, dict):
+        body = json.dumps(body)
+        headers = {"Content-Type": "application/json", **(headers or {})}
+    if isinstance(body, str):
+        body = body.encode()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, r.read().decode("utf-8", errors="replace")
+    finally:
+        conn.close()
+
+
+def wait_up(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, f"rescue serve exited {proc.returncode}: {proc.stderr.read()}"
+        try:
+            if call(port, "GET", "/healthz")[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("rescue serve never answered /healthz")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    ensure_stopped(proc)
+
+
+def place_by_hand(queue: Path, manifest: Path, config: dict, tmp: Path) -> str:
+    """A job folder written past `rescue submit` (anyone who can write the queue folder can), moved in at once."""
+    from rescue.core.config import StudyConfig
+    from rescue.service.queue import jobs_dir, submit_job
+
+    side = tmp / "side-queue"
+    spec = submit_job(side, manifest.read_bytes(), str(manifest), StudyConfig(), "by hand")
+    (jobs_dir(side) / spec.job_id / "config.json").write_text(json.dumps(config))
+    jobs_dir(queue).mkdir(parents=True, exist_ok=True)
+    os.rename(jobs_dir(side) / spec.job_id, jobs_dir(queue) / spec.job_id)
+    shutil.rmtree(side)
+    return spec.job_id
+
+
+def wait_state(port: int, job_id: str, states: tuple[str, ...], timeout: float = 60, headers: dict | None = None) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        status, text = call(port, "GET", f"/jobs/{job_id}", headers=headers)
+        if status == 200 and json.loads(text)["state"] in states:
+            return json.loads(text)
+        time.sleep(0.2)
+    raise AssertionError(f"{job_id} never reached {states}: {text}")
+
+
+def test_a_submitted_job_cannot_point_the_worker_at_a_host_a_file_or_code(tmp_path):
+    queue = tmp_path / "queue"
+    manifest = write_cases(tmp_path / "m.jsonl", 1, horizon=48).read_text()
+    port = free_port()
+    with Recorder() as hostile:
+        proc = serve(queue, port)
+        try:
+            wait_up(port, proc)
+            # The reproduction: the job names the submitter's endpoint and the worker's own key variable.
+            status, text = call(port, "POST", "/jobs", {"manifest": manifest, "name": "steal", "config": {
+                "vlm": {"base_url": hostile.url, "api_key_env": "WORKER_SECRET"}}})
+            problems = json.loads(text)["problems"]
+            assert status == 400 and "vlm.base_url" in problems[0] and "vlm.api_key_env" in problems[0]
+            for config, key in [
+                ({"policy": {"factory": "os:system"}}, "policy.factory"),
+                ({"policy": {"url": "ws://127.0.0.1:9"}}, "policy.url"),
+                ({"policy": {"api_key_env": "WORKER_SECRET"}}, "policy.api_key_env"),
+                ({"env": {"adapter": "os:system"}}, "env.adapter"),
+                ({"vlm": {"prompt_root": "/etc"}}, "vlm.prompt_root"),
+                ({"vlm": {"api_key": "mine"}}, "vlm.api_key"),
+                ({"vlm": {"prompt_template": "../../../etc/passwd"}}, "vlm.prompt_template"),
+                ({"vlm": {"endpoint": "elsewhere"}}, "vlm.endpoint"),
+                ({"env": {"simulators": 10_000}}, "env.simulators"),
+            ]:
+                status, text = call(port, "POST", "/jobs", {"manifest": manifest, "config": config})
+                assert status == 400 and key in json.loads(text)["problems"][0], (config, text)
+            assert not (queue / "jobs").exists() or not any((queue / "jobs").iterdir())
+
+            # Past the API: a job folder written by hand is checked again when the worker takes it.
+            by_hand = place_by_hand(queue, tmp_path / "m.jsonl", {
+                "vlm": {"base_url": hostile.url, "api_key_env": "WORKER_SECRET"}, "cases_in_flight": 1}, tmp_path)
+            view = wait_state(port, by_hand, ("stopped", "finished"))
+            assert view["state"] == "stopped" and view["exit_code"] == 2
+            assert view["message"].startswith("refused:") and "vlm.base_url" in view["message"]
+            assert not any(p.name.startswith("study-") for p in (queue / "jobs" / by_hand).iterdir())
+            status, text = call(port, "GET", f"/jobs/{by_hand}/log")
+            log = json.loads(text)
+            assert status == 200 and "refused" in log["log"] and "vlm.base_url" in log["log"]
+
+            # No answer names a path of the worker's host.
+            answers = [call(port, "GET", path)[1] for path in
+                       ("/jobs", f"/jobs/{by_hand}", f"/jobs/{by_hand}/log", "/jobs/job-nope", "/")]
+            for text in answers:
+                assert str(tmp_path) not in text and str(ROOT) not in text, text
+        finally:
+            stop(proc)
+    assert hostile.requests == []  # not one request, so never the worker's secret
+
+
+def test_a_post_is_json_bounded_and_for_a_loopback_host_and_log_and_cancel_are_http_routes(tmp_path):
+    queue = tmp_path / "queue"
+    manifest = write_cases(tmp_path / "m.jsonl", 1, horizon=48).read_text()
+    port = free_port()
+    proc = serve(queue, port)
+    try:
+        wait_up(port, proc)
+        good = json.dumps({"manifest": manifest, "config": {"env": {"simulators": 1000}}})
+        # A cross-site form post cannot set Content-Type: application/json: every POST without it is refused.
+        for ctype in ("application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x"):
+            status, _ = call(port, "POST", "/jobs", good, {"Content-Type": ctype})
+            assert status == 415, ctype
+        status, _ = call(port, "POST", "/jobs", f"manifest={manifest}",
+                         {"Content-Type": "application/x-www-form-urlencoded"})
+        assert status == 415
+        # 400, not 500: a name that is not a text, a body nested too deep (past Python's recursion limit too),
+        # text that is not Unicode, keys the body does not have.
+        for body, words in [
+            (json.dumps({"manifest": manifest, "name": 123}), "name"),
+            (json.dumps({"manifest": manifest, "name": ["a"]}), "name"),
+            (json.dumps({"manifest": manifest, "name": "two\nlines"}), "name"),
+            ('{"manifest": "\\ud800"}', "Unicode"),
+            ("[" * 100_000 + "]" * 100_000, "nests deeper"),
+            (json.dumps({"manifest": manifest, "config": {"rules": {"params": {"x": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}}}}),
+             "nests deeper"),
+            (json.dumps({"manifest": manifest, "extra": 1}), "extra"),
+            ("not json", "not JSON"),
+        ]:
+            status, text = call(port, "POST", "/jobs", body, {"Content-Type": "application/json"})
+            assert status == 400 and words in text, (body[:80], status, text)
+        status, _ = call(port, "POST", "/jobs", b"{" + b" " * (17 * 1024 * 1024) + b"}",
+                         {"Content-Type": "application/json"})
+        assert status == 413
+        # A page of another site that rebinds its name to 127.0.0.1 names its own host: refused.
+        assert call(port, "GET", "/jobs", headers={"Host": f"rebound.example:{port}"})[0] == 403
+        assert call(port, "GET", "/jobs", headers={"Host": f"localhost:{port}"})[0] == 200
+        assert not (queue / "jobs").exists() or not any((queue / "jobs").iterdir())
+
+        # Log and cancel over HTTP; cancel too must be JSON.
+        job_id = place_by_hand(queue, tmp_path / "m.jsonl", {"policy": {"factory": "os:system"}}, tmp_path)
+        view = wait_state(port, job_id, ("stopped",))
+        assert "policy.factory" in view["message"]
+        status, text = call(port, "GET", f"/jobs/{job_id}/log?bytes=40")
+        log = json.loads(text)
+        assert status == 200 and log["truncated"] and len(log["log"].encode()) <= 40 and log["size"] > 40
+        assert call(port, "POST", f"/jobs/{job_id}/cancel", "", {"Content-Type": "application/x-www-form-urlencoded"})[0] == 415
+        status, text = call(port, "POST", f"/jobs/{job_id}/cancel", {})
+        assert status == 200 and "already stopped" in json.loads(text)["message"]
+        assert call(port, "POST", "/jobs/job-nope/cancel", {})[0] == 404
+        assert call(port, "GET", "/jobs/job-nope/log")[0] == 404
+    finally:
+        stop(proc)
+
+
+def test_the_api_key_is_read_from_the_authorization_header_only(tmp_path):
+    queue = tmp_path / "queue"
+    port = free_port()
+    proc = serve(queue, port, "--api-key-env", "RESCUE_TEST_KEY", env={"RESCUE_TEST_KEY": "k3y"})
+    try:
+        wait_up(port, proc)
+        job_id = place_by_hand(queue, write_cases(tmp_path / "m.jsonl", 1), {"env": {"adapter": "os:system"}}, tmp_path)
+        bearer = {"Authorization": "Bearer k3y"}
+        assert "env.adapter" in wait_state(port, job_id, ("stopped",), headers=bearer)["message"]
+        assert call(port, "GET", "/jobs?key=k3y")[0] == 401  # a key in the URL lands in logs and histories
+        assert call(port, "GET", "/jobs", headers={"X-API-Key": "k3y"})[0] == 401
+        assert call(port, "GET", "/jobs", headers={"Authorization": "Bearer wrong"})[0] == 401
+        assert call(port, "GET", f"/jobs/{job_id}/log?key=k3y")[0] == 401
+        assert call(port, "POST", f"/jobs/{job_id}/cancel?key=k3y", {})[0] == 401
+        status, text = call(port, "GET", "/jobs", headers=bearer)
+        assert status == 200 and json.loads(text)["jobs"][0]["job_id"] == job_id
+        # The page is a shell anyone may load: it shows no job until its script asks with the key.
+        status, text = call(port, "GET", "/?key=k3y")
+        assert status == 200 and job_id not in text and 'id="jobs"></tbody>' in text
+    finally:
+        stop(proc)
+
+
+def test_a_second_serve_on_an_idle_queue_is_refused_naming_the_first(tmp_path):
+    queue = tmp_path / "queue"
+    first_port = free_port()
+    first = serve(queue, first_port)
+    try:
+        wait_up(first_port, first)
+        second = serve(queue, free_port())
+        try:
+            _, err = second.communicate(timeout=60)
+        finally:
+            ensure_stopped(second)
+        assert second.returncode == 2
+        assert err.strip().splitlines() == [err.strip()] and f"process {first.pid}" in err
+        assert json.loads((queue / "serve.json").read_text())["pid"] == first.pid  # the first one's, untouched
+        assert call(first_port, "GET", "/healthz")[0] == 200
+    finally:
+        stop(first)
+    # The lock dies with its holder: the next serve starts.
+    again_port = free_port()
+    again = serve(queue, again_port)
+    try:
+        wait_up(again_port, again)
+    finally:
+        stop(again)
