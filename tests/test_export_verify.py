@@ -541,6 +541,31 @@ def test_a_forged_q_state_is_caught_even_with_its_digest_recomputed(study_copy):
     assert any("differs from the recomputed unknown (rule 5" in m and "states at q differ" in m for m in messages), messages
 
 
+def test_a_follower_whose_first_render_differs_from_the_leaders_is_caught(study_copy):
+    # A fork: the leader (control) rendered the state at q, the follower rendered it again after
+    # restoring the leader's snapshot. Equal: the verdict stands; one camera differing: unknown (rule 5).
+    render = {"agentview": digest_text("a"), "frontview": digest_text("f"), "robot0_eye_in_hand": digest_text("w")}
+    for arm in ("control", "assisted"):
+        edit_arm(study_copy, "rescued-1", arm,
+                 lambda obj: obj.update(mode="fork", q_state=digest_text("state at q"), q_render=dict(render)), rehash=True)
+    assert verify_study(study_copy).ok
+    edit_arm(study_copy, "rescued-1", "assisted",
+             lambda obj: obj.update(q_render={**render, "robot0_eye_in_hand": digest_text("markers")}), rehash=True)
+    messages = problems_for(verify_study(study_copy), "rescued-1")
+    assert any("recomputed unknown (rule 5" in m and "first render at q differs from the leader" in m for m in messages), messages
+
+
+def test_an_arm_restored_after_its_vlm_wait_must_render_what_it_left_with(study_copy):
+    render = {"agentview": digest_text("a"), "frontview": digest_text("f"), "robot0_eye_in_hand": digest_text("w")}
+    edit_arm(study_copy, "rescued-1", "assisted", lambda obj: obj.update(q_render=dict(render),
+                                                                        restored_render=dict(render)), rehash=True)
+    assert verify_study(study_copy).ok
+    edit_arm(study_copy, "rescued-1", "assisted",
+             lambda obj: obj.update(restored_render={**render, "agentview": digest_text("other")}), rehash=True)
+    messages = problems_for(verify_study(study_copy), "rescued-1")
+    assert any("recomputed unknown (rule 5" in m and "restored simulator rendered other views" in m for m in messages), messages
+
+
 def test_verify_accepts_an_assisted_arm_that_failed_right_after_its_subgoal_was_applied(study_copy):
     # A policy-server outage at q: the answer was applied, the query at q never returned.
     def outage(obj):

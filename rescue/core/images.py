@@ -30,3 +30,10 @@ def contact_sheet(rows: list[list[np.ndarray]]) -> np.ndarray:
             h, w = view.shape[:2]
             sheet[r * cell_h : r * cell_h + h, c * cell_w : c * cell_w + w] = view
     return sheet
+
+
+def view_digests(views: dict[str, np.ndarray]) -> dict[str, str]:
+    """Camera -> digest of each rendered view (shape, dtype and pixels): what render proofs compare."""
+    from rescue.core.digest import digest_array
+
+    return {camera: digest_array(np.asarray(pixels)) for camera, pixels in sorted(views.items())}

@@ -60,9 +60,15 @@ def q_state_match(control: ArmResult, assisted: ArmResult, prefix_why: str) -> t
         return False, f"arms ran in different modes ({control.mode}, {assisted.mode})"
     if assisted.assistance.status == "not_reached":
         return True, prefix_why
+    if assisted.restored_render is not None and assisted.restored_render != assisted.q_render:
+        return False, "after the VLM wait the restored simulator rendered other views than at q"
     if control.mode == "fork":
         if control.q_state is None or control.q_state != assisted.q_state:
             return False, "fork: the arms' simulator states at q differ or are missing"
+        # The leader's render of the state at q is the follower's first render after its restore
+        # (recorded since renders were proved; a study made before then has neither).
+        if control.q_render is not None and control.q_render != assisted.q_render:
+            return False, "fork: the follower's first render at q differs from the leader's"
         return True, f"fork: shared prefix, one simulator state at q ({prefix_why})"
     if control.q_state is None and assisted.q_state is None:
         return True, prefix_why

@@ -178,6 +178,14 @@ class ArmResult(BaseModel):
     q_state: str | None = None
     """Digest of the simulator's full state when the arm reached q; None when the arm ended before q or the
     adapter gives no state digest."""
+    q_render: dict[str, str] | None = None
+    """Camera -> digest (shape, dtype, pixels) of the VLM views rendered at q: in a fork, the control arm's are
+    the leader's render of the state at q and every follower's are its first render after restoring it (they
+    must be equal); an assisted or sham arm's are the views its answer came from. None: nothing rendered at q
+    (an independent control arm, an arm that ended before q, or a study made before it was recorded)."""
+    restored_render: dict[str, str] | None = None
+    """The same views rendered again after the VLM wait when the arm continued on another simulator
+    (restored from its snapshot); equal to q_render, or the arm failed. None: no restore happened."""
     keyframes: dict[str, str] = Field(default_factory=dict)
     """Keyframe name (`q112`, `end`) -> sha256 of the PNG stored in the study's frames folder; empty when keyframes are off."""
     queries: list[QueryRecord] = Field(default_factory=list)

@@ -321,6 +321,8 @@ class SimLease(Simulator):
         self.sim: SimProcess | None = None
         self._snapshot: dict | None = None
         self._key: tuple[str, int] | None = None
+        # Whether the last resume restored the snapshot into a simulator another arm had used.
+        self.restored = False
 
     async def acquire(self, urgent: bool = True) -> "SimLease":
         """Take a simulator, preferring one that has this lease's task loaded (urgent: for a started case)."""
@@ -354,6 +356,7 @@ class SimLease(Simulator):
         self.sim = sim
         if not reused:
             await self.sim.restore(self._snapshot)
+        self.restored = not reused
         self._snapshot = None
         log.info("sim.resumed", sim=sim.name, restored=not reused)
 

@@ -266,7 +266,7 @@ def coverage(records: StudyRecords, pilot: bool) -> Coverage:
     return out
 
 
-def _arm_entry(arm: ArmResult | None) -> ArmEntry | None:
+def _arm_entry(arm: ArmResult | None, digest: str | None) -> ArmEntry | None:
     if arm is None:
         return None
     a = arm.assistance
@@ -285,12 +285,13 @@ def _arm_entry(arm: ArmResult | None) -> ArmEntry | None:
         request_id=a.request_id,
         trace_rows=len(arm.trace),
         trace_sha256=digest_json([row.model_dump(mode="json") for row in arm.trace]),
-        digest=arm_digest(arm),
+        digest=digest or arm_digest(arm),
     )
 
 
 def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
     arms = records.arms.get(case.case_id, {})
+    digests = records.arm_digests.get(case.case_id, {})
     v = records.verdicts.get(case.case_id)
     assisted = arms.get("assisted")
     return CaseEntry(
@@ -307,9 +308,9 @@ def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
         deviation=deviation_detail(records.record(case)) if v and v.label == "initial_state_deviation" else None,
         query_step=query_point(case.horizon, records.interval),
         call_id=assisted.assistance.call_id if assisted else None,
-        control=_arm_entry(arms.get("control")),
-        assisted=_arm_entry(assisted),
-        sham=_arm_entry(arms.get("sham")),
+        control=_arm_entry(arms.get("control"), digests.get("control")),
+        assisted=_arm_entry(assisted, digests.get("assisted")),
+        sham=_arm_entry(arms.get("sham"), digests.get("sham")),
         sham_label=v.sham.label if v and v.sham else None,
         sham_rule=v.sham.rule if v and v.sham else None,
         sham_reason=v.sham.reason if v and v.sham else None,

@@ -35,7 +35,7 @@ from rescue.study.folder import (
     receipt_files,
     study_summary,
 )
-from rescue.study.journal import SUMMARY_KEY, Journal, arm_digest
+from rescue.study.journal import SUMMARY_KEY, Journal, stored_arm_digest
 from rescue.study.layout import CONFIG, MANIFEST, LayoutError, StudyLayout
 from rescue.study.receipts import (
     ReceiptLine,
@@ -190,7 +190,7 @@ class _Verifier:
                 self.problem("arm_digest", row.case_id, f"{row.arm} arm record does not parse: "
                              f"{exc.errors()[0]['msg']}")
                 continue
-            fresh = arm_digest(result)
+            fresh = stored_arm_digest(row.data)
             if fresh != row.digest:
                 self.problem("arm_digest", row.case_id, f"{row.arm} arm record changed since it was "
                              f"recorded: stored digest {row.digest[:12]}…, its data hashes to {fresh[:12]}…")

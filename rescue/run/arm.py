@@ -19,7 +19,7 @@ import structlog
 
 from rescue.core.digest import digest_array, digest_obs, digest_text
 from rescue.core.failfast import error_line, one_line
-from rescue.core.images import VLM_VIEWS
+from rescue.core.images import VLM_VIEWS, view_digests
 from rescue.core.manifest import Case
 from rescue.core.observation import PRIVILEGED, ObservationProfile
 from rescue.core.querypoint import query_point
@@ -116,6 +116,11 @@ class ArmRun:
         self.image_keys = {c.key for c in spec.profile.cameras}
         self.step, self.success, self.done = 0, False, False
         self.q_state: str | None = None
+        # The views rendered at q (digests), those rendered again after a restore, and (a fork's
+        # follower) the views its first render after restoring the leader's snapshot gave.
+        self.q_render: dict[str, str] | None = None
+        self.restored_render: dict[str, str] | None = None
+        self.q_views: dict | None = None
         # Rules between policy and simulator (wrappers/async_rules.py) log their firings here.
         self.firings: list[dict] | None = getattr(policy, "firings", None)
         self.rng_control = bool(policy.supports_rng)
@@ -163,7 +168,12 @@ class ArmRun:
             if self.step >= self.q and not any(k.startswith("q") for k in self.keyframes):
                 await self.keyframe(f"q{self.step}")
             if self.spec.arm != "control" and self.step >= self.q and self.assistance.status == "not_reached":
-                self.assistance = await _assist(self.case, self.spec, self.sim, self.policy, self.advisor, self.original, self.horizon - self.step, self.step)
+                views = self.q_views if self.q_views is not None else await self.sim.render(list(VLM_VIEWS), self.spec.image_size)
+                self.q_render = view_digests(views)
+                self.assistance, self.restored_render = await _assist(
+                    self.case, self.spec, self.sim, self.policy, self.advisor, self.original, self.horizon - self.step,
+                    self.step, views,
+                )
                 if self.assistance.status == "applied":
                     self.instruction = self.assistance.instruction
             policy_input = self.spec.profile.policy_input(self.obs, self.instruction)
@@ -240,6 +250,8 @@ class ArmRun:
             policy_rng_control=self.rng_control,
             mode=mode,
             q_state=self.q_state,
+            q_render=self.q_render,
+            restored_render=self.restored_render,
             keyframes=dict(self.keyframes),
             queries=list(self.query_records),
             started_at=self.started,
@@ -339,6 +351,14 @@ async def run_forked(
                     run.q_state = await run._state_digest()
                     if run.q_state != ctrl.q_state:
                         raise RuntimeError("fork: the restored simulator state differs from the state at q")
+                    # The renderer's side too: the follower's first render of the state at q must be the
+                    # leader's, pixel for pixel (a stale render state would pass the state digest).
+                    run.q_views = await run.sim.render(list(VLM_VIEWS), run.spec.image_size)
+                    run.q_render = view_digests(run.q_views)
+                    differ = sorted(c for c in run.q_render if run.q_render[c] != (ctrl.q_render or {}).get(c))
+                    if differ:
+                        raise RuntimeError(f"fork: the restored simulator renders {', '.join(differ)} otherwise than the "
+                                           "leader did at q")
                     await run.run_until(run.horizon)
                 finally:
                     # A follower done with its simulator gives it back at once, not when its case ends:
@@ -354,6 +374,7 @@ async def run_forked(
     if not ctrl.done:
         ctrl.q_state = await ctrl._state_digest()
         snapshot = await ctrl.sim.snapshot()
+        ctrl.q_render = view_digests(await ctrl.sim.render(list(VLM_VIEWS), ctrl.spec.image_size))
     return list(await asyncio.gather(finish_control(), *(finish(run, acquire) for run, acquire in runs)))
 
 
@@ -366,16 +387,20 @@ async def _assist(
     original: str,
     remaining: int,
     step: int,
-) -> Assistance:
-    """Render the views, ask once (the simulator waits), and build the injected instruction."""
+    views: dict,
+) -> tuple[Assistance, dict[str, str] | None]:
+    """Ask once with the views rendered at q (the simulator waits) and build the injected instruction.
+
+    Returns the assistance and, when the arm came back on another simulator (restored from its
+    snapshot), the digests of the views rendered there, which must equal those it left with."""
     if advisor is None:
-        return Assistance(status="broker_error", query_step=step, error_kind="no_advisor", error="no VLM configured")
-    views = await sim.render(list(VLM_VIEWS), spec.image_size)
+        return Assistance(status="broker_error", query_step=step, error_kind="no_advisor", error="no VLM configured"), None
     # While the VLM thinks, the simulator is not ours to hold: a lease snapshots it and lets
     # another arm step it; the simulated clock does not move for this arm either way.
     # A sham arm may wait on its donor's VLM answer: it always gives its simulator back meanwhile,
     # so donors can never be starved of simulators by the arms waiting for them.
     release = (spec.release_while_waiting or spec.arm == "sham") and isinstance(sim, SimLease)
+    restored_render = None
     if release:
         await sim.suspend()
     try:
@@ -385,6 +410,13 @@ async def _assist(
     finally:
         if release:
             await sim.resume()
+    if release and sim.restored:
+        restored_render = view_digests(await sim.render(list(VLM_VIEWS), spec.image_size))
+        before = view_digests(views)
+        differ = sorted(c for c in before if before[c] != restored_render.get(c))
+        if differ:
+            raise RuntimeError(f"after the VLM wait the restored simulator renders {', '.join(differ)} otherwise than "
+                               "before it")
     common = dict(
         query_step=step, call_id=answer.call_id, request_id=answer.request_id, receipt=answer.receipt_ref,
         # The assisted arm's subgoal comes from the VLM; a sham arm's answer says where its came from.
@@ -394,7 +426,7 @@ async def _assist(
     )
     if answer.status != "ok":
         status = _FAILED_ASSISTANCE.get(answer.status, "broker_error")
-        return Assistance(status=status, error_kind=answer.error_kind, error=answer.error, **common)
+        return Assistance(status=status, error_kind=answer.error_kind, error=answer.error, **common), restored_render
     applied = inject(original, answer.subgoal)
     return Assistance(
         status="applied",
@@ -402,4 +434,4 @@ async def _assist(
         instruction=applied,
         instruction_digest=digest_text(applied),
         **common,
-    )
+    ), restored_render

@@ -188,6 +188,8 @@ class StudyRecords(BaseModel):
     cases: list[Case]
     states: dict[str, CaseState]
     arms: dict[str, dict[str, ArmResult]]
+    # The digest the journal stored beside each arm record, by case id and arm.
+    arm_digests: dict[str, dict[str, str]] = {}
     verdicts: dict[str, Verdict]
     receipts: dict[str, Receipt]  # outcome receipts by call id
     meta: dict[str, Any]
@@ -232,6 +234,13 @@ def open_journal(study_dir: str | os.PathLike[str], readonly: bool = True, case_
         raise StudyError(f"{layout.journal}: unreadable journal ({exc})") from None
 
 
+def _arm_digests(journal: Journal) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for row in journal.arm_rows():
+        out.setdefault(row.case_id, {})[row.arm] = row.digest
+    return out
+
+
 def read_study(study_dir: str | os.PathLike[str], journal: Journal) -> StudyRecords:
     """Gather configuration, cases, states, arms, verdicts and outcome receipts from an open journal."""
     layout = StudyLayout.of(study_dir)
@@ -240,6 +249,7 @@ def read_study(study_dir: str | os.PathLike[str], journal: Journal) -> StudyReco
         cases=journal.cases(),
         states={row.case_id: row.state for row in journal.rows()},
         arms=journal.all_arms(),
+        arm_digests=_arm_digests(journal),
         verdicts=journal.verdicts(),
         receipts=study_receipts(layout, journal),
         meta=journal.meta(),

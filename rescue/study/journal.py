@@ -148,6 +148,12 @@ def arm_digest(result: ArmResult) -> str:
     return digest_json(result.model_dump(mode="json"))
 
 
+def stored_arm_digest(data: str) -> str:
+    """The same digest of an arm record as stored (its JSON text): independent of the fields the record
+    type has today, so a record written before a field was added still hashes to its stored digest."""
+    return digest_json(json.loads(data))
+
+
 def journal_path(study_dir: str | os.PathLike[str]) -> Path:
     """Where a study's journal lives."""
     return StudyLayout.of(study_dir).journal
