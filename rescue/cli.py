@@ -39,6 +39,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "vlm.model": getattr(args, "vlm_model", None),
         "vlm.api": getattr(args, "vlm_api", None),
         "vlm.batch_size": getattr(args, "batch_size", None),
+        "env.episode_protocol": getattr(args, "episode_protocol", None),
     }
 
 
@@ -372,7 +373,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         if (args.a is None and args.policy_a is None) or (args.b is None and args.policy_b is None):
             raise compare.StudyError("give two config files (A B), or --policy-a and --policy-b, or --resume STUDY")
-        shared = {"env.simulators": args.simulators, "cases_in_flight": args.cases_in_flight}
+        shared = {"env.simulators": args.simulators, "cases_in_flight": args.cases_in_flight,
+                  "env.episode_protocol": args.episode_protocol}
         config_a, name_a = compare.side_config(args.a, args.policy_a, shared)
         config_b, name_b = compare.side_config(args.b, args.policy_b, shared)
         study = Path(args.study) if args.study else compare.new_compare_dir()
@@ -480,6 +482,12 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vlm-model", help="model name sent to the VLM endpoint")
     p.add_argument("--vlm-api", choices=["chat", "responses"], help="Chat Completions or Responses (config default: chat)")
     p.add_argument("--batch-size", type=int, help="cases per VLM call (1: no batching)")
+    _add_protocol_option(p)
+
+
+def _add_protocol_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--episode-protocol", choices=["rescue", "openpi", "lerobot"],
+                   help="how an episode starts (default: openpi for a policy server, rescue for the embedded policies)")
 
 
 def _add_study_commands(sub) -> None:
@@ -602,6 +610,7 @@ def _add_analysis_commands(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the task-block bootstrap (recorded)")
     p.add_argument("--reps", type=int, default=2000, help="bootstrap resamples")
     p.add_argument("--study", help="comparison folder (default: a new folder under studies/)")
+    _add_protocol_option(p)
     p.add_argument("--simulators", type=int, help="simulator processes")
     p.add_argument("--cases-in-flight", type=int)
     p.set_defaults(func=cmd_compare)

@@ -71,6 +71,7 @@ def test_eval_records_episodes_then_its_failure_manifest_runs_unedited(tmp_path)
             "eval_study": meta["study_id"],
             "eval_config_sha256": meta["config_sha256"],
             "eval_manifest_sha256": meta["manifest_sha256"],
+            "episode_protocol": "rescue",  # the embedded policy's protocol; a study must replay them under it
         }
         assert (case.horizon, case.suite, case.group) == (48, "libero_object", "object")
     # A held-out split: only the failures of the initial states named.

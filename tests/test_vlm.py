@@ -627,11 +627,13 @@ def test_generation_settings_reach_the_endpoint_and_every_receipt(tmp_path, api,
     assert answer.status == "ok" and state.requests[0].generation == sent
     recorded = {"max_output_tokens": 256, "temperature": 0.2, "seed": settings.get("seed"), "reasoning_effort": "low", "store": False}
     assert len(receipts) == 3 and all(r.generation == recorded for r in receipts)
+    # The receipt names the fields as they went on the wire, exactly what the endpoint received.
+    assert all(r.sent_generation == sent for r in receipts)
 
 
 def test_unset_generation_settings_are_not_sent_and_store_is_off(tmp_path):
     answer, state, _ = ask_one(tmp_path / "a", EndpointOptions())
-    assert state.requests[0].generation == {"store": False}
+    assert state.requests[0].generation == {"store": False} == answer.receipt.sent_generation
     assert answer.receipt.generation == {
         "max_output_tokens": None, "temperature": None, "seed": None, "reasoning_effort": None, "store": False
     }

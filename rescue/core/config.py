@@ -79,7 +79,8 @@ class VLMConfig(BaseModel):
     # Generation settings (DESIGN §9): part of the study's identity, recorded in every receipt.
     # None: not sent (the provider's default applies).
     max_output_tokens: int | None = Field(default=None, gt=0)
-    """Sent as `max_completion_tokens` (chat) or `max_output_tokens` (responses); None: not sent."""
+    """Sent as `max_completion_tokens` (chat; `max_tokens` to Ollama, see `server`) or `max_output_tokens`
+    (responses); None: not sent."""
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     """Sampling temperature; None: not sent."""
     seed: int | None = None
@@ -87,7 +88,13 @@ class VLMConfig(BaseModel):
     reasoning_effort: ReasoningEffort | None = None
     """Sent as `reasoning_effort` (chat) or `reasoning.effort` (responses), only when set."""
     store: bool = False
-    """Whether the provider may store the request and response (sent on both APIs)."""
+    """Whether the provider may store the request and response (sent on both APIs wherever the server
+    reads it; Ollama's endpoints and vLLM's and SGLang's chat have no such field)."""
+    server: Literal["openai", "vllm", "ollama", "sglang"] | None = None
+    """What serves `base_url`: it decides the field each generation setting is sent as, and drops the
+    ones that server does not read (rescue/vlm/servers.py). None: the OpenAI wire (OpenAI, the bundled
+    endpoint); `ollama`: the cap as `max_tokens` on chat, no `store`; `vllm`, `sglang`: no `store` on chat.
+    Receipts record the fields as sent (`sent_generation`)."""
     startup_check: Literal["models", "call", "none"] | None = None
     """What a start asks the endpoint before the first claim: `models` (None: the default) lists its
     models (the cheapest request that needs the key; a server without `/models` passes), `call` sends
@@ -176,6 +183,12 @@ class EnvConfig(BaseModel):
     """Simulator processes the study runs."""
     image_size: int = 256
     """Side, in pixels, of the square views rendered for the VLM at q."""
+    episode_protocol: str | None = None
+    """How an episode starts (`rescue`, `openpi`, `lerobot`: rescue/core/episode_protocol.py). None before a
+    study is created: then `openpi` for an external policy server, `rescue` for the bundled policies; a
+    study made before protocols holds None, which is `rescue`."""
+    episode_protocol_sha256: str | None = None
+    """The sha256 of that protocol's definition, fixed at creation (a changed built-in is refused on resume)."""
 
 
 class StudyConfig(BaseModel):
@@ -250,7 +263,7 @@ class StudyConfig(BaseModel):
 
 # (section, key) of settings added after studies existed: in the digest only when not None.
 HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute"), ("sham", "by_task"),
-                   ("vlm", "startup_check"))
+                   ("vlm", "startup_check"), ("vlm", "server"), ("env", "episode_protocol"), ("env", "episode_protocol_sha256"))
 
 
 class ConfigError(ValueError):

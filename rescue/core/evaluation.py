@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict
 
+from rescue.core.episode_protocol import RESCUE, EpisodeProtocol
 from rescue.core.manifest import Case
 from rescue.core.records import ArmResult, Verdict
 
@@ -112,8 +113,11 @@ def mark_pilot(cases: list[Case], first_tasks: int) -> list[Case]:
     return out
 
 
-def episode_cases(suite: str, tasks: list[int], episodes: int, horizon: int, first_init: int = 0) -> list[Case]:
-    """The evaluation manifest: `episodes` official initial states of each task."""
+def episode_cases(
+    suite: str, tasks: list[int], episodes: int, horizon: int, first_init: int = 0, protocol: EpisodeProtocol = RESCUE
+) -> list[Case]:
+    """The evaluation manifest: `episodes` official initial states of each task, episode k seeded as the
+    episode protocol seeds its episode k (rescue: k; openpi: the task's 7; LeRobot: 1000 + k)."""
     group = suite.removeprefix("libero_")
     return [
         Case(
@@ -121,7 +125,7 @@ def episode_cases(suite: str, tasks: list[int], episodes: int, horizon: int, fir
             suite=suite,
             task_id=task,
             init_state_index=idx,
-            env_seed=idx,
+            env_seed=protocol.episode_seed(idx),
             horizon=horizon,
             group=group,
         )

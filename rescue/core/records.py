@@ -7,7 +7,7 @@ plain data only (digests as hex strings, no arrays), so the pure core
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -175,6 +175,9 @@ class ArmResult(BaseModel):
     False: prefix equality with the other arm is not guaranteed by the server. None: the arm never reached the policy."""
     mode: Literal["independent", "fork"] = "independent"
     """`fork`: the prefix ran once and the arms continued from one snapshot at q; `independent`: each arm ran whole."""
+    episode_protocol: str | None = None
+    """The episode protocol the arm's episode started under (`rescue`, `openpi`, `lerobot`); None: a record
+    made before protocols (`rescue`)."""
     q_state: str | None = None
     """Digest of the simulator's full state when the arm reached q; None when the arm ended before q or the
     adapter gives no state digest."""
@@ -275,8 +278,13 @@ class Receipt(BaseModel):
     sent_image_sha256: list[str] = Field(default_factory=list)
     """sha256 of each PNG as sent: a single request's views, or one contact sheet for a batch."""
     generation: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
-    """The generation settings of the call (max_output_tokens, temperature, seed, reasoning_effort,
-    store); None: not sent, the provider's default applies."""
+    """The generation settings of the call as configured (max_output_tokens, temperature, seed,
+    reasoning_effort, store); None: unset. What went on the wire is `sent_generation`."""
+    sent_generation: dict[str, Any] | None = None
+    """The generation fields exactly as the request carried them, by their wire names (`max_tokens` to
+    Ollama's chat, `max_completion_tokens` on OpenAI's, `reasoning: {effort}` on Responses); a setting
+    unset or not read by the server (`vlm.server`) is absent, so its default applied. None on receipts
+    written before this was recorded."""
     attempt_refs: list[ReceiptRef] = Field(default_factory=list)
     """On an outcome: the call's `attempt_started` and `attempt` lines, in order, so that editing
     or deleting one is detectable from the outcome line's own sha256."""

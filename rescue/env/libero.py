@@ -20,12 +20,14 @@ import numpy as np
 
 from rescue.core.catalog import OFFICIAL_HORIZON
 from rescue.core.digest import digest_array, digest_bytes, digest_json, digest_text
+from rescue.core.episode_protocol import EpisodeProtocol, get_protocol
 from rescue.core.observation import PRIVILEGED, ObservationProfile, shape_observation
 from rescue.env.protocol import (
     CaseLike,
     ChunkResult,
     Observe,
     ProfileLike,
+    ProtocolLike,
     ResetResult,
     case_fields,
     process_info,
@@ -35,10 +37,6 @@ from rescue.env.protocol import (
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
 
-# LIBERO's eval convention: no-op steps after setting the initial state so
-# objects settle; they are part of reset and do not count against H.
-SETTLE_STEPS = 10
-NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
 # The official step limits per suite (openpi's LIBERO example) live in the catalog.
 SUITE_HORIZON = OFFICIAL_HORIZON
 # Envs are never closed while their process lives: closing one releases the thread's EGL
@@ -139,6 +137,7 @@ class LiberoAdapter:
         self._profile: ObservationProfile = PRIVILEGED
         self._armed: set[str] = set()  # view observables that capture at the next step
         self._model_digests: dict[int, str] = {}  # id(env) -> its static model digest
+        self._built_model: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id(env) -> compiled body_pos, body_quat
 
     def _suite(self, name: str):
         if name not in self._suites:
@@ -178,15 +177,18 @@ class LiberoAdapter:
         self._envs[key] = env
         return env
 
-    def reset(self, case: CaseLike, profile: ProfileLike = None) -> ResetResult:
-        """Seed, soft-reset, set the official initial state, settle; fingerprint the result.
+    def reset(self, case: CaseLike, profile: ProfileLike = None, protocol: ProtocolLike = None) -> ResetResult:
+        """Start the case's episode as its episode protocol says (None: `rescue`); fingerprint the result.
 
-        The observation is shaped by `profile` (name or ObservationProfile; None is
-        `privileged`, the embedded policies' view) and so is every later one until the
-        next reset.
+        `rescue`: seed, soft-reset the cached env. `openpi`, `lerobot`: what a freshly built env's reset
+        gives, reproduced on the cached env (see `_fresh_reset`); `openpi` seeds once per task, so
+        episode k first replays the random draws of the k resets before it. Then the official initial
+        state and the settle steps. The observation is shaped by `profile` (name or ObservationProfile;
+        None is `privileged`, the embedded policies' view) and so is every later one until the next reset.
         """
         c = case_fields(case)
         self._profile = resolve_profile(profile)
+        episode = get_protocol(protocol) if not isinstance(protocol, EpisodeProtocol) else protocol
         suite = self._suite(c.suite)
         if not 0 <= c.task_id < suite.n_tasks:
             raise ValueError(f"{c.suite} has no task {c.task_id} (it has {suite.n_tasks})")
@@ -201,14 +203,24 @@ class LiberoAdapter:
         for cam in self._profile.cameras:
             self._view(cam.camera, cam.size)
         env.seed(int(c.env_seed))
-        env.reset()
+        if episode.seeding == "per_task":
+            # Seeded once per task, episodes in order: episode k's reset draws where the k before it stopped.
+            # A reset draws from numpy's global stream only (fixture placement, robot noise); replay the draws.
+            for _ in range(c.init_state_index):
+                self._restore_built_model(env)
+                env.env._reset_internal()
+        if episode.reset == "hard":
+            self._fresh_reset(env)
+        else:
+            env.reset()
         for robot in env.env.robots:
             robot.gripper.current_action = np.zeros(robot.gripper.dof)
         env.set_init_state(init_states[c.init_state_index])
-        for i in range(SETTLE_STEPS):
-            if i == SETTLE_STEPS - 1:
+        settle = np.asarray(episode.settle_action, dtype=np.float64)
+        for i in range(episode.settle_steps):
+            if i == episode.settle_steps - 1:
                 self._arm()
-            env.step(NOOP)
+            env.step(settle)
         self._key = (c.suite, c.task_id)
         goal = env.env.parsed_problem["goal_state"]
         self._goal = tuple(goal[0]) if len(goal) == 1 and len(goal[0]) == 3 else None
@@ -236,6 +248,38 @@ class LiberoAdapter:
             fingerprint_parts=parts,
             info=process_info(),
         )
+
+    def _restore_built_model(self, env) -> None:
+        """Put the model fields a reset writes (fixture placement) back to the compiled model's, as a rebuilt env has them."""
+        key = id(env)
+        if key not in self._built_model:
+            import mujoco
+
+            # The env's model compiled afresh from its XML, as a hard reset compiles it (once per env).
+            built = mujoco.MjModel.from_xml_string(env.env.model.get_xml())
+            self._built_model[key] = (built.body_pos.copy(), built.body_quat.copy())
+        m = env.sim.model._model
+        m.body_pos[...], m.body_quat[...] = self._built_model[key]
+
+    def _fresh_reset(self, env) -> None:
+        """The reset of a freshly built env (robosuite's `hard_reset=True`), on this cached env, bit for bit:
+        the model fields back to the compiled model's, MuJoCo's data reset, then the two forward passes a new
+        simulation and its new render context run (they leave the solver's warm start); the gripper's smoothed
+        action, which a rebuilt gripper starts at zero, is zeroed by the caller."""
+        sim = env.env.sim
+        soft = sim.reset
+
+        def as_built() -> None:
+            self._restore_built_model(env)
+            soft()
+            sim.forward()
+            sim.forward()
+
+        sim.reset = as_built
+        try:
+            env.reset()
+        finally:
+            del sim.reset  # the instance attribute goes: the class's own method again
 
     def _model_digest(self) -> str:
         import mujoco

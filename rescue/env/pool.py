@@ -19,7 +19,7 @@ import numpy as np
 import structlog
 
 from rescue.core.names import resolve
-from rescue.env.protocol import CaseLike, ChunkResult, Observe, ProfileLike, ResetResult, case_fields
+from rescue.env.protocol import CaseLike, ChunkResult, Observe, ProfileLike, ProtocolLike, ResetResult, case_fields
 
 log = structlog.get_logger()
 
@@ -85,9 +85,9 @@ class Simulator:
         """The task's own instruction for a case."""
         return await self._invoke("task_instruction", case)
 
-    async def reset(self, case: CaseLike, profile: ProfileLike = None) -> ResetResult:
-        """Reset to the case's initial state; observations follow `profile` (None: privileged)."""
-        return await self._invoke("reset", case, profile)
+    async def reset(self, case: CaseLike, profile: ProfileLike = None, protocol: ProtocolLike = None) -> ResetResult:
+        """Start the case's episode as `protocol` says (None: rescue); observations follow `profile` (None: privileged)."""
+        return await self._invoke("reset", case, profile, protocol)
 
     async def run_chunk(self, actions: np.ndarray, max_steps: int, observe: Observe = "always") -> ChunkResult:
         """Step through actions (at most max_steps), stopping early on success."""

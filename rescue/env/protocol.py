@@ -10,6 +10,7 @@ from typing import Any, Literal, NamedTuple, Protocol, Union
 
 import numpy as np
 
+from rescue.core.episode_protocol import EpisodeProtocol
 from rescue.core.manifest import Case
 from rescue.core.observation import PRIVILEGED, ObservationProfile, get_profile
 
@@ -17,6 +18,8 @@ from rescue.core.observation import PRIVILEGED, ObservationProfile, get_profile
 CaseLike = Union[Case, Mapping[str, Any]]
 # An observation profile, by value or by built-in name; None means `privileged`.
 ProfileLike = Union[ObservationProfile, str, None]
+# An episode protocol, by value or by built-in name; None means `rescue`.
+ProtocolLike = Union[EpisodeProtocol, str, None]
 # When run_chunk shapes an observation at the end of the chunk.
 Observe = Literal["always", "unless_success", "never"]
 
@@ -83,8 +86,8 @@ class EnvAdapter(Protocol):
     def task_instruction(self, case: CaseLike) -> str:
         """The task's own instruction for a case."""
 
-    def reset(self, case: CaseLike, profile: ProfileLike = None) -> ResetResult:
-        """Reset to the case's initial state (seeded, bitwise reproducible); observations follow `profile`."""
+    def reset(self, case: CaseLike, profile: ProfileLike = None, protocol: ProtocolLike = None) -> ResetResult:
+        """Start the case's episode as `protocol` says (seeded, bitwise reproducible); observations follow `profile`."""
 
     def run_chunk(self, actions: np.ndarray, max_steps: int, observe: Observe = "always") -> ChunkResult:
         """Step through actions (at most max_steps), stopping early on success."""

@@ -18,6 +18,7 @@ import numpy as np
 import structlog
 
 from rescue.core.digest import digest_array, digest_obs, digest_text
+from rescue.core.episode_protocol import RESCUE, EpisodeProtocol
 from rescue.core.failfast import error_line, one_line
 from rescue.core.images import VLM_VIEWS, view_digests
 from rescue.core.manifest import Case
@@ -58,6 +59,8 @@ class ArmSpec:
     keyframe_size: int = 128
     # What the policy receives (DESIGN §7): cameras, keys, state layout, instruction key.
     profile: ObservationProfile = PRIVILEGED
+    # How the episode starts (rescue/core/episode_protocol.py); recorded on the arm.
+    protocol: EpisodeProtocol = RESCUE
     # Named in openpi's episode-start message, for servers that accept it.
     experiment: str = "rescue"
     # The reply key under which the policy reports its stage (recorded per query; the rules read it too).
@@ -133,7 +136,7 @@ class ArmRun:
     async def start(self) -> None:
         """Reset the case, check its instruction, reset the policy and its RNG."""
         self.log.info("arm.started", horizon=self.horizon, query_step=self.q)
-        reset = await self.sim.reset(self.case, self.spec.profile)
+        reset = await self.sim.reset(self.case, self.spec.profile, self.spec.protocol)
         self.fingerprint = reset.fingerprint
         self.fingerprint_parts = dict(reset.fingerprint_parts)
         self.python_hash_seed = reset.info.get("python_hash_seed")
@@ -249,6 +252,7 @@ class ArmRun:
             idle_rules=list(getattr(self.policy, "idle_rules", [])),
             policy_rng_control=self.rng_control,
             mode=mode,
+            episode_protocol=self.spec.protocol.name,
             q_state=self.q_state,
             q_render=self.q_render,
             restored_render=self.restored_render,

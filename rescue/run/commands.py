@@ -10,15 +10,14 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from rescue.core.catalog import OFFICIAL_HORIZON
 from rescue.core.config import StudyConfig
 from rescue.core.evaluation import EvalSummary, episode_cases, failure_cases, mark_pilot, summarize_eval
-from rescue.core.manifest import Case, Manifest, load_manifest, parse_manifest
+from rescue.core.manifest import Case, Manifest, ManifestError, load_manifest, parse_manifest
 from rescue.core.records import Verdict
 from rescue.core.sham import ShamConfig
 from rescue.env.backend import LOCAL, Backend
 from rescue.run.engine import complement_manifest, recover, run_study
-from rescue.run.peers import check_live_identity, resolved_config
+from rescue.run.peers import check_live_identity, resolved_config, study_protocol
 from rescue.study import logs
 from rescue.study.files import write_manifest
 from rescue.study.folder import StudyError, create_study, load_study_config, new_study_dir, open_journal, study_outcome
@@ -54,6 +53,21 @@ def new_study(study_dir: Path | None, manifest: Manifest, config: StudyConfig, e
     return study_dir
 
 
+# The tag `rescue manifest from-eval` writes on each case: the episode protocol its failure happened under.
+PROTOCOL_TAG = "episode_protocol"
+
+
+def check_protocol_tags(manifest: Manifest, protocol: str) -> None:
+    """Refuse cases a tag says are episodes of another protocol than the study's (they would not be the
+    episodes that failed), naming the first few; ManifestError, nothing written."""
+    other = [c for c in manifest.cases if c.tags.get(PROTOCOL_TAG, protocol) != protocol]
+    if other:
+        ids = ", ".join(c.case_id for c in other[:3]) + (" ..." if len(other) > 3 else "")
+        raise ManifestError([f"{manifest.source}: {len(other)} case(s) ({ids}) are episodes of the "
+                             f"{other[0].tags[PROTOCOL_TAG]!r} episode protocol, this study runs {protocol!r}; "
+                             f"set [env] episode_protocol = {other[0].tags[PROTOCOL_TAG]!r} (or --episode-protocol)"])
+
+
 def run_manifest(
     manifest_path: Path,
     study_dir: Path | None,
@@ -69,6 +83,7 @@ def run_manifest(
     manifest = load_manifest(manifest_path)
     if not pilot_run:
         manifest.require_main_cohort()
+    check_protocol_tags(manifest, study_protocol(config).name)
     backend.connect(config.env.simulators)  # a backend that cannot be used is refused before the study exists
     study_dir = new_study(study_dir, manifest, config)
     _run(study_dir, on_case, verbose, config, backend)
@@ -153,8 +168,9 @@ def evaluate(
 ) -> Path:
     """A baseline evaluation: control arms over official initial states, same journal and rules."""
 
-    horizon = horizon or OFFICIAL_HORIZON[suite]
-    cases = episode_cases(suite, tasks, episodes, horizon, first_init)
+    protocol = study_protocol(config)
+    horizon = horizon or protocol.horizon(suite)
+    cases = episode_cases(suite, tasks, episodes, horizon, first_init, protocol)
     config = config.model_copy(update={"arms": ("control",), "sham": ShamConfig()})  # episodes: one arm
     backend.connect(config.env.simulators)
     study_dir = new_study(study_dir, _manifest_of(cases, f"{suite} x{episodes}"), config)
@@ -181,6 +197,8 @@ def manifest_from_eval(
             "eval_study": meta.get("study_id"),
             "eval_config_sha256": meta.get("config_sha256"),
             "eval_manifest_sha256": meta.get("manifest_sha256"),
+            # The failures are episodes of this protocol: a study must replay them under it.
+            PROTOCOL_TAG: load_study_config(eval_dir).env.episode_protocol or "rescue",
         }
         cases = failure_cases(journal.cases(), journal.verdicts(), journal.all_arms(), provenance)
     if inits is not None:

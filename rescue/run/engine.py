@@ -21,6 +21,7 @@ import structlog
 
 from rescue.core.config import StudyConfig
 from rescue.core.digest import digest_bytes, digest_text
+from rescue.core.episode_protocol import get_protocol
 from rescue.core.failfast import FailFast, error_line, one_line
 from rescue.core.manifest import Case
 from rescue.core.observation import get_profile
@@ -118,6 +119,7 @@ class Engine:
         self.journal = Journal.open(self.layout.root)
         self.observer = as_observer(on_case)
         self.profile = get_profile(config.policy.observation or "privileged")
+        self.protocol = get_protocol(config.env.episode_protocol)
         self.study_id = str(self.journal.meta().get("study_id") or "rescue")
         self._failfast = FailFast(config.fail_fast_arms)
         # The sham arm's declared donors, and the VLM answers of this run by case (for donors' waiters).
@@ -309,6 +311,7 @@ class Engine:
     def _spec_kwargs(self) -> dict:
         return dict(
             profile=self.profile,
+            protocol=self.protocol,
             experiment=self.study_id,
             stage_key=self.config.rules.stage_key,
             image_size=self.config.env.image_size,

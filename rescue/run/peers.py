@@ -17,6 +17,9 @@ from typing import Any, AsyncIterator, Callable
 import aiohttp
 
 from rescue.core.config import PolicyConfig, StudyConfig
+from rescue.core.episode_protocol import BUNDLED_DEFAULT as BUNDLED_DEFAULT_PROTOCOL
+from rescue.core.episode_protocol import EXTERNAL_DEFAULT as EXTERNAL_DEFAULT_PROTOCOL
+from rescue.core.episode_protocol import EpisodeProtocol, get_protocol
 from rescue.core.failfast import PeerUnreachable, one_line
 from rescue.core.identity import IdentityError, announced_identity, identity_changes, resolve_interval, resolve_observation
 from rescue.core.observation import get_profile
@@ -82,8 +85,9 @@ async def check_vlm(config: StudyConfig) -> None:
         if check == "models":
             await client.models.list()
         else:
-            await client.chat.completions.create(model=vlm.model, max_completion_tokens=1,
-                                                 messages=[{"role": "user", "content": "Reply with OK."}])
+            from rescue.vlm.wire import probe_kwargs
+
+            await client.chat.completions.create(**probe_kwargs(vlm))
     except openai.APIStatusError as exc:
         if exc.status_code == 404 and check == "models":
             return  # a server without /models: it answered, and did not refuse the key
@@ -115,7 +119,19 @@ def resolve_config(config: StudyConfig, metadata: dict[str, Any]) -> StudyConfig
             "announced": announced_identity(metadata),
         }
     )
-    return config.model_copy(update={"policy": policy})
+    episode = study_protocol(config)
+    env = config.env.model_copy(update={"episode_protocol": episode.name, "episode_protocol_sha256": episode.sha256()})
+    return config.model_copy(update={"policy": policy, "env": env})
+
+
+def study_protocol(config: StudyConfig) -> EpisodeProtocol:
+    """The study's episode protocol: the configured one, else `openpi` for an external server and `rescue`
+    for the bundled policies (IdentityError for an unknown name)."""
+    name = config.env.episode_protocol or (EXTERNAL_DEFAULT_PROTOCOL if config.policy.url else BUNDLED_DEFAULT_PROTOCOL)
+    try:
+        return get_protocol(name)
+    except ValueError as exc:
+        raise IdentityError(f"env.episode_protocol: {exc}") from None
 
 
 async def resolved_config(config: StudyConfig) -> StudyConfig:
@@ -137,6 +153,10 @@ def check_identity(config: StudyConfig, metadata: dict[str, Any]) -> None:
         )
     if changes:
         raise IdentityError("the policy server is not the one this study was created with: " + "; ".join(changes))
+    episode = get_protocol(config.env.episode_protocol)
+    if config.env.episode_protocol_sha256 not in (None, episode.sha256()):
+        raise IdentityError(f"episode protocol {episode.name!r}: the study was created with definition "
+                            f"{config.env.episode_protocol_sha256[:12]}…, this version defines {episode.sha256()[:12]}…")
 
 
 async def check_live_identity(config: StudyConfig) -> None:

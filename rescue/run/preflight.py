@@ -28,6 +28,7 @@ import structlog
 from pydantic import BaseModel
 
 from rescue.core.config import MissingAPIKey, StudyConfig
+from rescue.core.episode_protocol import get_protocol
 from rescue.core.images import VLM_VIEWS
 from rescue.core.manifest import Case, load_manifest
 from rescue.core.observation import get_profile
@@ -105,7 +106,7 @@ async def _one_arm(case: Case, config: StudyConfig, services: Services) -> ArmRe
     """A control arm as the engine runs it: own simulator, own connection, the configured rules."""
     spec = ArmSpec(
         arm="control", interval=services.interval, image_size=config.env.image_size, keepalive_s=config.keepalive_s,
-        profile=get_profile(config.policy.observation or "privileged"),
+        profile=get_profile(config.policy.observation or "privileged"), protocol=get_protocol(config.env.episode_protocol),
     )
     sim = await services.pool.acquire()
     try:
@@ -193,7 +194,7 @@ async def _vlm_views(case: Case, config: StudyConfig, services: Services) -> tup
     profile = get_profile(config.policy.observation or "privileged")
     sim = await services.pool.acquire()
     try:
-        reset = await sim.reset(case, profile)
+        reset = await sim.reset(case, profile, config.env.episode_protocol)
         views = await sim.render(list(VLM_VIEWS), config.env.image_size)
     finally:
         services.pool.release(sim)
@@ -254,7 +255,7 @@ async def _first_obs(case: Case, config: StudyConfig, services: Services) -> dic
     profile = get_profile(config.policy.observation or "privileged")
     sim = await services.pool.acquire()
     try:
-        reset = await sim.reset(case, profile)
+        reset = await sim.reset(case, profile, config.env.episode_protocol)
     finally:
         services.pool.release(sim)
     return profile.policy_input(reset.obs, reset.instruction)

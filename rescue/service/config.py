@@ -77,7 +77,7 @@ _TEMPLATE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 JOB_KEYS: frozenset[str] = frozenset({
     "cases_in_flight", "release_simulator_while_waiting", "fork_at_q", "keyframes", "keepalive_s",
     "fail_fast_arms", "arms", "allow_idle_rules", "query_rule", "rules", "sham",
-    "env.simulators", "env.image_size",
+    "env.simulators", "env.image_size", "env.episode_protocol",
     "policy.replan_interval", "policy.observation",
     "vlm.model", "vlm.api", "vlm.structured", "vlm.deadline_s", "vlm.request_timeout_s", "vlm.max_attempts",
     "vlm.backoff_initial_s", "vlm.backoff_max_s", "vlm.backoff_jitter_s", "vlm.max_subgoal_chars",
@@ -93,6 +93,7 @@ _REFUSED_WHY: dict[str, str] = {
     "vlm.base_url": _ENDPOINT_HINT,
     "vlm.api_key_env": _ENDPOINT_HINT,
     "vlm.api_key": _ENDPOINT_HINT,
+    "vlm.server": _ENDPOINT_HINT,
     "vlm.api_key_from_config": _ENDPOINT_HINT,
     "vlm.prompt_root": "a folder of the worker's host: the service's endpoint sets it",
     "policy.url": _POLICY_HINT,
@@ -115,6 +116,9 @@ class Endpoint(BaseModel):
     """The models a job may ask for, the first its default (`model = "x"` gives one); empty: any model."""
     api: Literal["chat", "responses"] | None = None
     """The API every job uses on this endpoint; None: the job's `vlm.api` (default chat)."""
+    server: Literal["openai", "vllm", "ollama", "sglang"] | None = None
+    """What serves it, so each generation setting goes as the field that server reads (`[vlm] server`);
+    None: the OpenAI wire."""
     prompt_root: str | None = None
     """The folder of prompt templates on the worker's host; None: the shipped prompts."""
     max_concurrent_calls: int | None = Field(default=None, gt=0)
@@ -405,7 +409,7 @@ def resolve_job(request: JobRequest, service: ServiceConfig) -> StudyConfig:
     vlm, pol = data["vlm"], data["policy"]
     if endpoint is not None:
         vlm.update(base_url=endpoint.base_url, api_key_env=endpoint.api_key_env or NO_KEY_ENV,
-                   prompt_root=endpoint.prompt_root)
+                   prompt_root=endpoint.prompt_root, server=endpoint.server)
         if endpoint.models:
             if "vlm.model" not in given:
                 vlm["model"] = endpoint.models[0]
@@ -463,6 +467,8 @@ def study_problems(config: StudyConfig, service: ServiceConfig) -> list[str]:
         problems.append("vlm.base_url, vlm.api_key_env: not an endpoint of this service")
     elif not any(e.prompt_root == vlm.prompt_root for e in endpoints):
         problems.append("vlm.prompt_root: not this endpoint's prompt folder")
+    elif not any(e.server == vlm.server for e in endpoints):
+        problems.append("vlm.server: not this endpoint's server kind")
     if not _TEMPLATE.fullmatch(vlm.prompt_template):
         problems.append("vlm.prompt_template: not a template's name")
     pol = config.policy

@@ -47,7 +47,8 @@ from rescue.study.files import fsync_dir, write_atomic
 from rescue.study.receipts import ReceiptLog, artifact_path
 from rescue.vlm.answers import InvalidResponse, SubgoalAnswer, SubgoalRequest, check_answers, parse_answers
 from rescue.vlm.limits import RequestLimiter
-from rescue.vlm.wire import AttemptError, Reply, classify_error, read_usage, reply_text, request_kwargs
+from rescue.vlm.servers import config_warnings
+from rescue.vlm.wire import AttemptError, Reply, classify_error, read_usage, reply_text, request_kwargs, sent_generation
 
 log = structlog.get_logger(__name__)
 
@@ -77,6 +78,7 @@ class _Call:
     view_sha256: dict[str, list[str]]
     attempts: int = 0
     started: float = field(default_factory=time.time)
+    sent_generation: dict[str, Any] = field(default_factory=dict)
     attempt_refs: list[ReceiptRef] = field(default_factory=list)
 
     @property
@@ -104,6 +106,9 @@ class VLMClient:
             timeout=config.request_timeout_s,
         )
         self._limiter = RequestLimiter(config.max_concurrent_calls, config.requests_per_minute)
+        for warning in config_warnings(config):
+            # Said once per client, before any call: a setting the endpoint would drop or refuse.
+            log.warning("vlm.config_warning", warning=warning, model=config.model, server=config.server)
         self._pending: list[_Pending] = []
         self._window: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
@@ -275,6 +280,7 @@ class VLMClient:
             finished_at=finished,
             latency_s=None if finished is None else finished - started,
             generation=self.config.generation(),
+            sent_generation=call.sent_generation,
             **fields,
         )
 
@@ -346,6 +352,7 @@ class VLMClient:
     async def _call(self, group: list[_Pending]) -> list[SubgoalAnswer]:
         call = self._build(group)
         kwargs = request_kwargs(self.config, call.prompt, call.images, call.tokens)
+        call.sent_generation = sent_generation(kwargs)
         # What the call sees is on disk before anything is sent, hence before its outcome line.
         for png in call.images:
             self._keep(png, ".png")

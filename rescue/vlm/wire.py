@@ -1,7 +1,8 @@
 """The wire format of a VLM call: the request as the `openai` SDK sends it, and the reply body read back.
 
 Chat Completions and Responses differ in where images, the schema, the generation settings,
-the text and the token counts go; this module is the one place that knows both. Failures
+the text and the token counts go; this module is the one place that knows both (which field each
+generation setting goes as, on each server, is `rescue.vlm.servers`). Failures
 are classified here for the retry decision (connection, timeout, 408, 409, 429, 5xx retry;
 everything else does not).
 """
@@ -19,6 +20,7 @@ import openai
 from rescue.core.config import VLMConfig
 from rescue.core.records import Usage
 from rescue.vlm.answers import answer_schema
+from rescue.vlm.servers import WIRE, WIRE_FIELDS, generation_fields, server_of
 
 
 def data_url(png: bytes) -> str:
@@ -107,12 +109,6 @@ def request_kwargs(cfg: VLMConfig, prompt: str, images: list[bytes], tokens: dic
                 "type": "json_schema",
                 "json_schema": {"name": "subgoal_answers", "strict": True, "schema": schema},
             }
-        sent = {
-            "max_completion_tokens": cfg.max_output_tokens,
-            "temperature": cfg.temperature,
-            "seed": cfg.seed,
-            "reasoning_effort": cfg.reasoning_effort,
-        }
     else:
         content = [{"type": "input_text", "text": prompt}]
         content += [{"type": "input_image", "image_url": u, "detail": cfg.image_detail} for u in urls]
@@ -121,15 +117,22 @@ def request_kwargs(cfg: VLMConfig, prompt: str, images: list[bytes], tokens: dic
             kwargs["text"] = {
                 "format": {"type": "json_schema", "name": "subgoal_answers", "strict": True, "schema": schema}
             }
-        sent = {
-            "max_output_tokens": cfg.max_output_tokens,
-            "temperature": cfg.temperature,
-            "reasoning": {"effort": cfg.reasoning_effort} if cfg.reasoning_effort is not None else None,
-        }
-    # Unset settings are not sent; `store` always is, so a provider never keeps a call by default.
-    kwargs |= {k: v for k, v in sent.items() if v is not None}
-    kwargs["store"] = cfg.store
-    return kwargs
+    # Each setting under the name the server reads, and none it would drop (rescue.vlm.servers).
+    return kwargs | generation_fields(cfg)
+
+
+def sent_generation(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The generation fields of an SDK call's arguments, as they go on the wire (what receipts record)."""
+    return {k: kwargs[k] for k in WIRE_FIELDS if k in kwargs}
+
+
+def probe_kwargs(cfg: VLMConfig) -> dict[str, Any]:
+    """A minimal chat call capped at one output token under the name the server reads (a start's check)."""
+    return {
+        "model": cfg.model,
+        "messages": [{"role": "user", "content": "Reply with OK."}],
+        str(WIRE[server_of(cfg)]["chat"]["max_output_tokens"]): 1,
+    }
 
 
 @dataclass

@@ -1,0 +1,123 @@
+"""Episode protocols: how an episode starts, as data (DESIGN §10), beside observation profiles.
+
+An arm is the user's episode only if it starts the way the user's evaluation started it. What
+decides that is the reset (a soft reset of a cached env, or what a freshly built env does: openpi's
+and LeRobot's `OffScreenRenderEnv` rebuild the model at every reset), when the env is seeded and
+with what (before every reset with the case's seed, or once per task with episodes run in order, so
+that episode k starts from the random stream k earlier resets left), the settle steps, the horizon
+per suite and when success is checked.
+
+A hard reset is reproduced exactly without rebuilding anything (measured bit for bit against
+LIBERO's own hard resets): the model fields the reset writes go back to the compiled model's, the
+solver's warm start is what two forward passes of a fresh model leave, and the gripper's smoothed
+action starts at zero. Episode k of a task seeded once is reproduced by replaying the random draws
+of the k resets before it (a reset draws only from numpy's global stream: fixture placement, robot
+noise), without their physics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rescue.core.catalog import OFFICIAL_HORIZON
+from rescue.core.digest import canonical_json
+
+
+class EpisodeProtocol(BaseModel):
+    """How an episode of a benchmark task is started, stepped and judged."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    name: str
+    """The protocol's name (a study's `[env] episode_protocol`)."""
+    description: str
+    """Whose evaluation it reproduces, in one line."""
+    reset: Literal["soft", "hard"]
+    """`soft`: the cached env's own soft reset; `hard`: what a freshly built env starts from (openpi's and
+    LeRobot's default, `hard_reset=True`), reproduced exactly on the cached env."""
+    seeding: Literal["per_episode", "per_task"]
+    """`per_episode`: `env.seed(case.env_seed)` right before the episode's reset; `per_task`:
+    `env.seed(case.env_seed)` once when the task's env is built, then the task's episodes in order (episode
+    k = `init_state_index` k starts from the random stream the k resets before it left)."""
+    settle_steps: int = Field(ge=0)
+    """No-op steps after setting the initial state, so objects settle; not counted in the horizon."""
+    settle_action: tuple[float, ...]
+    """The action of the settle steps."""
+    horizons: dict[str, int]
+    """The suite's step limit (H) an evaluation under this protocol uses; a suite missing here takes its base
+    suite's (see `horizon`)."""
+    episode_seeds: Literal["init_state_index", "task_seed", "seed_plus_index"]
+    """The `env_seed` an evaluation gives episode k: k itself (rescue), the task's one seed (openpi: 7, every
+    episode), or `seed_base + k` (LeRobot: 1000 + k)."""
+    seed_base: int = 0
+    """openpi's task seed (7) or LeRobot's start seed (1000); unused by `init_state_index`."""
+    success: Literal["after_every_step"] = "after_every_step"
+    """When success is checked: after every env step, and the episode ends at the first success (all three)."""
+    camera_size: int = 256
+    """The cameras' render size the evaluation built its env with (an observation profile resizes from it)."""
+
+    def sha256(self) -> str:
+        """Digest of the definition (a study records it; a changed built-in is refused on resume)."""
+        return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode("utf-8")).hexdigest()
+
+    def horizon(self, suite: str) -> int:
+        """H of a suite under this protocol: its own, else its base suite's (`libero_object_swap` -> `libero_object`)."""
+        if suite in self.horizons:
+            return self.horizons[suite]
+        base = next((s for s in sorted(self.horizons, key=len, reverse=True) if suite.startswith(s + "_")), None)
+        if base is None:
+            raise ValueError(f"the {self.name} protocol has no horizon for suite {suite!r}")
+        return self.horizons[base]
+
+    def episode_seed(self, index: int) -> int:
+        """The `env_seed` of episode `index` of a task under this protocol."""
+        if self.episode_seeds == "init_state_index":
+            return index
+        if self.episode_seeds == "task_seed":
+            return self.seed_base
+        return self.seed_base + index
+
+
+NOOP_GRIPPER_OPEN = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
+
+RESCUE = EpisodeProtocol(
+    name="rescue",
+    description="this tool's own: seeded before every reset, soft reset of a cached env (studies before protocols)",
+    reset="soft", seeding="per_episode", settle_steps=10, settle_action=NOOP_GRIPPER_OPEN,
+    horizons=dict(OFFICIAL_HORIZON), episode_seeds="init_state_index",
+)
+# openpi's examples/libero/main.py: OffScreenRenderEnv(bddl, camera_heights=256, camera_widths=256) (hard_reset
+# default True), env.seed(7) once per task right after building it, episodes in order, env.reset() then
+# set_init_state(initial_states[k]), 10 steps of [0]*6 + [-1], then max_steps per suite.
+OPENPI = EpisodeProtocol(
+    name="openpi",
+    description="openpi's LIBERO client (examples/libero/main.py): hard resets, env.seed(7) once per task, episodes in order",
+    reset="hard", seeding="per_task", settle_steps=10, settle_action=NOOP_GRIPPER_OPEN,
+    horizons=dict(OFFICIAL_HORIZON), episode_seeds="task_seed", seed_base=7,
+)
+# LeRobot's LIBERO env (src/lerobot/envs/libero.py): hard resets, env.seed(seed) before each reset with
+# seed = 1000 + episode (lerobot-eval's start seed), init state j for episode j, 10 settle steps inside the
+# reset, TASK_SUITE_MAX_STEPS (libero_spatial 280, where openpi has 220).
+LEROBOT = EpisodeProtocol(
+    name="lerobot",
+    description="LeRobot's LIBERO evaluation (lerobot-eval): hard resets, env.seed(1000 + episode) before each",
+    reset="hard", seeding="per_episode", settle_steps=10, settle_action=NOOP_GRIPPER_OPEN,
+    horizons={**OFFICIAL_HORIZON, "libero_spatial": 280}, episode_seeds="seed_plus_index", seed_base=1000,
+)
+PROTOCOLS: dict[str, EpisodeProtocol] = {p.name: p for p in (RESCUE, OPENPI, LEROBOT)}
+# The protocol of a study that names none: an external policy server is evaluated the way openpi's
+# client runs it (as its observation profile defaults to openpi-libero); the bundled policies keep
+# this tool's own protocol, which every study made before protocols used.
+EXTERNAL_DEFAULT = "openpi"
+BUNDLED_DEFAULT = "rescue"
+
+
+def get_protocol(name: str | None) -> EpisodeProtocol:
+    """A built-in protocol by name (None: `rescue`, the protocol of studies made before there were others)."""
+    protocol = PROTOCOLS.get(name or BUNDLED_DEFAULT)
+    if protocol is None:
+        raise ValueError(f"unknown episode protocol {name!r}; built in: {', '.join(PROTOCOLS)}")
+    return protocol
