@@ -315,6 +315,20 @@ def cmd_manifest_from_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_manifest_from_results(args: argparse.Namespace) -> int:
+    from rescue.core.results import ResultsError
+    from rescue.run.commands import manifest_from_results
+
+    try:
+        cases = manifest_from_results(Path(args.results), args.kind, Path(args.out), args.seed)
+    except ResultsError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    console.print(f"wrote {len(cases)} failure case(s) to {args.out} ({args.kind} episode protocol, each fingerprinted)")
+    return 0
+
+
 def cmd_ablate(args: argparse.Namespace) -> int:
     from rich.table import Table
 
@@ -576,6 +590,13 @@ def _add_manifest_commands(sub) -> None:
     m.add_argument("--inits", help="only failures of these official initial states, e.g. 30-39 (a held-out split)")
     m.add_argument("--limit", type=int, help="at most this many failures (after --inits), in manifest order")
     m.set_defaults(func=cmd_manifest_from_eval)
+    for kind, what, default_seed in (("lerobot", "LeRobot's eval_info.json (lerobot-eval)", 1000),
+                                     ("openpi", "openpi-style results: JSON lines of suite, task_id, episode, success", 7)):
+        m = msub.add_parser(f"from-{kind}", help=f"write the failure manifest of {what}, under the {kind} protocol")
+        m.add_argument("results")
+        m.add_argument("--out", required=True)
+        m.add_argument("--seed", type=int, help=f"the evaluation's seed (default {default_seed})")
+        m.set_defaults(func=cmd_manifest_from_results, kind=kind)
 
 
 def _add_analysis_commands(sub) -> None:

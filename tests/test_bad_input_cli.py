@@ -56,3 +56,12 @@ def test_report_on_a_wrong_path_creates_nothing(tmp_path):
     out = rescue_cli("report", str(tmp_path / "nowhere" / "study"), check=False)
     assert out.returncode == 2 and "is not a study folder" in out.stderr
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_failures_of_another_episode_protocol_are_refused_by_a_study_of_this_one(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps(dict(CASE, env_seed=7, tags={"episode_protocol": "openpi"})) + "\n")
+    out = rescue_cli("run", str(path), "--study", str(tmp_path / "s"), check=False)  # the embedded policy: rescue
+    assert out.returncode == 2 and not (tmp_path / "s").exists()
+    assert "episodes of the 'openpi' episode protocol, this study runs 'rescue'" in out.stderr
+    assert "episode_protocol = 'openpi'" in out.stderr

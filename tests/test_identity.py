@@ -79,6 +79,24 @@ def test_resolution_is_pure_and_names_what_changed():
     assert config.sha256() != config.model_copy(update={"policy": config.policy.model_copy(update={"replan_interval": 4})}).sha256()
 
 
+def test_the_episode_protocol_is_resolved_into_the_identity_and_a_changed_one_is_refused():
+    from rescue.core.episode_protocol import get_protocol
+    from rescue.run.peers import check_identity
+
+    external = resolve_config(StudyConfig(policy={"url": "ws://x", "replan_interval": 5}), {})
+    bundled = resolve_config(StudyConfig(), {"action_horizon": 8})
+    chosen = resolve_config(StudyConfig(policy={"url": "ws://x", "replan_interval": 5}, env={"episode_protocol": "lerobot"}), {})
+    assert (external.env.episode_protocol, bundled.env.episode_protocol, chosen.env.episode_protocol) == ("openpi", "rescue", "lerobot")
+    assert external.env.episode_protocol_sha256 == get_protocol("openpi").sha256()
+    assert external.sha256() != chosen.sha256()  # part of the digest once set
+    check_identity(external, {})
+    edited = external.model_copy(update={"env": external.env.model_copy(update={"episode_protocol_sha256": "0" * 64})})
+    with pytest.raises(IdentityError, match="episode protocol 'openpi'"):
+        check_identity(edited, {})
+    with pytest.raises(IdentityError, match="env.episode_protocol"):
+        resolve_config(StudyConfig(env={"episode_protocol": "mine"}), {"action_horizon": 8})
+
+
 @pytest.mark.e2e
 def test_resume_and_continuation_refuse_a_server_announcing_another_horizon(tmp_path):
     manifest = load_manifest(write_cases(tmp_path / "m.jsonl", 2))

@@ -58,6 +58,10 @@ class EpisodeProtocol(BaseModel):
     """When success is checked: after every env step, and the episode ends at the first success (all three)."""
     camera_size: int = 256
     """The cameras' render size the evaluation built its env with (an observation profile resizes from it)."""
+    episode_markers: Literal["announced", "never"] = "announced"
+    """Whether an arm sends openpi's `episode_start`/`episode_end` frames: `announced`, to a server whose
+    metadata announces them (the bundled one); `never`, as openpi's own LIBERO client (which sends none: the
+    frames exist only in an unmerged change of openpi) and LeRobot (its policies run in process)."""
 
     def sha256(self) -> str:
         """Digest of the definition (a study records it; a changed built-in is refused on resume)."""
@@ -96,7 +100,7 @@ OPENPI = EpisodeProtocol(
     name="openpi",
     description="openpi's LIBERO client (examples/libero/main.py): hard resets, env.seed(7) once per task, episodes in order",
     reset="hard", seeding="per_task", settle_steps=10, settle_action=NOOP_GRIPPER_OPEN,
-    horizons=dict(OFFICIAL_HORIZON), episode_seeds="task_seed", seed_base=7,
+    horizons=dict(OFFICIAL_HORIZON), episode_seeds="task_seed", seed_base=7, episode_markers="never",
 )
 # LeRobot's LIBERO env (src/lerobot/envs/libero.py): hard resets, env.seed(seed) before each reset with
 # seed = 1000 + episode (lerobot-eval's start seed), init state j for episode j, 10 settle steps inside the
@@ -106,6 +110,7 @@ LEROBOT = EpisodeProtocol(
     description="LeRobot's LIBERO evaluation (lerobot-eval): hard resets, env.seed(1000 + episode) before each",
     reset="hard", seeding="per_episode", settle_steps=10, settle_action=NOOP_GRIPPER_OPEN,
     horizons={**OFFICIAL_HORIZON, "libero_spatial": 280}, episode_seeds="seed_plus_index", seed_base=1000,
+    episode_markers="never",
 )
 PROTOCOLS: dict[str, EpisodeProtocol] = {p.name: p for p in (RESCUE, OPENPI, LEROBOT)}
 # The protocol of a study that names none: an external policy server is evaluated the way openpi's

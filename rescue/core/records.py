@@ -178,6 +178,9 @@ class ArmResult(BaseModel):
     episode_protocol: str | None = None
     """The episode protocol the arm's episode started under (`rescue`, `openpi`, `lerobot`); None: a record
     made before protocols (`rescue`)."""
+    episode_markers: bool | None = None
+    """Whether openpi's `episode_start`/`episode_end` frames were sent to the policy server (only to a server
+    announcing them, and never under the openpi or lerobot protocol); None: a record made before it was noted."""
     q_state: str | None = None
     """Digest of the simulator's full state when the arm reached q; None when the arm ended before q or the
     adapter gives no state digest."""

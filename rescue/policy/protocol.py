@@ -19,7 +19,8 @@ CONTROL_KEY = "__rescue__"
 CONTROL_EXTENSION = "rescue_control"  # accepts "reset"
 RNG_EXTENSION = "rescue_rng"  # accepts "reset_rng" and "rng_state"
 
-# Newer openpi clients' episode markers, sent on the inference socket:
+# openpi's episode markers (an unmerged change of openpi's client and server; its current LIBERO
+# client sends none, and its server's metadata would not announce them), on the inference socket:
 # {"__ctrl__": "episode_start", "__experiment__", "__task__", "__episode_id__"} and
 # {"__ctrl__": "episode_end", "__success__"}, each answered with a msgpack dict. A server
 # that does not know them passes them to its policy as an observation, so a client sends

@@ -124,6 +124,7 @@ class ArmRun:
         self.q_render: dict[str, str] | None = None
         self.restored_render: dict[str, str] | None = None
         self.q_views: dict | None = None
+        self.episode_markers = False  # whether openpi's episode frames went to the server
         # Rules between policy and simulator (wrappers/async_rules.py) log their firings here.
         self.firings: list[dict] | None = getattr(policy, "firings", None)
         self.rng_control = bool(policy.supports_rng)
@@ -154,10 +155,14 @@ class ArmRun:
         else:
             # Recorded on the arm (policy_rng_control) so the study shows it.
             self.log.warning("arm.no_rng_control", reason="no RNG extension: prefix equality not guaranteed by the server")
-        await self.policy.episode_start(self.spec.experiment, self.original, f"{self.case.case_id}/{self.spec.arm}")
+        if self.spec.protocol.episode_markers == "announced":
+            marked = await self.policy.episode_start(self.spec.experiment, self.original, f"{self.case.case_id}/{self.spec.arm}")
+            self.episode_markers = marked is not None
 
     async def end_policy(self, success: bool | None) -> None:
         """Tell a server that accepts it the episode ended; best effort (the record is already complete)."""
+        if not self.episode_markers:
+            return
         try:
             await self.policy.episode_end(success)
         except Exception as exc:
@@ -253,6 +258,7 @@ class ArmRun:
             policy_rng_control=self.rng_control,
             mode=mode,
             episode_protocol=self.spec.protocol.name,
+            episode_markers=self.episode_markers,
             q_state=self.q_state,
             q_render=self.q_render,
             restored_render=self.restored_render,

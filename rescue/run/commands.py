@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Callable, Literal
 from pydantic import BaseModel, ConfigDict
 
 from rescue.core.config import StudyConfig
+from rescue.core.episode_protocol import get_protocol
 from rescue.core.evaluation import EvalSummary, episode_cases, failure_cases, mark_pilot, summarize_eval
 from rescue.core.manifest import Case, Manifest, ManifestError, load_manifest, parse_manifest
 from rescue.core.records import Verdict
@@ -207,6 +209,38 @@ def manifest_from_eval(
         cases = cases[:limit]
     if pilot_tasks:
         cases = mark_pilot(cases, pilot_tasks)
+    write_manifest(cases, out)
+    return cases
+
+
+def manifest_from_results(
+    results: Path, kind: str, out: Path, seed: int | None = None, adapter: str = "rescue.env.libero:LiberoAdapter"
+) -> list[Case]:
+    """Write the failure manifest of another evaluation's results (`lerobot`: an eval_info.json; `openpi`:
+    JSON lines), its episodes under that evaluation's protocol, each fingerprinted by replaying its reset."""
+    from rescue.core.catalog import libero_catalog
+    from rescue.core.manifest import read_manifest_bytes
+    from rescue.core.results import lerobot_episodes, openpi_episodes
+    from rescue.env.pool import SimProcess
+
+    data = read_manifest_bytes(results)  # a regular file, bounded, as a manifest is read
+    protocol = get_protocol(kind)
+    read = lerobot_episodes if kind == "lerobot" else openpi_episodes
+    episodes = read(data, str(results), libero_catalog(), **({"seed": seed} if seed is not None else {}))
+    failures = [e for e in episodes if not e.success]
+    source = {"source": f"{kind} results {results.name}", "results_sha256": hashlib.sha256(data).hexdigest(),
+              PROTOCOL_TAG: protocol.name}
+    cases = [
+        Case(case_id=f"{e.suite.removeprefix('libero_')}-{e.task_id}-ep{e.episode}", suite=e.suite, task_id=e.task_id, init_state_index=e.init_state_index, env_seed=e.env_seed,
+             horizon=protocol.horizon(e.suite), group=e.suite.removeprefix("libero_"), tags=source)
+        for e in failures
+    ]
+    # The historical fingerprint: the episode's reset replayed under its protocol, in a simulator process.
+    sim = SimProcess(adapter, name="sim-fingerprint")
+    try:
+        cases = [c.model_copy(update={"fingerprint": sim._call("reset", c, None, protocol).fingerprint}) for c in cases]
+    finally:
+        sim.stop()
     write_manifest(cases, out)
     return cases
 
