@@ -350,12 +350,12 @@ def object_case(i: int = 0, **changes) -> dict:
 
 def test_catalog_has_the_official_suites():
     catalog = libero_catalog()
-    sizes = {name: len(suite.tasks) for name, suite in catalog.suites.items()}
+    sizes = {name: len(catalog.suites[name].tasks) for name in OFFICIAL_HORIZON}
     assert sizes == {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
-    assert {name: suite.horizon for name, suite in catalog.suites.items()} == OFFICIAL_HORIZON
+    assert {name: catalog.suites[name].horizon for name in OFFICIAL_HORIZON} == OFFICIAL_HORIZON
     assert OFFICIAL_HORIZON == {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
                                 "libero_90": 400}
-    assert all(task.init_states == 50 for suite in catalog.suites.values() for task in suite.tasks)
+    assert all(task.init_states == 50 for name in OFFICIAL_HORIZON for task in catalog.suites[name].tasks)
     assert catalog.task("libero_object", 3).instruction == OBJECT_3
     assert catalog.task("libero_object", 10) is None and catalog.task("libero_nonexistent", 0) is None
     assert libero_catalog() is catalog  # read once per process
@@ -366,6 +366,7 @@ def test_shipped_catalog_equals_the_installed_libero():
     pytest.importorskip("libero.libero.benchmark")
     built = build_libero_catalog()
     assert built.suites == libero_catalog().suites
+    assert built.unavailable == libero_catalog().unavailable
     shipped = (ROOT / "rescue" / "core" / CATALOG_FILE).read_text(encoding="utf-8")
     assert render(built) == shipped, "regenerate with `python -m rescue.core.catalog`"
 
@@ -397,16 +398,17 @@ def test_every_suites_last_task_and_initial_state_are_accepted_and_one_more_refu
     for name, suite in catalog.suites.items():
         last = len(suite.tasks) - 1
         own = suite.tasks[last].instruction
-        good.append(dict(case_id=f"{name}-last", suite=name, task_id=last, init_state_index=49, env_seed=1,
-                         horizon=10 * suite.horizon, instruction=own))
+        good.append(dict(case_id=f"{name}-last", suite=name, task_id=last, init_state_index=suite.tasks[last].init_states - 1,
+                         env_seed=1, horizon=10 * suite.horizon, instruction=own))
         bad.append(dict(case_id=f"{name}-task", suite=name, task_id=last + 1, init_state_index=0, env_seed=1, horizon=1))
-        bad.append(dict(case_id=f"{name}-init", suite=name, task_id=0, init_state_index=50, env_seed=1, horizon=1))
+        bad.append(dict(case_id=f"{name}-init", suite=name, task_id=0, init_state_index=suite.tasks[0].init_states,
+                        env_seed=1, horizon=1))
         bad.append(dict(case_id=f"{name}-long", suite=name, task_id=0, init_state_index=0, env_seed=1,
                         horizon=10 * suite.horizon + 1))
-    assert len(load_manifest(write_lines(tmp_path / "good.jsonl", [json.dumps(r) for r in good])).cases) == 5
-    path = write_lines(tmp_path / "bad.jsonl", [json.dumps(r) for r in bad])
-    fields = [p.split(": ")[1] for p in problems_of(path)]
-    assert fields == ["task_id", "init_state_index", "horizon"] * 5
+    assert len(load_manifest(write_lines(tmp_path / "good.jsonl", [json.dumps(r) for r in good])).cases) == len(good)
+    for i in range(0, len(bad), 3):  # one file per suite: all of them in one would pass MAX_PROBLEMS
+        path = write_lines(tmp_path / "bad.jsonl", [json.dumps(r) for r in bad[i:i + 3]])
+        assert [p.split(": ")[1] for p in problems_of(path)] == ["task_id", "init_state_index", "horizon"]
 
 
 def test_every_problem_of_a_line_is_reported_together(tmp_path):

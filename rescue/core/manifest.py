@@ -393,8 +393,8 @@ def _benchmark_problems(obj: dict[str, Any], catalog: Catalog, max_horizon_facto
         return []
     suite = catalog.suite(name)
     if suite is None:
-        known = ", ".join(catalog.suites)
-        return [("suite", f"unknown suite {_show(name)}; {catalog.benchmark} has {known}")]
+        refused = catalog.refusal(name)  # in the benchmark, but not runnable here: say why
+        return [("suite", refused or f"unknown suite {_show(name)}; {catalog.hint(name)}")]
     out = []
     task_id, task = obj.get("task_id"), None
     if _is_int(task_id) and 0 <= task_id <= _INT32_MAX:
