@@ -270,9 +270,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from rescue.read.html.compare import write_comparison_report
     from rescue.read.html.report import write_report
 
-    console.print(f"wrote {write_report(Path(args.study), args.out, video=args.video)}")
+    if len(args.studies) == 1:
+        console.print(f"wrote {write_report(Path(args.studies[0]), args.out, video=args.video)}")
+        return 0
+    if args.video:
+        from rescue.core.config import ConfigError
+
+        raise ConfigError("--video makes one study's videos; give one study folder with it")
+    console.print(f"wrote {write_comparison_report([Path(s) for s in args.studies], args.out or 'comparison.html')}")
     return 0
 
 
@@ -567,9 +575,10 @@ def _add_study_commands(sub) -> None:
     p.add_argument("--policy-factory", help="module:function of an in-process policy to serve")
     p.set_defaults(func=cmd_preflight)
 
-    p = sub.add_parser("report", help="an HTML page: figures, and per case both arms' keyframes, the subgoal, the verdict")
-    p.add_argument("study")
-    p.add_argument("--out", help=f"default: STUDY/{layout.REPORT}")
+    p = sub.add_parser("report", help="an HTML page: figures, and per case the arms, the subgoal, the verdict; "
+                       "or several studies of one manifest side by side")
+    p.add_argument("studies", nargs="+", metavar="STUDY", help="one study folder, or several of the same manifest")
+    p.add_argument("--out", help=f"default: STUDY/{layout.REPORT} (several studies: comparison.html)")
     p.add_argument("--video", action="store_true", help="an mp4 per arm from the stored frames (needs imageio and imageio-ffmpeg)")
     p.set_defaults(func=cmd_report)
 

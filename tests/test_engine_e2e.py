@@ -163,7 +163,11 @@ def test_report_shows_keyframes_subgoal_and_verdict(tmp_path):
     study = tmp_path / "study"
     rescue_cli("run", str(manifest), "--study", str(study), "--config", str(tmp_path / "k.toml"))
     rescue_cli("report", str(study))
-    page = (study / "report.html").read_text()
+    from rescue.read.html.app import read_panel_script
+
+    # The page lists the cases; each case's panel is a file of its own, loaded when it is shown.
+    assert "object-3-ep0" in (study / "report_files" / "cases.js").read_text()
+    page = read_panel_script((study / "report_files" / "case" / "object-3-ep0.js").read_text())[1]
     arms = _arms(study)
     assisted = json.loads(arms[("object-3-ep0", "assisted")])
     assert "object-3-ep0" in page and assisted["assistance"]["subgoal"] in page

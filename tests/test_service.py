@@ -189,7 +189,9 @@ def test_serve_survives_sigkill_mid_job_and_resumes_as_rescue_resume(tmp_path):
             assert f'href="/jobs/{job_id}/study/report.html"' in dom
         assert 'data-live="1"' in dom  # the page's script fetched /jobs and rebuilt the table
         report = urllib.request.urlopen(f"http://127.0.0.1:{port}/jobs/{second}/study/report.html", timeout=30)
-        assert report.status == 200 and "object-3-ep0" in report.read().decode()
+        assert report.status == 200
+        cases = urllib.request.urlopen(f"http://127.0.0.1:{port}/jobs/{second}/study/report_files/cases.js", timeout=30)
+        assert cases.status == 200 and "object-3-ep0" in cases.read().decode()
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0

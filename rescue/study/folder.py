@@ -74,6 +74,7 @@ def create_study(study_dir: Path, manifest: Manifest, config: StudyConfig, extra
         config_json = json.dumps(config.model_dump(mode="json"), indent=2, sort_keys=True)
         write_atomic(layout.config, config_json + "\n")
         meta = {
+            **tool_provenance(),
             "study_id": study_dir.name,
             "kind": "evaluation" if config.is_evaluation else "rescue",
             "created_at": time.time(),
@@ -94,6 +95,27 @@ def create_study(study_dir: Path, manifest: Manifest, config: StudyConfig, extra
         raise StudyError(f"cannot create the study at {study_dir}: {exc.strerror or exc}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def tool_provenance() -> dict[str, Any]:
+    """The tool that creates a study: its version, and when it runs from a git checkout its commit and
+    whether that checkout had uncommitted changes (None outside a checkout)."""
+    import subprocess
+
+    import rescue
+
+    root = Path(rescue.__file__).resolve().parent.parent
+    commit = dirty = None
+    if (root / ".git").exists():
+        try:
+            commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    timeout=10, check=True).stdout.strip() or None
+            status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=10, check=True).stdout
+            dirty = bool(status.strip())
+        except (OSError, subprocess.SubprocessError):
+            commit = dirty = None
+    return {"rescue_version": rescue.__version__, "git_commit": commit, "git_dirty": dirty}
 
 
 def load_study_config(study_dir: str | os.PathLike[str]) -> StudyConfig:

@@ -1,14 +1,16 @@
-"""The case table (filterable by class, group, task) and one panel per case."""
+"""The case list's index rows and one panel per case (loaded on demand by the page, see app.py)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rescue.core.records import ArmResult, Receipt
 from rescue.read.export import CaseEntry
 from rescue.read.html.page import esc
+from rescue.read.html.paths import path_svg, shared_bounds
 
 # A file href (relative to the page) or None when the file could not be placed.
 Href = str | None
@@ -25,7 +27,7 @@ class CaseView:
     receipt_line: str | None = None  # the receipt's exact line text
     receipt_check: str | None = None  # None: the line hashes to the arm's reference
     receipt_href: Href = None
-    views: list[tuple[str, Href]] = field(default_factory=list)  # (caption, image) the VLM saw at q
+    views: list[tuple[str, Href]] = field(default_factory=list)  # (camera, image) the VLM saw at q
     views_note: str = ""
     prompt: str | None = None
     response: str | None = None
@@ -34,6 +36,10 @@ class CaseView:
     traces: dict[str, Href] = field(default_factory=dict)
     prefix: tuple[bool, str] | None = None
     evidence: tuple[bool, str] | None = None
+    sham_source: str | None = None  # the study's declared source: fixed, permuted, or None (no sham arm)
+    sham_text: str | None = None  # the declared fixed text for this case's task
+    sham_donor: str | None = None  # the declared donor (permuted)
+    sham_receipt: Receipt | None = None  # the donor's call, as its outcome receipt holds it
 
 
 def keyframe_order(name: str) -> tuple[int, str]:
@@ -42,45 +48,68 @@ def keyframe_order(name: str) -> tuple[int, str]:
     return (int(m.group(1)), name) if m else (1 << 30, name)
 
 
-def _options(key: str, values: list[str]) -> str:
-    opts = "".join(f'<option value="{esc(v)}">{esc(v)}</option>' for v in values)
-    return f'<label>{esc(key)} <select id="f-{key}"><option value="">all</option>{opts}</select></label>'
+def reason_kind(reason: str | None) -> str:
+    """A verdict's reason with its numbers left out, so that one kind of reason is one filter value."""
+    if not reason:
+        return ""
+    text = re.sub(r"\d+", "N", reason)
+    return text if len(text) <= 80 else text[:79] + "\u2026"
 
 
 def _ok(x: bool | None) -> str:
     return "" if x is None else ("✔" if x else "✘")
 
 
-def case_table(views: list[CaseView]) -> str:
-    """Every case, one row each, with selects for class, group, task and cohort (main or pilot)."""
-    labels = sorted({v.entry.label or v.entry.state for v in views})
-    groups = sorted({v.entry.group for v in views})
-    tasks = sorted({v.entry.task for v in views})
-    filters = (
-        '<p class="filters">' + _options("label", labels) + _options("group", groups) + _options("task", tasks)
-        + _options("cohort", ["main", "pilot"]) + ' <span id="shown" data-shown="" data-total=""></span></p>'
-    )
-    head = "<tr><th>case</th><th>class</th><th>rule</th><th>group</th><th>task</th><th>control</th><th>assisted</th><th>assisted steps</th><th>subgoal</th></tr>"
-    rows = []
-    for v in views:
-        e = v.entry
-        label = e.label or e.state
-        cohort = "pilot" if e.pilot else "main"
-        rows.append(
-            f'<tr class="{esc(label)}" data-label="{esc(label)}" data-group="{esc(e.group)}" data-task="{esc(e.task)}" '
-            f'data-cohort="{cohort}"><td><a href="#case-{esc(e.case_id)}">{esc(e.case_id)}</a>{" (pilot)" if e.pilot else ""}</td>'
-            f'<td class="{esc(label)}">{esc(label)}</td><td class=num>{esc(e.rule)}</td><td>{esc(e.group)}</td><td>{esc(e.task)}</td>'
-            f"<td>{_ok(e.control.success if e.control else None)}</td><td>{_ok(e.assisted.success if e.assisted else None)}</td>"
-            f"<td class=num>{esc(e.assisted.steps if e.assisted else '')}</td>"
-            f"<td>{esc(e.assisted.subgoal if e.assisted else '')}</td></tr>"
-        )
-    return filters + f'<table id="case-table"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
+# The index's row layout; the page reads cells by these names.
+FIELDS = ("id", "pilot", "cohort", "label", "rule", "reason", "reason_kind", "sham_label", "sham_rule", "sham_reason",
+          "group", "task", "q", "control", "assisted", "sham", "steps", "subgoal", "sham_subgoal", "donor")
+
+
+def index_row(e: CaseEntry) -> list[Any]:
+    """One case as the list's index holds it (in FIELDS order)."""
+    arm = {name: getattr(e, name) for name in ("control", "assisted", "sham")}
+    row = {
+        "id": e.case_id, "pilot": e.pilot, "cohort": "pilot" if e.pilot else "main", "label": e.label or e.state,
+        "rule": e.rule, "reason": e.reason, "reason_kind": reason_kind(e.reason), "sham_label": e.sham_label,
+        "sham_rule": e.sham_rule, "sham_reason": e.sham_reason, "group": e.group, "task": e.task, "q": e.query_step,
+        "control": arm["control"].success if arm["control"] else None,
+        "assisted": arm["assisted"].success if arm["assisted"] else None,
+        "sham": arm["sham"].success if arm["sham"] else None,
+        "steps": arm["assisted"].steps if arm["assisted"] else None,
+        "subgoal": arm["assisted"].subgoal if arm["assisted"] else None,
+        "sham_subgoal": arm["sham"].subgoal if arm["sham"] else None,
+        "donor": arm["sham"].donor_case_id if arm["sham"] else None,
+    }
+    return [row[k] for k in FIELDS]
+
+
+def case_index(entries: Sequence[CaseEntry], arms: Sequence[str], files: str) -> dict[str, Any]:
+    """The list's index: every case, the columns shown, the filters and the searched fields."""
+    sham = "sham" in arms
+    columns = [["id", "case", "case"], ["label", "class", "label"], ["rule", "rule", "num"], ["reason", "reason", "text"]]
+    if sham:
+        columns.append(["sham_label", "sham class", "label"])
+    columns += [["group", "group", "text"], ["task", "task", "text"], ["control", "control", "ok"]]
+    if "assisted" in arms:
+        columns.append(["assisted", "assisted", "ok"])
+    if sham:
+        columns.append(["sham", "sham", "ok"])
+    if "assisted" in arms:
+        columns += [["steps", "assisted steps", "num"], ["subgoal", "subgoal", "text"]]
+    filters = [["label", "class"]] + ([["sham_label", "sham class"]] if sham else [])
+    filters += [["task", "task"], ["group", "group"], ["cohort", "cohort"], ["reason_kind", "reason"]]
+    return {
+        "fields": list(FIELDS), "columns": columns, "filters": filters,
+        "search": ["id", "task", "subgoal", "sham_subgoal", "reason", "sham_reason"],
+        "panels": True, "prefix": files, "page_size": 50, "rows": [index_row(e) for e in entries],
+    }
 
 
 def _img(href: Href, caption: str, width: int = 160) -> str:
     if href is None:
         return f"<figure><figcaption>{esc(caption)}: file missing</figcaption></figure>"
-    return f'<figure><img src="{esc(href)}" width="{width}" alt="{esc(caption)}"><figcaption>{esc(caption)}</figcaption></figure>'
+    return (f'<figure><img src="{esc(href)}" loading="lazy" decoding="async" width="{width}" height="{width}" '
+            f'alt="{esc(caption)}"><figcaption>{esc(caption)}</figcaption></figure>')
 
 
 def _check(name: str, result: tuple[bool, str] | None) -> str:
@@ -90,38 +119,85 @@ def _check(name: str, result: tuple[bool, str] | None) -> str:
     return f'<li><span class="{"ok" if ok else "bad"}">{esc(name)}: {"ok" if ok else "failed"}</span> ({esc(why)})</li>'
 
 
-def _arm(name: str, arm: ArmResult, v: CaseView, video_note: str) -> str:
+def _go(case_id: str) -> str:
+    return f'<a href="#case={esc(case_id)}" data-go="{esc(case_id)}">{esc(case_id)}</a>'
+
+
+def _call(r: Receipt) -> str:
+    latency = "" if r.latency_s is None else f" · {r.latency_s:.2f} s"
+    return (f"call <code>{esc(r.call_id)}</code> · {esc(r.status)} · model {esc(r.model_reported or r.model_requested)}"
+            f"{latency} · attempts {r.attempt}")
+
+
+def _sham_source(arm: ArmResult, v: CaseView) -> str:
+    """Where the sham arm's subgoal came from: the fixed text, or the donor case and the donor's call."""
+    a = arm.assistance
+    subgoal = a.subgoal if a.subgoal is not None else v.sham_text
+    text = f'<p class="sham-subgoal"><b>sham subgoal</b>: <code>{esc(subgoal) if subgoal else "none"}</code>'
+    if v.sham_source == "fixed" or a.source == "fixed":
+        text += " (the study's declared fixed text" + ("" if a.subgoal is not None else "; never applied") + ")</p>"
+        return text
+    donor = a.donor_case_id or v.sham_donor
+    text += "</p>"
+    if donor is None:
+        return text + '<p class="note">no donor declared</p>'
+    line = f'<p class="sham-donor">from donor case {_go(donor)}'
+    if v.sham_donor is not None and donor != v.sham_donor:
+        line += f' <span class="bad">(the declared donor is {_go(v.sham_donor)})</span>'
+    r = v.sham_receipt
+    if r is not None:
+        line += f"; the donor's {_call(r)}"
+        if a.request_id:
+            line += f", request <code>{esc(a.request_id)}</code>"
+    elif a.call_id:
+        line += f"; the donor's call <code>{esc(a.call_id)}</code> (its outcome receipt was not found)"
+    else:
+        line += "; the donor's call gave no answer" + (f" ({esc(a.error_kind)})" if a.error_kind else "")
+    return text + line + "</p>"
+
+
+def _arm(name: str, arm: ArmResult, v: CaseView, video_note: str, bounds) -> str:
     a = arm.assistance
     lines = [
         f"status {esc(arm.status)}, success {_ok(arm.success)}, {arm.steps} steps"
+        + (f", episode protocol {esc(arm.episode_protocol)}" if getattr(arm, "episode_protocol", None) else "")
         + (f", error: {esc(arm.error)}" if arm.error else ""),
-        f"assistance {esc(a.status)}" + (f" at step {a.query_step}" if a.query_step is not None else ""),
+        f"assistance {esc(a.status)}" + (f" at step {a.query_step}" if a.query_step is not None else "")
+        + (f" ({esc(a.error_kind)})" if a.error_kind else ""),
     ]
-    frames = v.keyframes.get(name, [])
     body = f'<div class="arm" data-arm="{esc(name)}"><h4>{esc(name)}</h4><p>{"<br>".join(lines)}</p>'
+    if name == "sham":
+        body += _sham_source(arm, v)
+        e = v.entry
+        if e.sham_label is not None:
+            body += (f'<p><b>sham vs control</b>: <span class="{esc(e.sham_label)}">{esc(e.sham_label)}</span>, '
+                     f"rule {esc(e.sham_rule)}: {esc(e.sham_reason)}</p>")
+    body += path_svg(arm, v.entry.query_step, bounds)
+    frames = v.keyframes.get(name, [])
     if frames:
-        body += '<div class="frames">' + "".join(_img(href, f"{name} {k}") for k, href in frames) + "</div>"
+        body += '<div class="frames">' + "".join(_img(href, f"{name} {k}", 128) for k, href in frames) + "</div>"
     else:
         body += '<p class="note">no keyframes stored (the study ran with keyframes off)</p>'
     if name in v.videos:
         href = v.videos[name]
-        body += f'<video controls width="256" src="{esc(href)}"></video><p class="note">{esc(video_note)}</p>'
+        body += f'<video controls preload="none" width="256" src="{esc(href)}"></video><p class="note">{esc(video_note)}</p>'
     if name in v.traces:
         body += f'<p><a href="{esc(v.traces[name])}">trace rows ({len(arm.trace)})</a></p>'
     return body + "</div>"
 
 
 def case_panel(v: CaseView, arm_order: Callable[[str], tuple[int, str]], video_note: str) -> str:
-    """One case: verdict with rule and reason, what the VLM saw and answered, the arms side by side, checks, links."""
+    """One case: verdict with rule and reason, what the VLM saw (by camera) and answered, the arms side by side
+    with their end-effector paths, the sham arm's source, checks, links."""
     e = v.entry
     label = e.label or e.state
     head = (
-        f'<section class="case" id="case-{esc(e.case_id)}" data-case="{esc(e.case_id)}">'
         f'<h3>{esc(e.case_id)} <span class="{esc(label)}">{esc(label)}</span>{" · pilot" if e.pilot else ""}</h3>'
         f"<p>{esc(e.task)} · group {esc(e.group)} · horizon {v.horizon} · query point q = {esc(e.query_step)}</p>"
     )
-    verdict = f"<p><b>verdict</b>: rule {esc(e.rule)}: {esc(e.reason)}" + (f" ({esc(e.deviation)})" if e.deviation else "") + "</p>"
-    subgoal = v.arms.get("assisted").assistance.subgoal if "assisted" in v.arms else None
+    verdict = (f'<p class="verdict" data-label="{esc(label)}" data-rule="{esc(e.rule)}"><b>verdict</b>: rule {esc(e.rule)}: '
+               f"{esc(e.reason)}" + (f" ({esc(e.deviation)})" if e.deviation else "") + "</p>")
+    subgoal = v.arms["assisted"].assistance.subgoal if "assisted" in v.arms else None
     vlm = ""
     if subgoal:
         vlm += f"<p><b>subgoal</b>: <code>{esc(subgoal)}</code></p>"
@@ -133,16 +209,16 @@ def case_panel(v: CaseView, arm_order: Callable[[str], tuple[int, str]], video_n
     if v.response is not None:
         vlm += f"<details><summary>raw answer</summary><pre>{esc(v.response)}</pre></details>"
     if v.receipt is not None:
-        r = v.receipt
-        vlm += (
-            f'<p class="note">call {esc(r.call_id)} · {esc(r.status)} · model {esc(r.model_reported or r.model_requested)}'
-            f" · {'' if r.latency_s is None else f'{r.latency_s:.2f} s'} · attempts {r.attempt}</p>"
-        )
-    arms = '<div class="arms">' + "".join(_arm(n, v.arms[n], v, video_note) for n in sorted(v.arms, key=arm_order)) + "</div>"
+        vlm += f'<p class="note">{_call(v.receipt)}</p>'
+    order = sorted(v.arms, key=arm_order)
+    bounds = shared_bounds([v.arms[n] for n in order], v.horizon)
+    arms = '<div class="arms">' + "".join(_arm(n, v.arms[n], v, video_note, bounds) for n in order) + "</div>"
+    if not v.arms:
+        arms = f'<p class="note">no arm recorded ({esc(e.state)})</p>'
     checks = "<ul>" + _check("prefix match", v.prefix) + _check("evidence", v.evidence)
     if v.receipt_line is not None:
         state = "matches the arm's reference" if v.receipt_check is None else v.receipt_check
         link = f' <a href="{esc(v.receipt_href)}">raw receipt line</a>' if v.receipt_href else ""
         checks += f"<li>receipt line: {esc(state)}{link}</li>"
     checks += f"<li>in M: {_ok(e.in_m)} · in E: {_ok(e.in_e)}</li></ul>"
-    return head + verdict + vlm + arms + checks + "</section>"
+    return head + verdict + vlm + arms + checks

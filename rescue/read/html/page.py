@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from rescue.core.stats import LABELS, Breakdown, Summary
+from rescue.read.html import app
 from rescue.read.html.significance import significance_reading
 
 STYLE = """
@@ -28,7 +29,7 @@ th{background:#f0f0f0}td.num,th.num{text-align:right;font-variant-numeric:tabula
 .card .v{font-size:1.6em;font-weight:600}.card .k{color:#666;font-size:.85em}
 .reading{background:#eef4fb;border-left:4px solid #1565c0;padding:.6em 1em;margin:.6em 0 1em}
 .note{color:#666;font-size:.9em}
-.plots{display:flex;flex-wrap:wrap;gap:1em}.plots img{max-width:560px;background:#fff;border:1px solid #ddd}
+.plots{display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start}.plots img{max-width:560px;background:#fff;border:1px solid #ddd}
 .rescued{color:#2e7d32}.not_rescued{color:#616161}.unknown{color:#b26a00}.initial_state_deviation{color:#c62828}
 tr.rescued td:first-child{border-left:4px solid #2e7d32}tr.unknown td:first-child{border-left:4px solid #f9a825}
 tr.initial_state_deviation td:first-child{border-left:4px solid #c62828}
@@ -39,32 +40,6 @@ figcaption{font-size:.8em;color:#555}pre{white-space:pre-wrap;background:#f6f6f6
 .ok{color:#2e7d32}.bad{color:#c62828}.filters label{margin-right:1em}
 code{background:#f1f1f1;padding:0 .25em;border-radius:3px}
 """
-
-# Filters the case table by class, group and task; the hash (#label=rescued&group=x) preselects them.
-SCRIPT = """
-(function(){
-  var table=document.getElementById('case-table');
-  var keys=['label','group','task','cohort'];
-  function apply(){
-    var want={};keys.forEach(function(k){want[k]=document.getElementById('f-'+k).value;});
-    var rows=table.tBodies[0].rows,shown=0;
-    for(var i=0;i<rows.length;i++){
-      var ok=keys.every(function(k){return !want[k]||rows[i].dataset[k]===want[k];});
-      rows[i].style.display=ok?'':'none';if(ok)shown++;
-    }
-    var out=document.getElementById('shown');
-    out.textContent=shown+' of '+rows.length+' case(s) shown';out.dataset.shown=shown;out.dataset.total=rows.length;
-  }
-  var params=new URLSearchParams(location.hash.slice(1));
-  keys.forEach(function(k){
-    var sel=document.getElementById('f-'+k);
-    if(params.has(k))sel.value=params.get(k);
-    sel.addEventListener('change',apply);
-  });
-  apply();
-})();
-"""
-
 
 def esc(x: Any) -> str:
     """HTML-escaped text of any value ('' for None)."""
@@ -190,9 +165,9 @@ def usage_block(u: Any) -> str:
 
 
 def page(title: str, body: str) -> str:
-    """The whole document: no network, styles and the filter script inline."""
+    """The whole document: no network; styles and the case list's script inline (its data comes from files)."""
     return (
         f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{esc(title)}</title>"
-        f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{STYLE}</style></head>'
-        f"<body><main>{body}</main><script>{SCRIPT}</script></body></html>\n"
+        f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{STYLE}{app.STYLE}</style>'
+        f"<script>{app.SCRIPT}</script></head><body><main>{body}</main></body></html>\n"
     )

@@ -93,11 +93,23 @@ def latency_plot(latencies: Sequence[float]) -> bytes | None:
     return _png(fig)
 
 
+# Above this many rescued cases the steps plot is a histogram instead of a bar per case.
+MAX_BARS = 40
+
+
 def steps_plot(rows: Sequence[tuple[str, int, int, int]]) -> bytes | None:
     """Rescued cases (case id, query step, assisted steps, horizon): where in the episode success came."""
     if not rows:
         return None
     plt = _pyplot()
+    if len(rows) > MAX_BARS:
+        # One bar per case stops being readable (and the figure's height would grow with the study).
+        fig, ax = plt.subplots(figsize=(6.4, 2.6))
+        ax.hist([(steps - q) / max(1, horizon - q) for _, q, steps, horizon in rows], bins=20, range=(0, 1), color=LABEL_COLOURS["rescued"])
+        ax.set_xlabel("steps from q to success, as a share of the steps left after q (H - q)")
+        ax.set_ylabel("rescued cases")
+        ax.set_title(f"when the {len(rows)} rescued cases succeeded", fontsize=10)
+        return _png(fig)
     fig, ax = plt.subplots(figsize=(6.4, 0.35 * len(rows) + 1.2))
     ys = list(range(len(rows)))[::-1]
     for y, (_, q, steps, horizon) in zip(ys, rows):

@@ -5,6 +5,12 @@ folder beside it (`report.html` -> `report_files/`), linked by relative
 paths, so the two travel together and open offline. Numbers come from the
 export (the same document `rescue export` writes); the per-case panels read
 the arms, receipts and kept VLM artifacts (DESIGN §9).
+
+The page's weight does not grow with the study (DESIGN §12): it holds the
+figures and the list's frame; the list's rows are one index file
+(`report_files/cases.js`) and each case's panel its own file
+(`report_files/case/<case id>.js`), loaded when the reader scrolls to it, with
+its images `loading="lazy"` (see app.py).
 """
 
 from __future__ import annotations
@@ -13,16 +19,25 @@ import hashlib
 import json
 import os
 import shutil
-from datetime import datetime, timezone
 from pathlib import Path
 
+from rescue.core.images import VLM_VIEWS
 from rescue.core.manifest import Case
 from rescue.core.proofs import check_evidence, prefix_match
 from rescue.core.stats import wilson_interval
 from rescue.read.export import StudyExport, export_study
 from rescue.read.html import plots
-from rescue.read.html.cases import CaseView, case_panel, case_table, keyframe_order
-from rescue.read.html.page import breakdown_table, esc, page, pct, summary_block, usage_block
+from rescue.read.html.app import index_script, list_shell, panel_script
+from rescue.read.html.cases import CaseView, case_index, case_panel, keyframe_order
+from rescue.read.html.page import (
+    breakdown_table,
+    esc,
+    page,
+    pct,
+    summary_block,
+    usage_block,
+)
+from rescue.read.html.provenance import created_text, episode_protocol, provenance_block
 from rescue.study.files import write_atomic
 from rescue.study.folder import StudyRecords, open_journal, read_study
 from rescue.study.layout import LayoutError, StudyLayout, report_files, safe_part
@@ -51,7 +66,9 @@ class Assets:
         return f"{self.prefix}/{name}"
 
     def copy(self, src: Path, name: str) -> str | None:
-        """Copy a file in (once); None when the source is missing."""
+        """Copy a file in (once); None when the source is missing.
+
+        A copy, not a hard link: a link would let an edit of the report's file change the study's evidence."""
         if not src.is_file():
             return None
         dst = self.folder / name
@@ -60,8 +77,10 @@ class Assets:
         return self.href(name)
 
     def write(self, name: str, data: bytes) -> str:
-        """Write a file into the folder."""
-        (self.folder / name).write_bytes(data)
+        """Write a file into the folder (`name` may hold one subfolder)."""
+        path = self.folder / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(data)
         return self.href(name)
 
 
@@ -125,6 +144,10 @@ def _case_view(study: Path, records: StudyRecords, case: Case, entry, assets: As
     rec = records.record(case)
     if rec.control is not None and rec.assisted is not None:
         v.prefix = prefix_match(rec.control.trace, rec.assisted.trace, rec.query_step)
+    v.sham_source, v.sham_text, v.sham_donor = rec.sham_source, rec.sham_text, rec.sham_donor
+    sham = arms.get("sham")
+    if sham is not None and sham.assistance.call_id:
+        v.sham_receipt = records.receipts.get(sham.assistance.call_id)
     assisted = arms.get("assisted")
     if assisted is None or assisted.assistance.call_id is None:
         return v
@@ -141,12 +164,17 @@ def _case_view(study: Path, records: StudyRecords, case: Case, entry, assets: As
         return v
     folder = layout.vlm_artifacts
     views = r.image_sha256.get(a.request_id or "", [])
+    # The client renders and sends the views in VLM_VIEWS order (rescue.vlm.client), so the order names the camera.
+    cameras = list(VLM_VIEWS) if len(views) == len(VLM_VIEWS) else [f"view {i + 1}" for i in range(len(views))]
     if views and all(artifact_path(folder, sha, ".png").is_file() for sha in views):
-        v.views = [(f"view {i + 1}", assets.copy(artifact_path(folder, sha, ".png"), f"{sha}.png")) for i, sha in enumerate(views)]
+        v.views = [(camera, assets.copy(artifact_path(folder, sha, ".png"), f"{sha}.png")) for camera, sha in zip(cameras, views)]
+        if len(r.case_ids) > 1:
+            v.views_note = f" (sent to it on one contact sheet with {len(r.case_ids) - 1} other case(s) of the call)"
     elif r.sent_image_sha256:
         # A batched call sends a contact sheet of several cases; that sheet is what the VLM saw.
-        v.views = [(f"image sent {i + 1}", assets.copy(artifact_path(folder, sha, ".png"), f"{sha}.png"))
-                   for i, sha in enumerate(r.sent_image_sha256)]
+        rows = ", ".join(r.case_ids)
+        v.views = [(f"contact sheet {i + 1}: a row per case ({rows}), columns {', '.join(VLM_VIEWS)}",
+                    assets.copy(artifact_path(folder, sha, ".png"), f"{sha}.png")) for i, sha in enumerate(r.sent_image_sha256)]
         v.views_note = f" (a contact sheet shared by {len(r.case_ids)} case(s))" if len(r.case_ids) > 1 else ""
     v.prompt = _read_text(artifact_path(folder, r.prompt_sha256, ".txt"))
     if r.response_sha256:
@@ -278,25 +306,39 @@ def write_report(study_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
     return out_path
 
 
-def _body(study: Path, export: StudyExport, records: StudyRecords, assets: Assets, video: bool) -> str:
-    info, cov = export.study, export.coverage.get("main")
+def arm_protocols(records: StudyRecords) -> set[str | None]:
+    """The episode protocols the study's arms recorded (None: an arm made before protocols)."""
+    return {getattr(arm, "episode_protocol", None) for arms in records.arms.values() for arm in arms.values()}
+
+
+def _header(study: Path, export: StudyExport, records: StudyRecords) -> str:
+    info = export.study
     name = _display_name(study, info.study_id, info.kind)
-    created = datetime.fromtimestamp(info.created_at, timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if info.created_at else "unknown"
-    out = (
+    protocols = arm_protocols(records)
+    return (
         f'<h1 data-study="{esc(info.study_id)}">{esc(name)}</h1>'
-        f'<p class="sub">{esc(info.kind)} study · {len(export.cases)} case(s) · created {esc(created)} · '
-        f"replanning interval C = {esc(info.replan_interval)} · observation profile {esc(info.observation)}<br>"
+        f'<p class="sub">{esc(info.kind)} study · {len(export.cases)} case(s) · created {esc(created_text(info.created_at))} · '
+        f"replanning interval C = {esc(info.replan_interval)} · observation profile {esc(info.observation or 'unknown')} · "
+        f"episode protocol {esc(episode_protocol(records.config, protocols))}<br>"
         f"config sha256 <code>{esc((info.config_sha256 or '')[:16])}</code> · manifest sha256 <code>{esc((info.manifest_sha256 or '')[:16])}</code></p>"
+        + provenance_block(records.config, records.meta, records.receipts.values(), protocols)
+        + '<p class="toc"><a href="#sec-summary">summary</a><a href="#sec-usage">VLM usage</a>'
+        '<a href="#sec-cases">cases</a><a href="#sec-panels">case panels</a></p>'
     )
+
+
+def _body(study: Path, export: StudyExport, records: StudyRecords, assets: Assets, video: bool) -> str:
+    cov = export.coverage.get("main")
+    out = _header(study, export, records)
     if cov is not None and not cov.complete:
         out += (f'<p class="reading">Incomplete: {cov.n_summarized} of {cov.n_manifest} main cases have a verdict '
                 f"({cov.n_pending} never started, {cov.n_in_flight} in flight, {cov.n_without_verdict} without a verdict); "
                 "the figures below cover those with a verdict only.</p>")
     s = export.summary
     if s is None:
-        out += _evaluation(export) + "<h2>Plots</h2>" + _plots(export, records, assets)
+        out += '<h2 id="sec-summary">Summary</h2>' + _evaluation(export) + "<h2>Plots</h2>" + _plots(export, records, assets)
     else:
-        out += "<h2>Summary (main cohort)</h2>" + summary_block("main", s)
+        out += '<h2 id="sec-summary">Summary (main cohort)</h2>' + summary_block("main", s)
         out += "<h2>Plots</h2>" + _plots(export, records, assets)
         out += "<h2>Per group</h2>" + breakdown_table("main", "group", s.per_group)
         out += "<h2>Per task</h2>" + breakdown_table("main", "task", s.per_task)
@@ -304,12 +346,20 @@ def _body(study: Path, export: StudyExport, records: StudyRecords, assets: Asset
             out += (f"<h2>Pilot cases (apart: not in N)</h2><p>Declared before the run: {esc(', '.join(s.pilot_ids))}</p>"
                     + summary_block("pilot", s.pilot))
         out += _partitions(study, export, records.meta)
-    out += "<h2>VLM usage</h2>" + usage_block(export.usage)
+    out += '<h2 id="sec-usage">VLM usage</h2>' + usage_block(export.usage)
     cache: dict[str, list[bytes]] = {}
     by_id = {c.case_id: c for c in records.cases}
-    views = [_case_view(study, records, by_id[e.case_id], e, assets, video, cache) for e in export.cases]
-    out += "<h2>Cases</h2>" + case_table(views)
-    if video and not any(v.videos for v in views):
+    any_video = False
+    for e in export.cases:
+        # One case at a time: its panel goes to its own file and is not kept.
+        v = _case_view(study, records, by_id[e.case_id], e, assets, video, cache)
+        any_video = any_video or bool(v.videos)
+        assets.write(f"case/{e.case_id}.js", panel_script(e.case_id, case_panel(v, _arm_order, VIDEO_NOTE)).encode())
+    index = case_index(export.cases, records.config.arms, assets.prefix)
+    assets.write("cases.js", index_script(index).encode())
+    out += ('<h2 id="sec-cases">Cases</h2><p class="note">Sort by a column\'s heading; search and filters narrow the list '
+            "and the panels below it alike. Each case's panel and images load when scrolled to.</p>")
+    if video and not any_video:
         out += '<p class="note">--video: no arm has stored frames (keyframes were off), so there is no video.</p>'
-    out += "".join(case_panel(v, _arm_order, VIDEO_NOTE) for v in views)
+    out += list_shell(assets.prefix, panels=True)
     return out

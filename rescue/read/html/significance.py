@@ -16,9 +16,12 @@ def _pct(x: float) -> str:
 
 
 def significance_reading(
-    b: int, c: int, p: float, ci: tuple[float, float] | None, alpha: float = 0.05, other: str = "control"
+    b: int, c: int, p: float, ci: tuple[float, float] | None, alpha: float = 0.05, other: str = "control",
+    subject: str = "the assisted arm", first: str = "assisted",
 ) -> str:
-    """One sentence reading McNemar's p (discordant pairs b, c) and the paired CI of assisted - `other` together."""
+    """One sentence reading McNemar's p (discordant pairs b, c) and the paired CI of `first` - `other` together.
+
+    `subject` names what helps or hurts (a comparison of studies names a study's assisted arm)."""
     if ci is None or any(math.isnan(x) for x in ci):
         return "No pair is in M, so neither the test nor the interval says anything yet."
     lo, hi = ci
@@ -33,7 +36,7 @@ def significance_reading(
     direction = "helps" if (lo > 0 if excludes_zero else b > c) else "hurts"
     if significant and excludes_zero:
         return (
-            f"Both agree: the assisted arm {direction} (p = {p:.3g} < {alpha:g}, and the {level} interval "
+            f"Both agree: {subject} {direction} (p = {p:.3g} < {alpha:g}, and the {level} interval "
             f"[{_pct(lo)}, {_pct(hi)}] excludes 0)."
         )
     if not significant and not excludes_zero:
@@ -47,8 +50,8 @@ def significance_reading(
         power = f"cannot reach p < {alpha:g} with so few" if floor >= alpha else "has little power with so few"
         return (
             f"p = {p:.3g} and an interval excluding 0 disagree because only {b + c} pair(s) are discordant "
-            f"({b} assisted-only, {c} {other}-only): the exact test {power}, "
-            "while the interval is an approximation over all the pairs; read it as a hint the assisted arm "
+            f"({b} {first}-only, {c} {other}-only): the exact test {power}, "
+            f"while the interval is an approximation over all the pairs; read it as a hint {subject} "
             f"{direction}, not yet established — more cases are needed."
         )
     return (

@@ -1,0 +1,259 @@
+"""The case list of a report page: sort, search and filters over an index, panels loaded on demand.
+
+The page itself holds no case: the index (`<files>/cases.js`, one compact row per
+case) is loaded by a script tag and calls `rescueIndex(data)`; each case's panel is
+its own file (`<files>/case/<case id>.js`, calling `rescuePanel(id, html)`) injected
+when its placeholder nears the viewport. Script tags, unlike fetch, work from
+`file://`, so the report opens offline from a folder. The hash holds the view
+(`#label=rescued&task=...&q=bowl&sort=-steps&page=2`, `#case=<id>`), so a view can be
+shared and a test can open one.
+
+Index format: `fields` (the row layout), `columns` ([key, title, kind]: case, label,
+ok, num, text, href), `filters` ([key, title]), `search` (keys searched), `panels`
+(whether cases have panel files), `prefix` (the files folder, relative to the page),
+`page_size`, `rows`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+INDEX_CALLBACK = "rescueIndex"
+PANEL_CALLBACK = "rescuePanel"
+
+STYLE = """
+.toc a{margin-right:1em}
+.prov{margin:.4em 0 1em}.prov summary{cursor:pointer;font-weight:600}
+table.prov th{width:16em;font-weight:normal;color:#444}table.prov td{font-family:ui-monospace,monospace;font-size:.85em}
+.filters{display:flex;flex-wrap:wrap;gap:.4em 1em;align-items:center}.filters label{margin:0}
+#search{width:22em;padding:.2em .4em}.filters select{max-width:16em}.scroll{overflow-x:auto}
+#case-list td[data-col=id]{white-space:nowrap}
+#case-list{width:100%;table-layout:auto}#case-list th[data-sort]{cursor:pointer;user-select:none}
+#case-list th[aria-sort]::after{content:" \\25B2"}#case-list th[aria-sort=descending]::after{content:" \\25BC"}
+td.clip{max-width:12em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+.pager{margin:.3em 0}.pager button{margin-right:.5em}
+.case .panel-body{color:#888}.case[data-loaded="0"]{min-height:36em}  /* about a panel's height: few load at once */
+svg.ee-path{background:#fff;display:block}
+tr.differs th{color:#b26a00}
+"""
+
+SCRIPT = """
+(function(){
+  'use strict';
+  var D=null, F={}, byId={}, hay=[], cache={}, asked={}, observer=null, timer=null, jump=null;
+  var st={f:{}, q:'', terms:[], sort:'', page:1, go:''};
+  function $(id){return document.getElementById(id);}
+  function txt(x){return x===null||x===undefined?'':String(x);}
+  function cell(r,k){return r[F[k]];}
+  function known(p){
+    if(p.has('q')||p.has('sort')||p.has('page')||p.has('case'))return true;
+    return D.filters.some(function(f){return p.has(f[0]);});
+  }
+  function readHash(initial){
+    var h=location.hash.slice(1);
+    if(/^case-/.test(h)){st.go=decodeURIComponent(h.slice(5));return true;}
+    var p=new URLSearchParams(h);
+    if(h&&!known(p))return initial;  // a plain anchor: leave the view as it is
+    st.f={};D.filters.forEach(function(f){if(p.get(f[0]))st.f[f[0]]=p.get(f[0]);});
+    st.q=p.get('q')||'';st.sort=p.get('sort')||'';st.page=parseInt(p.get('page')||'1',10)||1;st.go=p.get('case')||'';
+    return true;
+  }
+  function writeHash(){
+    var p=new URLSearchParams();
+    Object.keys(st.f).forEach(function(k){if(st.f[k])p.set(k,st.f[k]);});
+    if(st.q)p.set('q',st.q);if(st.sort)p.set('sort',st.sort);if(st.page>1)p.set('page',String(st.page));
+    try{history.replaceState(null,'','#'+p.toString());}catch(e){}
+  }
+  function sync(){
+    D.filters.forEach(function(f){var s=$('f-'+f[0]);if(s)s.value=st.f[f[0]]||'';});
+    $('search').value=st.q;
+    Array.prototype.forEach.call($('case-list').tHead.rows[0].cells,function(th){
+      var k=th.dataset.sort;th.removeAttribute('aria-sort');
+      if(st.sort===k)th.setAttribute('aria-sort','ascending');else if(st.sort==='-'+k)th.setAttribute('aria-sort','descending');
+    });
+  }
+  function blank(v){return v===null||v===undefined||v==='';}
+  function cmp(a,b){
+    if(a===true||a===false)a=a?1:0;if(b===true||b===false)b=b?1:0;
+    if(typeof a==='number'&&typeof b==='number')return a-b;
+    return String(a).localeCompare(String(b),undefined,{numeric:true});
+  }
+  function matching(){
+    var out=[],keys=Object.keys(st.f).filter(function(k){return st.f[k];});
+    for(var i=0;i<D.rows.length;i++){
+      var r=D.rows[i],ok=true;
+      for(var j=0;j<keys.length&&ok;j++)ok=txt(cell(r,keys[j]))===st.f[keys[j]];
+      for(var t=0;t<st.terms.length&&ok;t++)ok=hay[i].indexOf(st.terms[t])>=0;
+      if(ok)out.push(i);
+    }
+    if(st.sort){
+      var desc=st.sort.charAt(0)==='-',c=F[desc?st.sort.slice(1):st.sort];
+      if(c!==undefined)out.sort(function(a,b){
+        var x=D.rows[a][c],y=D.rows[b][c];
+        if(blank(x)||blank(y))return blank(x)===blank(y)?a-b:(blank(x)?1:-1);  // blanks last either way
+        return (desc?-cmp(x,y):cmp(x,y))||a-b;
+      });
+    }
+    return out;
+  }
+  function fillCell(td,col,v,r){
+    var kind=col[2];td.dataset.col=col[0];
+    if(kind==='case'){
+      if(D.panels){var a=document.createElement('a');a.href='#case='+encodeURIComponent(v);a.dataset.go=v;a.textContent=v;td.appendChild(a);}
+      else td.textContent=v;
+      if(F.pilot!==undefined&&cell(r,'pilot'))td.appendChild(document.createTextNode(' (pilot)'));
+    }else if(kind==='ok'){td.textContent=v===true?'\\u2714':v===false?'\\u2718':'';}
+    else if(kind==='href'){if(v){var l=document.createElement('a');l.href=v;l.textContent='panel';td.appendChild(l);}}
+    else{td.textContent=txt(v);if(kind==='num')td.className='num';if(kind==='label')td.className=txt(v);if(kind==='text'){td.className='clip';td.title=txt(v);}}
+  }
+  function renderList(page){
+    var frag=document.createDocumentFragment();
+    page.forEach(function(i){
+      var r=D.rows[i],tr=document.createElement('tr');
+      tr.dataset.case=cell(r,'id');if(F.label!==undefined)tr.className=txt(cell(r,'label'));
+      D.columns.forEach(function(col){var td=document.createElement('td');fillCell(td,col,cell(r,col[0]),r);tr.appendChild(td);});
+      frag.appendChild(tr);
+    });
+    $('case-list').tBodies[0].replaceChildren(frag);
+  }
+  function fill(sec,html){
+    sec.innerHTML=html;sec.dataset.loaded='1';
+    if(jump===sec.dataset.case){jump=null;sec.scrollIntoView();}  // the panel asked for grew: stay on it
+  }
+  function goTo(id){var sec=$('case-'+id);if(!sec)return false;jump=id;load(id);sec.scrollIntoView();return true;}
+  function load(id){
+    var sec=$('case-'+id);
+    if(cache[id]!==undefined){if(sec&&sec.dataset.loaded!=='1')fill(sec,cache[id]);return;}
+    if(asked[id])return;asked[id]=1;
+    var s=document.createElement('script');s.async=true;
+    s.src=D.prefix+'/case/'+encodeURIComponent(id)+'.js';
+    s.onerror=function(){var x=$('case-'+id);if(x){x.dataset.loaded='missing';x.lastChild.textContent='this case\\'s panel file is missing from '+D.prefix+'/case/';}};
+    document.head.appendChild(s);
+  }
+  window.PANEL_CALLBACK=function(id,html){cache[id]=html;var sec=$('case-'+id);if(sec)fill(sec,html);};
+  function renderPanels(page){
+    var box=$('panels');if(!D.panels||!box)return;
+    if(observer)observer.disconnect();
+    var frag=document.createDocumentFragment();
+    page.forEach(function(i){
+      var r=D.rows[i],id=cell(r,'id'),sec=document.createElement('section'),h=document.createElement('h3'),sp=document.createElement('span'),body=document.createElement('p');
+      sec.className='case';sec.id='case-'+id;sec.dataset.case=id;sec.dataset.loaded='0';
+      h.textContent=id+' ';sp.className=txt(cell(r,'label'));sp.textContent=txt(cell(r,'label'));h.appendChild(sp);
+      body.className='panel-body';body.textContent='loading\\u2026';sec.appendChild(h);sec.appendChild(body);
+      if(cache[id]!==undefined)fill(sec,cache[id]);
+      frag.appendChild(sec);
+    });
+    box.replaceChildren(frag);
+    $('panels-note').textContent=page.length?('The panels of the '+page.length+' case(s) on this page of the list, in its order; each loads when scrolled to.'):'No case matches.';
+    var waiting=box.querySelectorAll('section.case[data-loaded="0"]');
+    if('IntersectionObserver' in window){
+      observer=new IntersectionObserver(function(es){es.forEach(function(e){if(e.isIntersecting){observer.unobserve(e.target);load(e.target.dataset.case);}});},{rootMargin:'400px 0px'});
+      Array.prototype.forEach.call(waiting,function(s){observer.observe(s);});
+    }else Array.prototype.forEach.call(waiting,function(s){load(s.dataset.case);});
+  }
+  function apply(){
+    st.terms=st.q.toLowerCase().split(/\\s+/).filter(Boolean);
+    var idx=matching(),size=D.page_size;
+    if(st.go&&byId[st.go]!==undefined){
+      var at=idx.indexOf(byId[st.go]);
+      if(at<0){st.f={};st.q='';st.terms=[];sync();idx=matching();at=idx.indexOf(byId[st.go]);}  // filtered out: show it anyway
+      st.page=Math.floor(at/size)+1;
+    }
+    var pages=Math.max(1,Math.ceil(idx.length/size));
+    st.page=Math.min(Math.max(1,st.page),pages);
+    var page=idx.slice((st.page-1)*size,st.page*size);
+    renderList(page);renderPanels(page);
+    var out=$('shown');
+    out.textContent=idx.length+' of '+D.rows.length+' case(s) match'+(pages>1?' \\u00b7 page '+st.page+' of '+pages:'');
+    out.dataset.shown=idx.length;out.dataset.total=D.rows.length;out.dataset.page=st.page;out.dataset.pages=pages;
+    $('prev').disabled=st.page<=1;$('next').disabled=st.page>=pages;
+    writeHash();sync();
+    if(st.go){var g=st.go;st.go='';goTo(g);}
+  }
+  function controls(){
+    var bar=$('filters');
+    D.filters.forEach(function(f){
+      var counts={},order=[];
+      D.rows.forEach(function(r){var v=txt(cell(r,f[0]));if(v==='')return;if(!(v in counts)){counts[v]=0;order.push(v);}counts[v]++;});
+      if(!order.length)return;
+      order.sort(function(a,b){return a.localeCompare(b,undefined,{numeric:true});});
+      var label=document.createElement('label'),sel=document.createElement('select');
+      sel.id='f-'+f[0];label.textContent=f[1]+' ';
+      var all=document.createElement('option');all.value='';all.textContent='all';sel.appendChild(all);
+      order.forEach(function(v){var o=document.createElement('option');o.value=v;o.textContent=v+' ('+counts[v]+')';sel.appendChild(o);});
+      sel.addEventListener('change',function(){st.f[f[0]]=sel.value;st.page=1;apply();});
+      label.appendChild(sel);bar.appendChild(label);
+    });
+    var head=$('case-list').tHead.rows[0];
+    D.columns.forEach(function(col){
+      var th=document.createElement('th');th.textContent=col[1];th.dataset.sort=col[0];th.title='sort by '+col[1];
+      if(col[2]==='num')th.className='num';
+      th.addEventListener('click',function(){st.sort=st.sort===col[0]?'-'+col[0]:(st.sort==='-'+col[0]?'':col[0]);st.page=1;apply();});
+      head.appendChild(th);
+    });
+    $('search').addEventListener('input',function(){clearTimeout(timer);timer=setTimeout(function(){st.q=$('search').value;st.page=1;apply();},120);});
+    $('prev').addEventListener('click',function(){st.page--;apply();});
+    $('next').addEventListener('click',function(){st.page++;apply();});
+    document.addEventListener('click',function(e){
+      var a=e.target.closest?e.target.closest('a[data-go]'):null;if(!a)return;
+      e.preventDefault();var id=a.dataset.go;
+      if(!goTo(id)){st.go=id;apply();}
+    });
+    window.addEventListener('hashchange',function(){if(readHash(false)){sync();apply();}});
+  }
+  window.INDEX_CALLBACK=function(data){
+    D=data;D.fields.forEach(function(k,i){F[k]=i;});
+    D.rows.forEach(function(r,i){
+      byId[cell(r,'id')]=i;
+      hay.push(D.search.map(function(k){return txt(cell(r,k));}).join('\\n').toLowerCase());
+    });
+    controls();readHash(true);sync();apply();
+    if(performance.mark)performance.mark('rescue:list-ready');  // for a reader (or a test) timing the page
+  };
+})();
+""".replace("PANEL_CALLBACK", PANEL_CALLBACK).replace("INDEX_CALLBACK", INDEX_CALLBACK)
+
+
+def index_script(data: dict[str, Any]) -> str:
+    """The index file's text: one call handing the page its case rows."""
+    return f"{INDEX_CALLBACK}({json.dumps(data, separators=(',', ':'))});\n"
+
+
+def panel_script(case_id: str, html: str) -> str:
+    """A case's panel file: one call handing the page the panel's markup."""
+    return f"{PANEL_CALLBACK}({json.dumps(case_id)},{json.dumps(html)});\n"
+
+
+def read_panel_script(text: str) -> tuple[str, str]:
+    """(case id, markup) of a panel file (for tests and tools that read a report back)."""
+    prefix = f"{PANEL_CALLBACK}("
+    if not text.startswith(prefix) or not text.rstrip().endswith(");"):
+        raise ValueError("not a report panel file")
+    case_id, html = json.loads("[" + text[len(prefix):text.rstrip().rindex(")")] + "]")
+    return case_id, html
+
+
+def read_index_script(text: str) -> dict[str, Any]:
+    """The index a page's `cases.js` holds."""
+    prefix = f"{INDEX_CALLBACK}("
+    if not text.startswith(prefix):
+        raise ValueError("not a report index file")
+    return json.loads(text[len(prefix):text.rstrip().rindex(")")])
+
+
+def list_shell(files: str, panels: bool, what: str = "case") -> str:
+    """The list's frame: search, filters (filled from the index), the table, the pager and the panels' place."""
+    out = (
+        '<div class="filters" id="filters"><label>search <input id="search" type="search" '
+        f'placeholder="{what} id, task, subgoal, reason" autocomplete="off"></label></div>'
+        '<p class="pager"><button id="prev" type="button">\u2190 previous</button><button id="next" type="button">next \u2192</button>'
+        '<span id="shown" data-shown="" data-total="">loading the case index\u2026</span></p>'
+        '<div class="scroll"><table id="case-list"><thead><tr></tr></thead><tbody></tbody></table></div>'
+    )
+    if panels:
+        out += '<h2 id="sec-panels">Case panels</h2><p class="note" id="panels-note"></p><div id="panels"></div>'
+    missing = f"the case index {files}/cases.js is missing: the page was moved without its folder"
+    out += (f'<script src="{files}/cases.js" defer '
+            f"onerror=\"document.getElementById('shown').textContent='{missing}'\"></script>")
+    return out

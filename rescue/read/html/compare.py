@@ -1,0 +1,334 @@
+"""Several studies of one manifest side by side, paired per case (`rescue report A B ...`).
+
+Two VLMs, two prompts, or assisted-with-a-permuted-sham against a content-free
+sham: when the studies ran the same manifest, each case is one pair across them.
+The page shows what produced each study (and which of it differs), their
+summaries figure for figure from their exports, for every pair of studies the
+paired 2x2 of the assisted arm's success over the cases both have in E with the
+exact McNemar p (Holm-adjusted across the pairs) and Newcombe's interval, how
+the cases' classes moved, and every case with its class in each study. Studies
+of different manifests are refused: their cases do not pair.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+from rescue.core.config import StudyConfig
+from rescue.core.records import Receipt
+from rescue.core.stats import LABELS, mcnemar_exact, paired_diff_ci
+from rescue.read.export import CaseEntry, StudyExport, export_study
+from rescue.read.html.app import index_script, list_shell
+from rescue.read.html.page import esc, figure, page, pct
+from rescue.read.html.provenance import provenance_rows
+from rescue.read.html.significance import significance_reading
+from rescue.study.files import write_atomic
+from rescue.study.folder import (
+    StudyError,
+    load_study_config,
+    open_journal,
+    study_receipts,
+)
+from rescue.study.layout import StudyLayout, report_files
+
+
+class ComparisonError(StudyError):
+    """Studies that cannot be compared case by case, said in one line."""
+
+
+@dataclass
+class Side:
+    """One study of the comparison."""
+
+    path: Path
+    name: str
+    export: StudyExport
+    config: StudyConfig
+    meta: dict[str, Any]
+    receipts: list[Receipt]
+    protocols: set[str | None]
+
+
+@dataclass
+class Pairing:
+    """The assisted arm's success in two studies over the cases both have in E (main cohort)."""
+
+    first_only: int
+    second_only: int
+    both_success: int
+    both_fail: int
+    p: float
+    diff: float | None
+    ci: tuple[float, float] | None
+
+    @property
+    def k(self) -> int:
+        """Cases paired."""
+        return self.first_only + self.second_only + self.both_success + self.both_fail
+
+
+def pair_studies(first: Sequence[CaseEntry], second: Sequence[CaseEntry], confidence: float = 0.95) -> Pairing:
+    """The paired 2x2 of assisted success over the main cases in E in both studies, McNemar's p, the Newcombe CI."""
+    other = {e.case_id: e for e in second}
+    counts = Counter()
+    for a in first:
+        b = other.get(a.case_id)
+        if b is None or a.pilot or not (a.in_e and b.in_e) or a.assisted is None or b.assisted is None:
+            continue
+        counts[(bool(a.assisted.success), bool(b.assisted.success))] += 1
+    b_, c_ = counts[(True, False)], counts[(False, True)]
+    both, neither = counts[(True, True)], counts[(False, False)]
+    k = b_ + c_ + both + neither
+    return Pairing(b_, c_, both, neither, mcnemar_exact(b_, c_), (b_ - c_) / k if k else None,
+                   paired_diff_ci(b_, c_, k, confidence, both_success=both) if k else None)
+
+
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of p-values (family-wise error), in the input's order."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out, running = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = running
+    return out
+
+
+def _side(path: Path) -> Side:
+    export = export_study(path)  # refuses a folder that is no study, with one line
+    with open_journal(path) as journal:
+        meta = journal.meta()
+        receipts = list(study_receipts(StudyLayout.of(path), journal).values())
+        protocols = {getattr(arm, "episode_protocol", None) for arms in journal.all_arms().values() for arm in arms.values()}
+    name = export.study.study_id or path.resolve().name
+    return Side(path, name, export, load_study_config(path), meta, receipts, protocols)
+
+
+def load_sides(studies: Sequence[str | os.PathLike[str]]) -> list[Side]:
+    """The studies, read; ComparisonError when they are fewer than two, repeated, evaluations or of other manifests."""
+    paths = [Path(s) for s in studies]
+    if len(paths) < 2:
+        raise ComparisonError("a comparison needs at least two study folders")
+    seen: dict[Path, Path] = {}
+    for p in paths:
+        if p.resolve() in seen:
+            raise ComparisonError(f"{p} is given twice (as {seen[p.resolve()]})")
+        seen[p.resolve()] = p
+    sides = [_side(p) for p in paths]
+    for s in sides:
+        if s.export.summary is None:
+            raise ComparisonError(f"{s.path} is an evaluation study; a comparison pairs rescue studies "
+                                  "(`rescue compare` compares two policies)")
+    first = sides[0]
+    for s in sides[1:]:
+        a, b = first.export.study.manifest_sha256, s.export.study.manifest_sha256
+        if not a or a != b:
+            raise ComparisonError(
+                f"{s.path} ran another manifest (sha256 {(b or 'unrecorded')[:12]}…) than {first.path} "
+                f"({(a or 'unrecorded')[:12]}…): only studies of one manifest pair case by case")
+    names = [s.name for s in sides]
+    for s in sides:
+        if names.count(s.name) > 1:
+            s.name = str(s.path)  # two folders of one name: say which is which
+    return sides
+
+
+# --- the page -------------------------------------------------------------------
+
+SUMMARY_ROWS = (
+    ("n", "cases (N, fixed)"), ("rescued", "rescued (R)"), ("not_rescued", "not_rescued"), ("unknown", "unknown"),
+    ("initial_state_deviation", "initial_state_deviation"), ("m", "M"), ("e", "E"), ("r_over_n", "R/N"),
+    ("r_over_m", "R/M"), ("r_over_e", "R/E"), ("assisted_only", "assisted-only (vs control)"),
+    ("control_only", "control-only"), ("mcnemar_p", "exact McNemar p"), ("diff", "assisted - control"),
+    ("diff_ci", "95% CI (Newcombe)"),
+)
+SHAM_ROWS = (("k", "K: both subgoals applied, three arms valid"), ("assisted_only", "assisted-only (vs sham)"),
+             ("sham_only", "sham-only"), ("mcnemar_p", "exact McNemar p"), ("diff", "assisted - sham"),
+             ("diff_ci", "95% CI (Newcombe)"))
+
+
+def _shown(key: str, value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if key in ("r_over_n", "r_over_m", "r_over_e", "diff"):
+        return pct(value)
+    if key == "diff_ci":
+        return f"[{pct(value[0])}, {pct(value[1])}]"
+    if key == "mcnemar_p":
+        return f"{value:.4f}"
+    return str(value)
+
+
+def _summary_value(side: Side, key: str) -> Any:
+    s = side.export.summary
+    if key in s.counts:
+        return s.counts[key]
+    if key in ("assisted_only", "control_only"):
+        return getattr(s.pairs, key)
+    value = getattr(s, key)
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _sham_value(side: Side, key: str) -> Any:
+    sham = side.export.summary.sham
+    if sham is None:
+        return None
+    value = getattr(sham.pairs, key) if key in ("assisted_only", "sham_only") else getattr(sham, key)
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _studies_table(sides: list[Side], hrefs: list[str | None]) -> str:
+    head = "<tr><th></th>" + "".join(
+        f'<th data-side="{i}">{esc(s.name)}' + (f' · <a href="{esc(h)}">report</a>' if h else "") + "</th>"
+        for i, (s, h) in enumerate(zip(sides, hrefs))) + "</tr>"
+    rows = [provenance_rows(s.config, s.meta, s.receipts, s.protocols) for s in sides]
+    body = ""
+    for i, (key, heading, _) in enumerate(rows[0]):
+        texts = [r[i][2] for r in rows]
+        differs = len(set(texts)) > 1
+        cls, mark = (' class="differs"', " \u2260") if differs else ("", "")
+        body += (f'<tr data-prov-row="{esc(key)}"{cls}><th>{esc(heading)}{mark}</th>'
+                 + "".join(f'<td data-prov="{esc(key)}" data-side="{j}">{esc(t)}</td>' for j, t in enumerate(texts)) + "</tr>")
+    return f'<div class="scroll"><table class="prov compare">{head}{body}</table></div>'
+
+
+def _summaries(sides: list[Side]) -> str:
+    head = "<tr><th></th>" + "".join(f"<th>{esc(s.name)}</th>" for s in sides) + "</tr>"
+    body = "".join(
+        f"<tr><th>{esc(title)}</th>" + "".join(
+            figure(f"s{i}.main.{key}", v := _summary_value(s, key), _shown(key, v)) for i, s in enumerate(sides)) + "</tr>"
+        for key, title in SUMMARY_ROWS
+    )
+    if any(s.export.summary.sham is not None for s in sides):
+        body += f'<tr><th colspan="{len(sides) + 1}">assisted vs sham (DESIGN §8)</th></tr>'
+        body += "".join(
+            f"<tr><th>{esc(title)}</th>" + "".join(
+                figure(f"s{i}.main.sham.{key}", v := _sham_value(s, key), _shown(key, v)) for i, s in enumerate(sides)) + "</tr>"
+            for key, title in SHAM_ROWS
+        )
+    return f"<table>{head}{body}</table>"
+
+
+def _pairs(sides: list[Side]) -> str:
+    pairs = list(combinations(range(len(sides)), 2))
+    tables = {(i, j): pair_studies(sides[i].export.cases, sides[j].export.cases) for i, j in pairs}
+    adjusted = dict(zip(pairs, holm([tables[p].p for p in pairs])))
+    out = ""
+    for (i, j), t in tables.items():
+        a, b = sides[i].name, sides[j].name
+        key = f"pair.{i}-{j}"
+        rows = [
+            (f"assisted succeeded in {a} only", "first_only", t.first_only, None),
+            (f"assisted succeeded in {b} only", "second_only", t.second_only, None),
+            ("succeeded in both", "both_success", t.both_success, None),
+            ("failed in both", "both_fail", t.both_fail, None),
+            ("K: cases in E in both (main cohort)", "k", t.k, None),
+            ("exact McNemar p (discordant pairs)", "mcnemar_p", t.p, f"{t.p:.4f}"),
+        ]
+        if len(pairs) > 1:
+            rows.append((f"Holm-adjusted p ({len(pairs)} pairs)", "holm_p", adjusted[(i, j)], f"{adjusted[(i, j)]:.4f}"))
+        rows += [(f"paired difference, {a} - {b}", "diff", t.diff, pct(t.diff)),
+                 ("95% CI (Newcombe)", "diff_ci", list(t.ci) if t.ci else None,
+                  "n/a" if t.ci is None else f"[{pct(t.ci[0])}, {pct(t.ci[1])}]")]
+        body = "".join(f"<tr><th>{esc(title)}</th>{figure(f'{key}.{name}', v, text)}</tr>" for title, name, v, text in rows)
+        reading = significance_reading(t.first_only, t.second_only, t.p, t.ci, other=b,
+                                       subject=f"the assisted arm of {a} (against {b}'s)", first=a)
+        out += (f'<h3>{esc(a)} vs {esc(b)}</h3><div class="cols"><div><table>{body}</table>'
+                f'<p class="reading" data-reading="{esc(key)}">{esc(reading)}</p></div><div>{_moves(sides[i], sides[j], key)}</div></div>')
+    return out
+
+
+DOWN, RIGHT = "\u2193", "\u2192"
+
+
+def _moves(first: Side, second: Side, key: str) -> str:
+    """How the main cases' classes moved from one study to the other."""
+    other = {e.case_id: e for e in second.export.cases}
+    moved = Counter((e.label, other[e.case_id].label) for e in first.export.cases
+                    if not e.pilot and e.label is not None and e.case_id in other and other[e.case_id].label is not None)
+    head = f"<tr><th>{esc(first.name)} {DOWN} / {esc(second.name)} {RIGHT}</th>" + "".join(f"<th class=num>{esc(k)}</th>" for k in LABELS) + "</tr>"
+    body = "".join(f"<tr><th>{esc(a)}</th>" + "".join(figure(f"{key}.moved.{a}.{b}", moved.get((a, b), 0)) for b in LABELS) + "</tr>"
+                   for a in LABELS)
+    return f"<p class=note>classes of the main cases, from one study to the other</p><table>{head}{body}</table>"
+
+
+def _index(sides: list[Side], hrefs: list[str | None], files: str) -> dict[str, Any]:
+    fields = ["id", "pilot", "cohort", "group", "task", "differs", "labels"]
+    columns = [["id", "case", "case"], ["group", "group", "text"], ["task", "task", "text"], ["differs", "classes differ", "text"]]
+    filters = [["differs", "classes differ"], ["task", "task"], ["group", "group"], ["cohort", "cohort"]]
+    search = ["id", "task"]
+    for i, s in enumerate(sides):
+        fields += [f"label{i}", f"assisted{i}", f"sham{i}", f"subgoal{i}", f"reason{i}", f"link{i}"]
+        columns += [[f"label{i}", f"class · {s.name}", "label"], [f"assisted{i}", f"assisted · {s.name}", "ok"],
+                    [f"subgoal{i}", f"subgoal · {s.name}", "text"]]
+        if s.export.summary.sham is not None:
+            columns.append([f"sham{i}", f"sham class · {s.name}", "label"])
+        if hrefs[i]:
+            columns.append([f"link{i}", s.name, "href"])
+        filters.append([f"label{i}", f"class in {s.name}"])
+        search += [f"subgoal{i}", f"reason{i}"]
+    by_side = [{e.case_id: e for e in s.export.cases} for s in sides]
+    rows = []
+    for e in sides[0].export.cases:
+        entries = [b.get(e.case_id) for b in by_side]
+        labels = [x.label if x else None for x in entries]
+        row: dict[str, Any] = {"id": e.case_id, "pilot": e.pilot, "cohort": "pilot" if e.pilot else "main", "group": e.group,
+                               "task": e.task, "differs": "yes" if len(set(labels)) > 1 else "no", "labels": " ".join(map(str, labels))}
+        for i, x in enumerate(entries):
+            row[f"label{i}"] = (x.label or x.state) if x else None
+            row[f"assisted{i}"] = x.assisted.success if x and x.assisted else None
+            row[f"sham{i}"] = x.sham_label if x else None
+            row[f"subgoal{i}"] = x.assisted.subgoal if x and x.assisted else None
+            row[f"reason{i}"] = x.reason if x else None
+            row[f"link{i}"] = f"{hrefs[i]}#case={e.case_id}" if hrefs[i] else None
+        rows.append([row[k] for k in fields])
+    return {"fields": fields, "columns": columns, "filters": filters, "search": search, "panels": False,
+            "prefix": files, "page_size": 100, "rows": rows}
+
+
+def _report_href(side: Side, out: Path) -> str | None:
+    report = StudyLayout.of(side.path).report
+    if not report.is_file():
+        return None
+    return Path(os.path.relpath(report.resolve(), out.resolve().parent)).as_posix()
+
+
+def write_comparison_report(studies: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) -> Path:
+    """Write one page comparing studies of one manifest case by case (files in `<out>_files/` beside it); its path.
+
+    Raises ComparisonError, in one line, for fewer than two studies, an evaluation study, or another manifest."""
+    sides = load_sides(studies)  # read (and refused) before anything is written
+    out_path = Path(out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    files = report_files(out_path)
+    hrefs = [_report_href(s, out_path) for s in sides]
+    building = files.with_name(f".{files.name}.building-{os.getpid()}")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir()
+    try:
+        (building / "cases.js").write_text(index_script(_index(sides, hrefs, files.name)), encoding="utf-8")
+        if files.exists():
+            shutil.rmtree(files)
+        os.rename(building, files)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    manifest = sides[0].export.study.manifest_sha256 or ""
+    n = len(sides[0].export.cases)
+    body = (
+        f'<h1 data-manifest="{esc(manifest)}">{len(sides)} studies of one manifest, case by case</h1>'
+        f'<p class="sub">manifest sha256 <code>{esc(manifest)}</code> · {n} case(s), paired by case id</p>'
+        "<h2>What produced each study</h2><p class=note>Rows marked \u2260 differ between the studies.</p>"
+        + _studies_table(sides, hrefs)
+        + "<h2>Summaries side by side (main cohort)</h2>" + _summaries(sides)
+        + "<h2>Paired between studies</h2><p class=note>Over the main cases in E in both studies: whether each "
+          "study's assisted arm succeeded. The same case, the same initial state, different studies.</p>" + _pairs(sides)
+        + '<h2 id="sec-cases">Cases</h2>' + list_shell(files.name, panels=False)
+    )
+    write_atomic(out_path, page(f"{' vs '.join(s.name for s in sides)} · comparison", body))
+    return out_path

@@ -1,0 +1,146 @@
+"""What produced a study, as the report's header says it: policy, profiles, VLM, tool, dates, digests.
+
+Everything comes from the study's own records: its resolved configuration
+(what the policy server announced included), the journal's meta, and the
+receipts (what the VLM said it was). A fact the study does not record is
+said to be unrecorded, never guessed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from rescue import __version__
+from rescue.core.config import StudyConfig
+from rescue.core.episode_protocol import PROTOCOLS
+from rescue.core.records import Receipt
+from rescue.read.html.page import esc
+
+# Meta keys under which a study may record the tool that created it (see the report's note on this).
+VERSION_KEYS = ("rescue_version", "version")
+COMMIT_KEYS = ("git_commit", "commit")
+
+
+def url_without_secrets(url: str) -> str:
+    """A URL as text: no user or password, no query string (either may carry a key)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else url
+
+
+def vlm_host(base_url: str) -> str:
+    """The VLM endpoint's host (and port), or `local` for the bundled endpoint."""
+    if base_url == "local":
+        return "local (the bundled endpoint on loopback)"
+    parts = urlsplit(base_url)
+    if not parts.hostname:
+        return base_url
+    return f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname
+
+
+def episode_protocol(config: StudyConfig, recorded: Iterable[str | None] = ()) -> str:
+    """The study's episode protocol (DESIGN §10): its configuration's, else the one its arms recorded, else
+    `rescue` (the protocol of every study made before there were others)."""
+    named = getattr(config.env, "episode_protocol", None)
+    if named:
+        return named
+    seen = {p for p in recorded if p}
+    return seen.pop() if len(seen) == 1 else "rescue"
+
+
+def _protocol_text(config: StudyConfig, recorded: list[str | None]) -> str:
+    name = episode_protocol(config, recorded)
+    known = PROTOCOLS.get(name)
+    text = f"{name} ({known.description})" if known is not None else name
+    others = sorted({p for p in recorded if p and p != name})
+    if others:
+        text += f"; arms recorded another: {', '.join(others)}"
+    return text
+
+
+def created_text(created_at: float | None) -> str:
+    """The creation time as a UTC date, or `unknown`."""
+    return datetime.fromtimestamp(created_at, UTC).strftime("%Y-%m-%d %H:%M UTC") if created_at else "unknown"
+
+
+def _kv(items: dict[str, Any]) -> str:
+    return ", ".join(f"{k} = {'not sent' if v is None else v}" for k, v in items.items())
+
+
+def tool_text(meta: dict[str, Any], config: StudyConfig) -> str:
+    """Which rescue created the study (version, commit) as far as it recorded it, and which wrote this page."""
+    version = next((meta[k] for k in VERSION_KEYS if meta.get(k)), None)
+    commit = next((meta[k] for k in COMMIT_KEYS if meta.get(k)), None) or getattr(config, "commit", None)
+    made = f"created by rescue {version}" if version else "the study records no tool version"
+    if commit:
+        made += f" at commit {commit}" + (" with uncommitted changes" if meta.get("git_dirty") else "")
+    elif version:
+        made += " (no commit recorded)"
+    return f"{made}; this page written by rescue {__version__}"
+
+
+def _policy(config: StudyConfig) -> tuple[str, str]:
+    p = config.policy
+    where = f"server {url_without_secrets(p.url)}" if p.url else f"factory {p.factory} (served on loopback)"
+    announced = p.announced or {}
+    said = _kv(announced) if announced else "nothing (its metadata names no policy, action horizon or observation)"
+    return where, said
+
+
+def _sham(config: StudyConfig) -> str:
+    s = config.sham
+    if not s.on:
+        return "no sham arm"
+    if s.source == "fixed":
+        extra = f" ({len(s.by_task)} task(s) with their own text)" if s.by_task else ""
+        return f"fixed text \u201c{s.text}\u201d{extra}"
+    return f"permuted: each case gets its declared donor's VLM answer (donor seed {s.seed})"
+
+
+def provenance_rows(config: StudyConfig, meta: dict[str, Any], receipts: Iterable[Receipt],
+                    protocols: Iterable[str | None] = ()) -> list[tuple[str, str, str]]:
+    """(key, heading, text) of each fact of the header, in reading order (`protocols`: what the arms recorded)."""
+    where, said = _policy(config)
+    v = config.vlm
+    reported = Counter(r.model_reported for r in receipts if r.model_reported)
+    reported_text = ", ".join(f"{m} ({n} call(s))" for m, n in reported.most_common()) or "no answer yet"
+    p = config.policy
+    rows = [
+        ("policy", "policy", where),
+        ("announced", "the server announced", said),
+        ("observation", "observation profile",
+         f"{p.observation or 'unknown'}" + (f" (definition sha256 {p.observation_sha256[:16]}…)" if p.observation_sha256 else "")),
+        ("episode_protocol", "episode protocol", _protocol_text(config, list(protocols))),
+        ("interval", "replanning interval C and query point",
+         f"C = {p.replan_interval} env steps; q = {config.query_rule}"),
+        ("arms", "arms", ", ".join(config.arms) + (" (forked at q from one snapshot)" if config.fork_at_q else " (each run whole)")),
+        ("sham", "sham arm", _sham(config)),
+        ("rules", "rules between policy and simulator", ", ".join(config.rules.enabled) or "none"),
+        ("vlm_host", "VLM endpoint (host)", vlm_host(v.base_url)),
+        ("vlm_model", "VLM model", f"{v.model} requested; reported: {reported_text}"),
+        ("vlm_api", "VLM API", (f"{v.api} ({'structured output' if v.structured else 'free text'}), prompt template "
+                                f"{v.prompt_template}, image detail {v.image_detail}, up to {v.batch_size} case(s) per call")),
+        ("generation", "generation settings", _kv(v.generation())),
+        ("tool", "tool", tool_text(meta, config)),
+        ("created", "created", created_text(meta.get("created_at"))),
+        ("config_sha256", "config sha256", meta.get("config_sha256") or "not recorded"),
+        ("manifest_sha256", "manifest sha256",
+         (meta.get("manifest_sha256") or "not recorded")
+         + (f" ({meta['manifest_source'].rsplit('/', 1)[-1]})" if meta.get("manifest_source") else "")),
+    ]
+    return rows
+
+
+def provenance_block(config: StudyConfig, meta: dict[str, Any], receipts: Iterable[Receipt],
+                     protocols: Iterable[str | None] = ()) -> str:
+    """The header's table of what produced the study; each value carries `data-prov` with its key."""
+    rows = "".join(
+        f'<tr><th>{esc(head)}</th><td data-prov="{esc(key)}">{esc(text)}</td></tr>'
+        for key, head, text in provenance_rows(config, meta, receipts, protocols)
+    )
+    return f'<details class="prov" open><summary>What produced it</summary><table class="prov">{rows}</table></details>'
