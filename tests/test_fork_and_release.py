@@ -84,3 +84,51 @@ def test_fork_with_a_permuted_sham_and_two_cases_in_flight_never_starves(tmp_pat
     rescue_cli("export", str(study), "--out", str(tmp_path / "e.json"))
     cases = json.loads((tmp_path / "e.json").read_text())["cases"]
     assert len(cases) == 4 and all(c["state"] == "finished" and c["sham_label"] is not None for c in cases)
+
+
+def _case_lines(tasks: list[int], horizon: int) -> str:
+    return "".join(json.dumps({"case_id": f"object-{t}-ep0", "suite": "libero_object", "task_id": t, "init_state_index": 0,
+                               "env_seed": 0, "horizon": horizon, "group": "object"}) + "\n" for t in tasks)
+
+
+def test_an_image_policy_fork_study_is_the_same_on_one_simulator_and_on_two(tmp_path):
+    # Followers restore the leader's snapshot at q into whichever simulator is free: on one simulator
+    # the one the leader used, on two often the other, one that never built that task or last held
+    # another. Every arm's trace, and every follower's first render at q, must not care which.
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(_case_lines([1, 2, 7], 64))
+    config = tmp_path / "fork.toml"
+    config.write_text('fork_at_q = true\ncases_in_flight = 2\nkeyframes = false\n[policy]\n'
+                      'factory = "rescue.embedded.vision_language:make_policy"\n[sham]\nsource = "permuted"\n')
+    one, two = tmp_path / "one", tmp_path / "two"
+    rescue_cli("run", str(manifest), "--study", str(one), "--config", str(config), "--simulators", "1", timeout=900)
+    rescue_cli("run", str(manifest), "--study", str(two), "--config", str(config), "--simulators", "2", timeout=900)
+    a, b = _arms(one), _arms(two)
+    assert a.keys() == b.keys() and len(a) == 9
+    for key in a:
+        assert a[key]["mode"] == "fork" and a[key]["status"] == "complete", (key, a[key]["error"])
+        assert a[key]["trace"] == b[key]["trace"], key
+        assert a[key]["trace"][0]["images"], key  # the image profile: every query carries its images
+        assert a[key]["q_render"] and a[key]["q_render"] == b[key]["q_render"], key
+    for case_id in {c for c, _ in b}:
+        leader = b[(case_id, "control")]["q_render"]
+        assert all(b[(case_id, arm)]["q_render"] == leader for arm in ("assisted", "sham"))
+    assert rescue_cli("verify", str(two)).returncode == 0
+    # A follower whose render at q differs from the leader's, re-hashed to hide it: verify rejects the study.
+    import sqlite3
+
+    from rescue.study.journal import stored_arm_digest
+
+    con = sqlite3.connect(two / "journal.sqlite")
+    with con:
+        (data,) = con.execute("SELECT data FROM arms WHERE case_id = 'object-2-ep0' AND arm = 'assisted'").fetchone()
+        record = json.loads(data)
+        record["q_render"]["robot0_eye_in_hand"] = "0" * 64
+        data = json.dumps(record)
+        con.execute("UPDATE arms SET data = ?, digest = ? WHERE case_id = 'object-2-ep0' AND arm = 'assisted'",
+                    (data, stored_arm_digest(data)))
+    con.close()
+    tampered = rescue_cli("verify", str(two), check=False)
+    # (rule 5: the edited render now differs from the leader's, and from the render after the VLM wait)
+    assert tampered.returncode == 1 and "recomputed unknown (rule 5" in tampered.stdout, tampered.stdout
+    assert "render" in tampered.stdout.split("recomputed unknown (rule 5", 1)[1].split("\n")[0], tampered.stdout

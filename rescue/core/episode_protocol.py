@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rescue.core.catalog import OFFICIAL_HORIZON
+from rescue.core.catalog import OFFICIAL_HORIZON, libero_catalog
 from rescue.core.digest import canonical_json
 
 
@@ -71,10 +71,10 @@ class EpisodeProtocol(BaseModel):
         """H of a suite under this protocol: its own, else its base suite's (`libero_object_swap` -> `libero_object`)."""
         if suite in self.horizons:
             return self.horizons[suite]
-        base = next((s for s in sorted(self.horizons, key=len, reverse=True) if suite.startswith(s + "_")), None)
-        if base is None:
+        known = libero_catalog().suite(suite)
+        if known is None or known.base not in self.horizons:
             raise ValueError(f"the {self.name} protocol has no horizon for suite {suite!r}")
-        return self.horizons[base]
+        return self.horizons[known.base]
 
     def episode_seed(self, index: int) -> int:
         """The `env_seed` of episode `index` of a task under this protocol."""

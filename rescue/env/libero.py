@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from rescue.core.catalog import OFFICIAL_HORIZON
+from rescue.core.catalog import OFFICIAL_HORIZON, libero_catalog
 from rescue.core.digest import digest_array, digest_bytes, digest_json, digest_text
 from rescue.core.episode_protocol import EpisodeProtocol, get_protocol
 from rescue.core.observation import PRIVILEGED, ObservationProfile, shape_observation
@@ -148,12 +148,18 @@ class LiberoAdapter:
         return self._suites[name]
 
     def task_instruction(self, case: CaseLike) -> str:
-        """The task's own language instruction."""
+        """The task's own language instruction: the one its env gives the policy (the catalog's)."""
         c = case_fields(case)
         suite = self._suite(c.suite)
         if not 0 <= c.task_id < suite.n_tasks:
             raise ValueError(f"{c.suite} has no task {c.task_id} (it has {suite.n_tasks})")
-        return suite.get_task(c.task_id).language
+        return self._instruction(c.suite, c.task_id)
+
+    def _instruction(self, suite_name: str, task_id: int) -> str:
+        # LIBERO names a task by its file (`task.language`); a LIBERO-PRO language or task perturbation
+        # rewrites the BDDL's (:language) only, which the env tells the policy. The catalog says which.
+        task = libero_catalog().task(suite_name, task_id)
+        return task.instruction if task is not None else self._suite(suite_name).get_task(task_id).language
 
     def _env_for(self, suite_name: str, task_id: int):
         key = (suite_name, task_id)
@@ -224,7 +230,7 @@ class LiberoAdapter:
         self._key = (c.suite, c.task_id)
         goal = env.env.parsed_problem["goal_state"]
         self._goal = tuple(goal[0]) if len(goal) == 1 and len(goal[0]) == 3 else None
-        instruction = suite.get_task(c.task_id).language
+        instruction = self._instruction(c.suite, c.task_id)
         raw = env.env._get_observations()
         parts = {
             "physics": digest_array(self._physics_state()),
