@@ -131,6 +131,31 @@ def test_verify_fails_on_each_tampered_copy_of_a_real_study(tmp_path):
         assert out.returncode != 0, copy.name
         assert "object-3-ep0" in out.stdout, out.stdout
 
+    from rescue.study.journal import stored_arm_digest
+
+    # The same trace row edited with the record's digest recomputed: the rows' chain breaks there.
+    rehashed = _tampered(study, tmp_path / "rehashed")
+    con = sqlite3.connect(rehashed / "journal.sqlite")
+    data = json.loads(con.execute("SELECT data FROM arms WHERE arm='control'").fetchone()[0])
+    data["trace"][-1]["actions"] = "0" * 64
+    text = json.dumps(data)
+    con.execute("UPDATE arms SET data=?, digest=? WHERE arm='control'", (text, stored_arm_digest(text)))
+    con.commit()
+    con.close()
+    # Half a JSON line appended to the receipts: evidence parses to the last byte.
+    torn = _tampered(study, tmp_path / "torn")
+    with open(torn / "receipts" / "receipts.jsonl", "a") as f:
+        f.write('{"kind": "outcome", "call_id": "x')
+    # A file in vlm/ that no receipt names.
+    stray = _tampered(study, tmp_path / "stray")
+    (stray / "vlm" / ("0" * 64 + ".png")).write_bytes(b"not sent")
+    expected = {rehashed: f"control trace row {len(data['trace']) - 1}", torn: "does not parse",
+                stray: "is not named by any receipt line"}
+    for copy, says in expected.items():
+        out = rescue_cli("verify", str(copy), check=False)
+        assert out.returncode == 1 and says in out.stdout, out.stdout
+    assert "logs (not evidence, not checked): events.jsonl" in rescue_cli("verify", str(study)).stdout
+
 
 def test_sigterm_drains_then_resume_runs_the_rest(tmp_path):
     manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=48)

@@ -225,6 +225,8 @@ def build_study(study: Path) -> Path:
     for r in read_receipts(study / RECEIPTS_FILE):
         if r.kind == "outcome":
             for text in (f"prompt {r.call_id}", f"response {r.call_id}"):
+                if digest_text(text) not in (r.prompt_sha256, r.response_sha256):
+                    continue  # a call without a response keeps none (a timeout)
                 (study / "vlm").mkdir(exist_ok=True)
                 (study / "vlm" / f"{digest_text(text)}.txt").write_text(text, encoding="utf-8")
     journal.close()

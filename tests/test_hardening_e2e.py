@@ -278,9 +278,24 @@ def test_a_full_disk_fails_cleanly_and_the_study_resumes_after_space_is_freed(tm
                 run.kill()
         assert run.returncode != 0, out + err
         assert "Traceback" not in out + err and ("full" in err or "No space" in err), err
+        # A resume while the disk is still full fails cleanly and strands nothing.
+        still = rescue_cli("resume", str(study), check=False)
+        assert still.returncode != 0 and "Traceback" not in still.stdout + still.stderr, still.stdout + still.stderr
+        assert set(case_states(study).values()) <= {"pending", "claimed", "finished", "interrupted"}
         filler.unlink()
+        # A resume killed (-9) as soon as it has settled a case: the next one settles the rest.
+        if "claimed" in case_states(study).values():
+            kill_mid = subprocess.Popen([sys.executable, "-m", "rescue.cli", "resume", str(study)], cwd=ROOT,
+                                        env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True)
+            deadline = time.time() + 120
+            while time.time() < deadline and "interrupted" not in case_states(study).values():
+                time.sleep(0.01)
+            os.killpg(kill_mid.pid, signal.SIGKILL)
+            kill_mid.wait()
         proc = rescue_cli("resume", str(study), check=False)
         assert proc.returncode in (0, 4), proc.stdout + proc.stderr
+        assert rescue_cli("export", str(study)).returncode == 0  # every case has its verdict
         assert set(case_states(study).values()) <= {"finished", "interrupted"}
         con = sqlite3.connect(study / "journal.sqlite")
         assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rescue.core.digest import digest_json, digest_text
+
 # `sham`: a placebo arm (DESIGN §8): same q, same pause, same injection, a subgoal not from
 # the VLM looking at this case.
 ArmName = Literal["control", "assisted", "sham"]
@@ -51,6 +53,37 @@ class TraceRow(BaseModel):
     """sha256 of the UTF-8 instruction the policy was queried with (from q on, the applied one)."""
     actions: str
     """sha256 of the action chunk that ran: after any rules, cut to C actions (dtype and shape included)."""
+    chain: str | None = None
+    """sha256 over the previous row's chain and this row's fields (`chain_digest`): the last row's chain covers
+    every row of the trace, so an edited row breaks every chain after it. None: a row of a study made before
+    rows were chained."""
+
+    def fields_digest(self) -> str:
+        """The digest this row adds to the chain: its step and digests, the chain left out."""
+        return digest_json(self.model_dump(mode="json", exclude={"chain"}))
+
+
+def chain_digest(previous: str | None, row: TraceRow) -> str:
+    """A trace row's chain: sha256 of the previous row's chain (empty for the first row) and the row's fields."""
+    return digest_text(f"{previous or ''}:{row.fields_digest()}")
+
+
+def chained(rows: list[TraceRow], row: TraceRow) -> TraceRow:
+    """`row` with its chain after `rows` (a trace being recorded)."""
+    return row.model_copy(update={"chain": chain_digest(rows[-1].chain if rows else None, row)})
+
+
+def chain_break(rows: list[TraceRow]) -> int | None:
+    """The index of the first row whose chain is not its predecessors' and its own, or None when all hold
+    (a trace of unchained rows, from an older study, has no break to find)."""
+    previous = None
+    for i, row in enumerate(rows):
+        if row.chain is None:
+            return None if i == 0 and all(r.chain is None for r in rows) else i
+        if row.chain != chain_digest(previous, row):
+            return i
+        previous = row.chain
+    return None
 
 
 class ReceiptRef(BaseModel):

@@ -22,9 +22,10 @@ from rescue.core.digest import digest_bytes, digest_text
 from rescue.core.manifest import Case, ManifestError, load_manifest
 from rescue.core.proofs import trace_is_regular
 from rescue.core.querypoint import query_point
-from rescue.core.records import ArmResult, Receipt, Verdict
+from rescue.core.records import ArmResult, Receipt, Verdict, chain_break
 from rescue.core.sham import sham_donors
 from rescue.core.stats import Summary
+from rescue.study import layout
 from rescue.study.folder import (
     SHAM_DONORS_KEY,
     StudyError,
@@ -81,9 +82,16 @@ class VerifyReport(BaseModel):
         lines = [f"verify {self.study_id or '(unnamed study)'}: {head}"]
         if checked:
             lines.append(f"checked: {checked}")
+        lines.append(f"evidence (checked): {', '.join(EVIDENCE)}; logs (not evidence, not checked): {', '.join(LOGS)}")
         lines += [f"  problem [{p.check}] {p}" for p in self.problems]
         lines += [f"  warning [{w.check}] {w}" for w in self.warnings]
         return "\n".join(lines)
+
+
+# What a study folder holds as evidence (every byte re-derived or hash-checked here) and as logs.
+EVIDENCE = (layout.JOURNAL, layout.CONFIG, layout.MANIFEST, layout.RECEIPTS, f"{layout.VLM_ARTIFACTS}/",
+            f"{layout.FRAMES}/")
+LOGS = (layout.EVENTS, layout.SIMULATOR_LOG)
 
 
 def outcome_line_sha256(path: str | os.PathLike[str], call_id: str) -> str | None:
@@ -217,10 +225,10 @@ class _Verifier:
             for line in lines:
                 self.checked["receipt lines"] += 1
                 if line.receipt is None:
-                    # Only the last line can be cut short by a crash; anything else was edited.
-                    (self.warn if not line.complete else self.problem)(
-                        "receipt", None, f"{name} line {line.lineno} does not parse: {line.error}"
-                    )
+                    # Evidence parses to the last byte: the receipt log never leaves a cut line (a write
+                    # that fails is undone), so a line that does not parse was cut or edited afterwards.
+                    self.problem("receipt", None, f"{name} line {line.lineno} does not parse: {line.error}"
+                                 + ("" if line.complete else " (its last line, with no newline)"))
             for call_id, line in outcomes_by_call(lines).items():
                 outcomes[(name, call_id)] = [line]
                 receipts.setdefault(call_id, line.receipt)
@@ -237,6 +245,26 @@ class _Verifier:
                 self.warn("receipt", None, f"call {call_id} has {len(started)} attempt line(s) in {name} and no outcome "
                           "(in flight when the study stopped)")
         return receipts, outcomes
+
+    def check_artifact_folder(self) -> None:
+        """The VLM artifacts folder holds exactly the files the receipt lines name (images sent, prompts,
+        responses): a file no line names was put there, not kept by the client."""
+        folder = self.layout.vlm_artifacts
+        if not folder.is_dir():
+            return
+        named: set[str] = set()
+        for lines in self.lines.values():
+            for line in lines:
+                r = line.receipt
+                if r is None:
+                    continue
+                named.update(f"{sha}.png" for sha in r.sent_image_sha256)
+                named.add(f"{r.prompt_sha256}.txt")
+                if r.response_sha256 is not None:
+                    named.add(f"{r.response_sha256}.txt")
+        for path in sorted(folder.iterdir()):
+            if path.name not in named:
+                self.problem("artifacts", None, f"{folder.name}/{path.name} is not named by any receipt line")
 
     def check_call_artifacts(self, receipt: Receipt) -> None:
         """The images, prompt and response a call kept (DESIGN §9) hash to what its receipt says."""
@@ -369,6 +397,10 @@ class _Verifier:
         if arm.status != "complete":
             return
         self.checked["traces"] += 1
+        broken = chain_break(arm.trace)
+        if broken is not None:
+            self.problem("trace", case_id, f"{arm.arm} trace row {broken} (step {arm.trace[broken].step}) does not "
+                         "follow from the rows before it: its chain digest is not theirs and its own (an edited row)")
         if trace_is_regular(arm.trace, interval):
             return
         if not arm.trace:
@@ -520,6 +552,7 @@ def verify_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         v.check_counts(cases, states)
         arms = v.load_arms(states)
         receipts, outcomes = v.load_receipts()
+        v.check_artifact_folder()
         v.check_receipt_index(outcomes, arms)
         v.check_assisted_refs(arms)
         if config is not None and not config.is_evaluation:

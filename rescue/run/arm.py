@@ -24,7 +24,7 @@ from rescue.core.images import VLM_VIEWS, view_digests
 from rescue.core.manifest import Case
 from rescue.core.observation import PRIVILEGED, ObservationProfile
 from rescue.core.querypoint import query_point
-from rescue.core.records import ArmName, ArmResult, Assistance, TraceRow
+from rescue.core.records import ArmName, ArmResult, Assistance, TraceRow, chained
 from rescue.env.pool import SimLease, Simulator, as_float_chunk
 from rescue.policy.protocol import PolicyConnection
 from rescue.run.diagnose import QueryRecord, query_record
@@ -199,15 +199,14 @@ class ArmRun:
             if len(chunk) < due:
                 # A short chunk would move the next query off the 0, C, 2C, ... grid.
                 raise ValueError(f"step {self.step}: action chunk has {len(chunk)} actions, fewer than the {due} steps to the next query")
-            self.trace.append(
-                TraceRow(
-                    step=self.step,
-                    state=digest_obs({k: v for k, v in self.obs.items() if k not in self.image_keys}),
-                    images=self.spec.profile.image_digests(self.obs),
-                    instruction=digest_text(self.instruction),
-                    actions=digest_array(chunk),
-                )
+            row = TraceRow(
+                step=self.step,
+                state=digest_obs({k: v for k, v in self.obs.items() if k not in self.image_keys}),
+                images=self.spec.profile.image_digests(self.obs),
+                instruction=digest_text(self.instruction),
+                actions=digest_array(chunk),
             )
+            self.trace.append(chained(self.trace, row))
             # Images are rendered only for an observation a policy query will read.
             last = self.step + due >= self.horizon
             result = await self.sim.run_chunk(chunk, due, "never" if last else "unless_success")

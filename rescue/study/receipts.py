@@ -16,6 +16,7 @@ This module is read-side safe: it imports neither the SDKs nor the simulator.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -102,9 +103,16 @@ class ReceiptLog:
                 self._catch_up(fd)
                 line = data + b"\n"
                 written = 0
-                while written < len(line):
-                    written += os.write(fd, line[written:])
-                os.fsync(fd)
+                try:
+                    while written < len(line):
+                        written += os.write(fd, line[written:])
+                    os.fsync(fd)
+                except OSError:
+                    # A full disk may take part of a line: undo it, so the file holds whole lines only
+                    # and parses to its last byte (verify holds it to that).
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, self._end)
+                    raise
                 self._lines += 1
                 self._end += len(line)
                 lineno = self._lines

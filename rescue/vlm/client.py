@@ -213,13 +213,16 @@ class VLMClient:
             raw = await self._client.responses.with_raw_response.create(**kwargs)
         body_text = raw.text
         provider_id = raw.headers.get("x-request-id")
-        body_sha = self._keep(body_text.encode("utf-8"), ".txt")
+        raw_body = body_text.encode("utf-8")
+        body_sha = _sha(raw_body)
         try:
             body = json.loads(body_text)
         except ValueError:
-            raise AttemptError("invalid_response", "response body is not JSON", False, None, provider_id, body_sha) from None
+            raise AttemptError("invalid_response", "response body is not JSON", False, None, provider_id, body_sha,
+                               raw_body) from None
         if not isinstance(body, dict):
-            raise AttemptError("invalid_response", "response body is not a JSON object", False, None, provider_id, body_sha)
+            raise AttemptError("invalid_response", "response body is not a JSON object", False, None, provider_id, body_sha,
+                               raw_body)
         text, n_outputs, refusal = reply_text(body, self.config.api)
         return Reply(
             text=text,
@@ -229,6 +232,7 @@ class VLMClient:
             model=body.get("model") if isinstance(body.get("model"), str) else None,
             usage=read_usage(body, self.config.api),
             n_outputs=n_outputs,
+            body=raw_body,
         )
 
     def _redact(self, text: str | None) -> str | None:
@@ -291,8 +295,13 @@ class VLMClient:
     async def _limited_attempt(self, call: _Call, kwargs: dict[str, Any], deadline_at: float) -> Reply:
         call.attempts += 1
         started = time.time()
-        # Evidence first: a kill while the request is in flight still leaves this line.
+        # Evidence first: a kill while the request is in flight still leaves this line. What the call
+        # sends is kept once a line names it (so the artifacts folder holds only named files), and
+        # before it is sent, hence before the call's outcome line.
         self._write(call, self._receipt(call, "attempt_started", started, status="started"))
+        for png in call.images:
+            self._keep(png, ".png")
+        self._keep(call.prompt.encode("utf-8"), ".txt")
         try:
             reply = await self._send(kwargs)
         except asyncio.CancelledError:
@@ -318,6 +327,8 @@ class VLMClient:
                     response_sha256=err.response_sha256,
                 ),
             )
+            if err.body is not None:
+                self._keep(err.body, ".txt")  # a body that arrived but is not JSON is kept too
             raise err from None
         self._write(
             call,
@@ -326,6 +337,7 @@ class VLMClient:
                 model_reported=reply.model, usage=reply.usage, response_sha256=reply.body_sha256,
             ),
         )
+        self._keep(reply.body, ".txt")
         return reply
 
     def _wait(self, state: RetryCallState) -> float:
@@ -353,10 +365,6 @@ class VLMClient:
         call = self._build(group)
         kwargs = request_kwargs(self.config, call.prompt, call.images, call.tokens)
         call.sent_generation = sent_generation(kwargs)
-        # What the call sees is on disk before anything is sent, hence before its outcome line.
-        for png in call.images:
-            self._keep(png, ".png")
-        self._keep(call.prompt.encode("utf-8"), ".txt")
         deadline_at = min(p.started_mono for p in group) + self.config.deadline_s
         fields: dict[str, Any] = {}
         try:

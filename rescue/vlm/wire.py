@@ -39,6 +39,7 @@ class AttemptError(Exception):
         retry_after: float | None,
         provider_id: str | None,
         response_sha256: str | None = None,
+        body: bytes | None = None,
     ):
         super().__init__(message)
         self.kind = kind
@@ -46,6 +47,7 @@ class AttemptError(Exception):
         self.retry_after = retry_after
         self.provider_id = provider_id
         self.response_sha256 = response_sha256
+        self.body = body  # the raw body that arrived (kept once the attempt's line names it)
 
 
 def retry_after(headers: Any) -> float | None:
@@ -146,6 +148,8 @@ class Reply:
     model: str | None
     usage: Usage
     n_outputs: int
+    body: bytes = b""
+    """The raw body, kept as `<body_sha256>.txt` once the attempt's receipt line names it."""
 
 
 def _int(value: Any) -> int | None:
