@@ -61,6 +61,8 @@ class ArmSpec:
     profile: ObservationProfile = PRIVILEGED
     # How the episode starts (rescue/core/episode_protocol.py); recorded on the arm.
     protocol: EpisodeProtocol = RESCUE
+    # Told the env steps of every chunk the arm ran (a live view's progress and ETA).
+    on_steps: Callable[[int], None] | None = None
     # Named in openpi's episode-start message, for servers that accept it.
     experiment: str = "rescue"
     # The reply key under which the policy reports its stage (recorded per query; the rules read it too).
@@ -211,6 +213,8 @@ class ArmRun:
             last = self.step + due >= self.horizon
             result = await self.sim.run_chunk(chunk, due, "never" if last else "unless_success")
             self.step += result.steps
+            if self.spec.on_steps is not None:
+                self.spec.on_steps(result.steps)
             self.obs = result.obs
             if result.success:
                 self.success = self.done = True

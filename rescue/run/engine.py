@@ -62,8 +62,9 @@ class ShamAnswer:
 class RunObserver:
     """What a live view hears from a running study; every method is optional to override."""
 
-    def study_started(self, pending: int, arms_per_case: int) -> None:
-        """The run begins with `pending` never-claimed cases of `arms_per_case` arms each."""
+    def study_started(self, pending: int, arms_per_case: int, steps: int | None = None) -> None:
+        """The run begins with `pending` never-claimed cases of `arms_per_case` arms each, at most `steps`
+        env steps in all (their horizons times the arms)."""
 
     def arm_started(self, arm: str) -> None:
         """An arm took its simulator and policy connection."""
@@ -73,6 +74,9 @@ class RunObserver:
 
     def vlm_waiting(self, delta: int) -> None:
         """An assisted arm began (+1) or ended (-1) waiting for the VLM."""
+
+    def steps_done(self, steps: int) -> None:
+        """An arm stepped its simulator `steps` env steps (a chunk)."""
 
     def case_finished(self, verdict: Verdict) -> None:
         """A case got its verdict."""
@@ -96,7 +100,7 @@ def as_observer(on_case: RunObserver | Callable[[Verdict], None] | None) -> RunO
     if on_case is not None and hasattr(on_case, "case_finished"):
         # A live view that does not import the engine (the CLI's) fills in what it lacks.
         observer = RunObserver()
-        for name in ("study_started", "arm_started", "arm_finished", "vlm_waiting", "case_finished", "stopping"):
+        for name in ("study_started", "arm_started", "arm_finished", "vlm_waiting", "steps_done", "case_finished", "stopping"):
             if hasattr(on_case, name):
                 setattr(observer, name, getattr(on_case, name))
         return observer
@@ -147,7 +151,9 @@ class Engine:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self._on_signal, sig)
         try:
-            self.observer.study_started(len(self.journal.pending_ids()), len(self.config.arms))
+            pending = set(self.journal.pending_ids())
+            horizons = sum(c.horizon for c in self.journal.cases() if c.case_id in pending)
+            self.observer.study_started(len(pending), len(self.config.arms), horizons * len(self.config.arms))
             self._workers = [
                 asyncio.create_task(self._worker(f"w{i}-{os.getpid()}", self.services))
                 for i in range(max(1, self.config.cases_in_flight))
@@ -312,6 +318,7 @@ class Engine:
         return dict(
             profile=self.profile,
             protocol=self.protocol,
+            on_steps=self.observer.steps_done,
             experiment=self.study_id,
             stage_key=self.config.rules.stage_key,
             image_size=self.config.env.image_size,
