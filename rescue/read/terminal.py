@@ -96,6 +96,7 @@ def render_summary(export: Any) -> Group:
         parts.append(Text(f"pilot cases (not in N): {', '.join(export.summary.pilot_ids)}"))
         parts.append(summary_table(export.summary.pilot, "pilot"))
     parts.append(usage_table(export.usage))
+    parts.append(Text("the words (q, C, H, N, M, E, K, R/N, prefix proof) are explained in docs/glossary.md"))
     return Group(*parts)
 
 
