@@ -192,7 +192,7 @@ def _summary_for(study: Path) -> None:
 
 
 def _outcome(study: Path) -> int:
-    """Print why a run ended as it did; its exit code (README: exit codes)."""
+    """Print why a run ended as it did; its exit code (docs/reference.md: exit codes)."""
     from rescue.study.folder import study_outcome
 
     outcome = study_outcome(study)
@@ -512,7 +512,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _add_backend_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("where the simulators run (README: running on a Ray cluster)")
+    g = p.add_argument_group("where the simulators run (docs/ray.md)")
     g.add_argument("--backend", choices=["local", "ray"], default="local",
                    help="local simulator processes, or simulator actors on a Ray cluster")
     g.add_argument("--address", help="Ray: the cluster (auto, host:port or ray://host:10001); "
@@ -753,7 +753,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Exit codes (README lists them): 0 done; 1 verify found problems, or an internal error;
+# Exit codes (docs/reference.md lists them): 0 done; 1 verify found problems, or an internal error;
 # 2 bad input (manifest, config, a folder that is not a study, a changed policy server);
 # 3 a run stopped with cases never run (or a peer did not answer before the first claim);
 # 4 every case unknown; 5 export of an unfinished study.

@@ -302,7 +302,7 @@ def store_summary(study_dir: str | os.PathLike[str]) -> Summary:
     return summary
 
 
-# Exit codes of `rescue run`, `resume` and `eval` (README lists them).
+# Exit codes of `rescue run`, `resume` and `eval` (docs/reference.md lists them).
 EXIT_OK = 0  # every case has a verdict
 EXIT_STOPPED = 3  # the study stopped with cases never run (drain, fail-fast, unreachable policy)
 EXIT_ALL_UNKNOWN = 4  # every case has a verdict, and every one is unknown
