@@ -44,8 +44,8 @@ url = "ws://gpu-box:8000"
 api_key_env = "PI05_KEY"
 observation = "openpi-libero"
 
-[policy.learned]
-factory = "rescue.embedded.learned:make_policy"
+[policy.vision_language]
+factory = "rescue.embedded.vision_language:make_policy"
 
 [limits]
 simulators = 2
@@ -88,10 +88,10 @@ def test_a_job_gets_the_named_endpoint_and_policy_with_their_keys_and_nothing_el
     assert config.vlm.requests_per_minute == 30  # the endpoint's ceiling is the default
     assert (config.policy.url, config.policy.api_key_env, config.policy.observation) == ("ws://gpu-box:8000", "PI05_KEY", "openpi-libero")
     assert config.cases_in_flight == 2
-    # The defaults: the named default endpoint and its first model; `learned`, the embedded policy.
+    # The defaults: the named default endpoint and its first model; `vision_language`, the embedded policy.
     config = resolve_job(job_request({}), service)
     assert (config.vlm.base_url, config.vlm.model, config.policy.url) == ("https://vlm.lab.example/v1", "small", None)
-    assert config.policy.factory == "rescue.embedded.learned:make_policy"
+    assert config.policy.factory == "rescue.embedded.vision_language:make_policy"
     # An endpoint without a key gets a variable the worker never passes on, not OPENAI_API_KEY.
     config = resolve_job(job_request({"vlm": {"endpoint": "ollama"}}), service)
     assert config.vlm.api_key_env == NO_KEY_ENV

@@ -154,8 +154,9 @@ class PolicyConfig(BaseModel):
 
     url: str | None = None
     """The policy server's websocket URL (ws://host:port); None serves `factory` on loopback."""
-    factory: str = "rescue.embedded.learned:make_policy"
-    """`module:attr` of the policy served on loopback when `url` is None."""
+    factory: str = "rescue.embedded.vision_language:make_policy"
+    """`module:attr` of the policy served on loopback when `url` is None (default: the embedded vision-language policy,
+    which reads the openpi-libero contract as a VLA does; studies made before it keep the factory they name)."""
     api_key_env: str | None = None
     """The environment variable holding the policy server's key; None: no key is sent."""
     replan_interval: int | None = Field(default=None, gt=0)

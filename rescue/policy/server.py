@@ -287,7 +287,7 @@ async def run_forever(server: PolicyServer) -> None:
 
 # openpi's servers listen on 8000; the local VLM endpoint's default is 8001.
 DEFAULT_PORT = 8000
-EMBEDDED_POLICY = "rescue.embedded.learned:make_policy"
+EMBEDDED_POLICY = "rescue.embedded.vision_language:make_policy"
 
 
 def serve_main(argv: list[str] | None = None) -> int:

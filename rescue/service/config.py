@@ -179,7 +179,7 @@ class Defaults(BaseModel):
     vlm: str | None = None
     """The endpoint of a job without `vlm.endpoint`; None: `local` if offered, else the first listed."""
     policy: str | None = None
-    """The policy of a job without `policy.name`; None: `learned` if offered, else the first listed."""
+    """The policy of a job without `policy.name`; None: `vision_language` if offered, else the first listed."""
 
 
 class Limits(BaseModel):
@@ -238,7 +238,7 @@ class ServiceConfig(BaseModel):
 
     def named_policy(self, name: str | None) -> tuple[str, NamedPolicy]:
         """The named policy (None: the default); ConfigError naming the offered ones."""
-        return _choose("policy.name", name, self.defaults.policy, "learned", self.policy)
+        return _choose("policy.name", name, self.defaults.policy, "vision_language", self.policy)
 
 
 def _choose(key: str, name: str | None, default: str | None, fallback: str, named: dict[str, Any]) -> tuple[str, Any]:
