@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict
 
+from rescue.core.catalog import libero_catalog
 from rescue.core.episode_protocol import RESCUE, EpisodeProtocol
 from rescue.core.manifest import Case
 from rescue.core.records import ArmResult, Verdict
@@ -113,15 +114,25 @@ def mark_pilot(cases: list[Case], first_tasks: int) -> list[Case]:
     return out
 
 
+def suite_group(suite: str) -> str:
+    """The group an evaluation gives a suite's episodes: its short name, or its perturbation kind."""
+    known = libero_catalog().suite(suite)
+    if known is not None and known.perturbation != "none":
+        return known.perturbation
+    return suite.removeprefix("libero_")
+
+
 def episode_cases(
     suite: str, tasks: list[int], episodes: int, horizon: int, first_init: int = 0, protocol: EpisodeProtocol = RESCUE
 ) -> list[Case]:
     """The evaluation manifest: `episodes` official initial states of each task, episode k seeded as the
-    episode protocol seeds its episode k (rescue: k; openpi: the task's 7; LeRobot: 1000 + k)."""
-    group = suite.removeprefix("libero_")
+    episode protocol seeds its episode k (rescue: k; openpi: the task's 7; LeRobot: 1000 + k). The group
+    is the suite (`object`), or for a LIBERO-PRO perturbation its kind (`swap`, `language`, ...), so a
+    study over several suites reports per perturbation kind."""
+    group = suite_group(suite)
     return [
         Case(
-            case_id=f"{group}-{task}-ep{idx}",
+            case_id=f"{suite.removeprefix('libero_')}-{task}-ep{idx}",
             suite=suite,
             task_id=task,
             init_state_index=idx,
