@@ -34,6 +34,17 @@ from rescue.vlm.answers import SubgoalRequest
 from rescue.vlm.client import VLMClient
 from wrappers.injection import inject
 
+# Which embedded policy a benchmark runs: the vision-language one (the default: images rendered at
+# every query, as a real VLA's study) or the privileged chunk policy (no rendering), by
+# RESCUE_BENCH_POLICY=vision_language|privileged.
+POLICIES = {"vision_language": "rescue.embedded.vision_language:make_policy", "privileged": "rescue.embedded.learned:make_policy"}
+POLICY = os.environ.get("RESCUE_BENCH_POLICY", "vision_language")
+
+
+def study_config(**fields) -> StudyConfig:
+    """The benchmarks' study configuration: the chosen embedded policy, and `fields`."""
+    return StudyConfig(**{"policy": {"factory": POLICIES[POLICY]}, **fields})
+
 
 def cases(n: int, horizon: int, task_id: int = 0) -> list[Case]:
     """n libero_object cases of one task (different initial states)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import resource
 import sys
 
-from common import cases, manifest, timed_study
+from common import POLICY, cases, manifest, study_config, timed_study
 
 from rescue.core.config import StudyConfig
 from rescue.env.pool import SimProcess
@@ -58,7 +58,7 @@ def failures(n: int, horizon: int) -> list:
     try:
         # One task, so every simulator builds its env once in either mode.
         pool = cases(2 * n, horizon, task_id=1)
-        config = asyncio.run(resolved_config(StudyConfig(arms=("control",))))
+        config = asyncio.run(resolved_config(study_config(arms=("control",))))
         create_study(root / "eval", manifest(pool), config)
         asyncio.run(run_study(root / "eval"))
         with Journal.open(root / "eval", readonly=True) as journal:
@@ -74,10 +74,10 @@ def main() -> None:
     items = failures(n, horizon)
     n = len(items)
     startup = _startup_cpu(2)
-    independent, wall_i = _study_cpu(items, StudyConfig())
-    forked, wall_f = _study_cpu(items, StudyConfig(fork_at_q=True))
+    independent, wall_i = _study_cpu(items, study_config())
+    forked, wall_f = _study_cpu(items, study_config(fork_at_q=True))
     per_i, per_f = (independent - startup) / n, (forked - startup) / n
-    print(f"{n} cases, H={horizon}; simulator start-up {startup:.1f} s CPU (subtracted)")
+    print(f"{POLICY} policy, {n} cases, H={horizon}; simulator start-up {startup:.1f} s CPU (subtracted)")
     print(f"independent: {per_i:.2f} s CPU per case (wall {wall_i:.1f} s); fork at q: {per_f:.2f} s (wall {wall_f:.1f} s)")
     print(f"fork / independent compute per case: {per_f / per_i:.3f} (target <= 0.78, limit 0.75)")
 

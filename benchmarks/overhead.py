@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import sys
 
-from common import cases, timed_bare, timed_study
-
-from rescue.core.config import StudyConfig
+from common import POLICY, cases, study_config, timed_bare, timed_study
 
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     horizon = int(sys.argv[2]) if len(sys.argv) > 2 else 160
-    items, config = cases(n, horizon), StudyConfig()
+    items, config = cases(n, horizon), study_config()
     bare, study = [], []
     for _ in range(2):
         bare.append(timed_bare(items, config))
         study.append(timed_study(items, config))
-    print(f"{n} cases, H={horizon}, {config.env.simulators} simulators, {config.cases_in_flight} cases in flight")
+    print(f"{POLICY} policy, {n} cases, H={horizon}, {config.env.simulators} simulators, {config.cases_in_flight} cases in flight")
     print(f"bare loop: {', '.join(f'{t:.1f}' for t in bare)} s; study: {', '.join(f'{t:.1f}' for t in study)} s")
     print(f"overhead ratio (study / bare, best of each): {min(study) / min(bare):.3f} (target <= 1.03)")
 
