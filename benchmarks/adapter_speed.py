@@ -2,8 +2,11 @@
 
 Both do the same physics (the same actions from the same initial state) and the
 same renders (the three VLM views once, at the query point). The adapter is
-measured in-process and through its simulator process (pipe and pickling).
-Target: the adapter at most 5% below the raw loop.
+measured in-process and through its simulator process (pipe and pickling), with
+its own step (FastStep) and with LIBERO's `env.step` + `check_success`
+(`libero_step=True`); the two must end in the same physics state, bit for bit
+(tests/test_fast_step.py proves every step on three suites).
+Target: the adapter's step at least 1.5x the raw loop.
 Run: MUJOCO_GL=egl .venv/bin/python benchmarks/adapter_speed.py
 """
 
@@ -56,7 +59,7 @@ def raw_loop() -> float:
     return best
 
 
-def _adapter_run(call) -> float:
+def _adapter_run(call) -> tuple[float, bytes]:
     acts, best = _actions(), 0.0
     for _ in range(REPEATS):
         call("reset", {**CASE, "horizon": H})
@@ -66,21 +69,27 @@ def _adapter_run(call) -> float:
                 call("render", VIEWS, 256)
             call("run_chunk", acts[step : step + C], C)
         best = max(best, H / (time.perf_counter() - t0))
-    return best
+    return best, call("snapshot")["state"]
 
 
-def adapter_in_process() -> float:
-    """The adapter called directly."""
+def adapter_in_process(libero_step: bool = False) -> tuple[float, bytes]:
+    """The adapter called directly (`libero_step`: stepping with LIBERO's own env.step)."""
     from rescue.env.libero import LiberoAdapter
 
-    adapter = LiberoAdapter()
+    adapter = LiberoAdapter(libero_step=libero_step)
     try:
         return _adapter_run(lambda method, *args: getattr(adapter, method)(*args))
     finally:
         adapter.close()
 
 
-def adapter_in_process_pool() -> float:
+def _physics(state: bytes) -> bytes:
+    import pickle
+
+    return pickle.loads(state)["physics"].tobytes()
+
+
+def adapter_in_process_pool() -> tuple[float, bytes]:
     """The adapter in its simulator process, as the engine uses it."""
     from rescue.env.pool import SimProcess
 
@@ -93,11 +102,15 @@ def adapter_in_process_pool() -> float:
 
 def main() -> None:
     raw = raw_loop()
-    direct = adapter_in_process()
-    pooled = adapter_in_process_pool()
-    print(f"raw LIBERO loop:              {raw:7.1f} steps/s")
-    print(f"adapter, in process:          {direct:7.1f} steps/s  ratio {direct / raw:.3f}")
-    print(f"adapter, simulator process:   {pooled:7.1f} steps/s  ratio {pooled / raw:.3f}  (target >= 0.95)")
+    libero, libero_state = adapter_in_process(libero_step=True)
+    direct, direct_state = adapter_in_process()
+    pooled, pooled_state = adapter_in_process_pool()
+    same = _physics(libero_state) == _physics(direct_state) == _physics(pooled_state)
+    print(f"raw LIBERO loop:                    {raw:7.1f} steps/s")
+    print(f"adapter, LIBERO's step, in process: {libero:7.1f} steps/s  ratio {libero / raw:.3f}")
+    print(f"adapter, in process:                {direct:7.1f} steps/s  ratio {direct / raw:.3f}")
+    print(f"adapter, simulator process:         {pooled:7.1f} steps/s  ratio {pooled / raw:.3f}  (target >= 1.5)")
+    print(f"final physics state identical to LIBERO's step: {'yes' if same else 'NO'}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ fingerprints that do not depend on the process, observation profiles, and the ty
 from __future__ import annotations
 
 import asyncio
+import pickle
 
 import numpy as np
 import pytest
@@ -79,8 +80,9 @@ def test_snapshot_without_gripper_state_diverges(adapter):
     snap = adapter.snapshot()
     adapter.run_chunk(_actions(3, 24), 24)
     straight = adapter.state_digest()
-    broken = {**snap, "gripper": [np.zeros_like(g) for g in snap["gripper"]]}
-    adapter.restore(broken)
+    state = pickle.loads(snap["state"])
+    state["gripper"] = [np.zeros_like(g) for g in state["gripper"]]
+    adapter.restore({**snap, "state": pickle.dumps(state)})
     adapter.run_chunk(_actions(3, 24), 24)
     assert adapter.state_digest() != straight
 

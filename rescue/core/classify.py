@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rescue.core.proofs import check_evidence, check_sham_evidence, prefix_match, q_state_match
-from rescue.core.records import ArmResult, CaseRecord, ShamVerdict, Verdict
+from rescue.core.records import AdvisorVerdict, ArmResult, CaseRecord, ShamVerdict, Verdict, advisor_arm, is_assisted
 
 # Assistance statuses that mean the VLM request failed (rule 3).
 ASSISTANCE_FAILURES = frozenset({"broker_error", "invalid_response", "timeout"})
@@ -97,7 +97,7 @@ def _judge(
     status = rec.assisted.assistance.status
     if status in ASSISTANCE_FAILURES:
         kind = rec.assisted.assistance.error_kind
-        what = "assistance" if second == "assisted" else f"{second} subgoal"
+        what = "assistance" if is_assisted(second) else f"{second} subgoal"
         return "unknown", 3, f"{what} {status}" + (f" ({kind})" if kind else ""), in_m, in_e
     if status == "not_reached":
         ended = f"{second} arm ended at step {rec.assisted.steps}, before the query point {rec.query_step}"
@@ -114,11 +114,21 @@ def _judge(
 
 
 def classify(rec: CaseRecord) -> Verdict:
-    """Classify one case by DESIGN §3 (assisted against control), and its sham arm when the study has one."""
-    label, rule, reason, in_m, in_e = _judge(rec, "assisted", check_evidence)
+    """Classify one case by DESIGN §3 (assisted against control), its sham arm when the study has one, and
+    in a study of several advisors each advisor's arm against control (DESIGN §11; the primary's is the label)."""
+    label, rule, reason, in_m, in_e = _judge(rec, advisor_arm(rec.advisor), check_evidence)
     sham = None
     if rec.sham_source is not None:
         as_pair = rec.model_copy(update={"assisted": rec.sham, "receipt": rec.sham_receipt})
         s_label, s_rule, s_reason, s_m, s_e = _judge(as_pair, "sham", check_sham_evidence)
         sham = ShamVerdict(label=s_label, rule=s_rule, reason=s_reason, in_m=s_m, in_e=s_e)
-    return Verdict(case_id=rec.case_id, label=label, rule=rule, reason=reason, in_m=in_m, in_e=in_e, sham=sham)
+    advisors = None
+    if rec.advisors is not None:
+        advisors = {}
+        for name, arm in rec.advisors.items():
+            receipt = (rec.advisor_receipts or {}).get(name)
+            pair = rec.model_copy(update={"assisted": arm, "receipt": receipt, "advisor": name})
+            a_label, a_rule, a_reason, a_m, a_e = _judge(pair, advisor_arm(name), check_evidence)
+            advisors[name] = AdvisorVerdict(label=a_label, rule=a_rule, reason=a_reason, in_m=a_m, in_e=a_e)
+    return Verdict(case_id=rec.case_id, label=label, rule=rule, reason=reason, in_m=in_m, in_e=in_e, sham=sham,
+                   advisors=advisors)

@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from rescue.core.digest import canonical_json, digest_text
+from rescue.core.prompts import DEFAULT_ROOT
+from rescue.core.records import ADVISOR_NAME, advisor_arm, arm_advisor, is_assisted
 from rescue.core.sham import ShamConfig
 from wrappers.async_rules import RulesConfig
 
@@ -24,6 +26,30 @@ ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 class MissingAPIKey(ValueError):
     """The study's key came from its config file, which is never stored, and none was supplied again."""
+
+
+class TokenPrice(BaseModel):
+    """A declared price per million tokens of each kind, in whatever unit it is declared in (USD, say)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    input: float = Field(ge=0)
+    """The price of a million input tokens (images included); cached input tokens too unless `cached_input` is set."""
+    output: float = Field(ge=0)
+    """The price of a million output tokens; reasoning tokens are output tokens (as OpenAI counts and bills them)."""
+    cached_input: float | None = Field(default=None, ge=0)
+    """The price of a million input tokens served from the provider's prompt cache; None: the `input` price."""
+
+    def cost(self, input_tokens: int | None, cached_input_tokens: int | None, output_tokens: int | None) -> float | None:
+        """The cost of these totals; None when a count the price needs is unknown (never guessed)."""
+        if input_tokens is None or output_tokens is None:
+            return None
+        if self.cached_input is None or self.cached_input == self.input:
+            return (input_tokens * self.input + output_tokens * self.output) / 1e6
+        if cached_input_tokens is None:
+            return None
+        fresh = input_tokens - cached_input_tokens
+        return (fresh * self.input + cached_input_tokens * self.cached_input + output_tokens * self.output) / 1e6
 
 
 class VLMConfig(BaseModel):
@@ -99,6 +125,9 @@ class VLMConfig(BaseModel):
     """What a start asks the endpoint before the first claim: `models` (None: the default) lists its
     models (the cheapest request that needs the key; a server without `/models` passes), `call` sends
     one minimal chat call (1 output token), `none` asks nothing."""
+    price: TokenPrice | None = None
+    """The declared price per million tokens of each kind (`{input = 2.0, output = 8.0}`); usage then has a cost.
+    None: the cost is unknown (never guessed)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -147,6 +176,39 @@ class VLMConfig(BaseModel):
         return os.environ.get(self.api_key_env) or "none"
 
 
+class AdvisorConfig(VLMConfig):
+    """One advisor (DESIGN §11): a named VLM configuration (endpoint, model, API, prompt template, generation
+    settings, batching). A study of several runs one assisted arm per advisor, `assisted:<name>`."""
+
+    name: str = Field(pattern=rf"^{ADVISOR_NAME}$")
+    """The advisor's name: letters, digits, `_`, `.` or `-`; its arm is `assisted:<name>` and every receipt of its
+    calls names it."""
+    endpoint: str | None = None
+    """The service endpoint (`rescue serve`'s `[vlm.<name>]`) this advisor's URL and key came from; None: the
+    configuration gave them (`base_url`, `api_key_env`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_file(cls, data: Any) -> Any:
+        # `prompt = "prompts/subgoal_v1.txt"`: a template file, stored as its name and folder.
+        if not isinstance(data, dict) or "prompt" not in data:
+            return data
+        data = dict(data)
+        prompt = data.pop("prompt")
+        if "prompt_template" in data or "prompt_root" in data:
+            raise ValueError("give prompt (a template file) or prompt_template and prompt_root, not both")
+        path = Path(str(prompt))
+        if path.suffix != ".txt" and len(path.parts) == 1:
+            data["prompt_template"] = str(prompt)
+            return data
+        if path.suffix != ".txt" or not path.is_file():
+            raise ValueError(f"prompt {prompt!r}: no such template file (a .txt file, relative to the working folder)")
+        data["prompt_template"] = path.stem
+        folder = path.parent.resolve()
+        data["prompt_root"] = None if folder == DEFAULT_ROOT.resolve() else str(folder)
+        return data
+
+
 class PolicyConfig(BaseModel):
     """Where the frozen policy is served, or which in-process policy to serve."""
 
@@ -190,6 +252,10 @@ class EnvConfig(BaseModel):
     study made before protocols holds None, which is `rescue`."""
     episode_protocol_sha256: str | None = None
     """The sha256 of that protocol's definition, fixed at creation (a changed built-in is refused on resume)."""
+    max_simulator_rss_gb: float | None = Field(default=None, gt=0)
+    """Resident memory one simulator process (or Ray actor) may hold, in GB of 1e9 bytes: before it builds a
+    task's env it closes the envs it used least recently (DESIGN §12). None: 2.5. A resource setting, like
+    `simulators`: results do not depend on it (an env built again replays bit for bit)."""
 
 
 class StudyConfig(BaseModel):
@@ -228,15 +294,101 @@ class StudyConfig(BaseModel):
     """The sham (placebo) arm, off by default: DESIGN §8 and rescue/core/sham.py."""
     query_rule: Literal["ceil(H/2/C)*C"] = "ceil(H/2/C)*C"
     """The query point: the first regular policy query at or after half the horizon (DESIGN §2)."""
+    advisors: list[AdvisorConfig] | None = None
+    """The study's advisors (`[[advisor]]` tables, DESIGN §11), in declared order, the first the study's primary
+    (its verdict is the case's label): one assisted arm each, `assisted:<name>`. None: the one advisor is
+    `[vlm]`, whose arm is `assisted`."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _advisor_tables(cls, data: Any) -> Any:
+        # TOML's `[[advisor]]` tables arrive under `advisor`.
+        if isinstance(data, dict) and "advisor" in data:
+            data = dict(data)
+            if "advisors" in data:
+                raise ValueError("give [[advisor]] tables or advisors, not both")
+            data["advisors"] = data.pop("advisor")
+        return data
+
+    @model_validator(mode="after")
+    def _advisor_arms(self) -> "StudyConfig":
+        if self.advisors is not None:
+            names = [a.name for a in self.advisors]
+            if not names:
+                raise ValueError("advisors: declare at least one [[advisor]] (or none, and a [vlm] table)")
+            if len(set(names)) != len(names):
+                raise ValueError(f"advisors: two advisors named {sorted(n for n in names if names.count(n) > 1)[0]!r}")
+            if self.vlm.model_dump() != VLMConfig().model_dump() or self.vlm.api_key is not None:
+                raise ValueError("vlm: a study with [[advisor]] tables asks its advisors only; put every VLM setting "
+                                 "in each [[advisor]] table (a [vlm] table is the one advisor of a study without them)")
+            wanted = [advisor_arm(n) for n in names]
+            given = [a for a in self.arms if is_assisted(a)]
+            if given == ["assisted"]:
+                at = self.arms.index("assisted")
+                self.arms = (*self.arms[:at], *wanted, *self.arms[at + 1:])
+            elif given and given != wanted:
+                raise ValueError(f"arms: {', '.join(given)} are not the declared advisors' arms ({', '.join(wanted)})")
+        elif any(arm_advisor(a) is not None for a in self.arms):
+            raise ValueError("arms lists an advisor's arm (assisted:<name>) but no [[advisor]] is declared")
+        if self.sham.advisor is not None:
+            if self.sham.source != "permuted":
+                raise ValueError("sham.advisor names the donors' advisor of a permuted sham; the source is not permuted")
+            if self.sham.advisor not in [a.name for a in self.advisors or []]:
+                raise ValueError(f"sham.advisor: no [[advisor]] is named {self.sham.advisor!r}")
+        return self
 
     @model_validator(mode="after")
     def _sham_arm(self) -> "StudyConfig":
-        # A rescue study with a sham source runs the sham arm as its third arm.
-        if self.sham.on and "assisted" in self.arms and "sham" not in self.arms:
+        # A rescue study with a sham source runs the sham arm as its last arm.
+        if self.sham.on and any(is_assisted(a) for a in self.arms) and "sham" not in self.arms:
             self.arms = (*self.arms, "sham")
         if "sham" in self.arms and not self.sham.on:
             raise ValueError("arms lists 'sham' but [sham] source is off")
         return self
+
+    def advisor_configs(self) -> list[tuple[str | None, str, VLMConfig]]:
+        """(advisor name, arm, VLM configuration) of every advisor in declared order, the primary first;
+        a study of one `[vlm]` has one, named None, arm `assisted`. Empty for an evaluation."""
+        if not any(is_assisted(a) for a in self.arms):
+            return []
+        if self.advisors is None:
+            return [(None, "assisted", self.vlm)]
+        return [(a.name, advisor_arm(a.name), a) for a in self.advisors]
+
+    def given_keys(self) -> dict[str, SecretStr]:
+        """The API keys given in the configuration (never stored), by advisor arm; a run needs them again."""
+        return {arm: vlm.api_key for _, arm, vlm in self.advisor_configs() if vlm.api_key is not None}
+
+    def with_keys(self, keys: dict[str, Any]) -> "StudyConfig":
+        """This configuration with API keys supplied again (by advisor arm, as `given_keys` gives them)."""
+        if not keys:
+            return self
+        if self.advisors is None:
+            key = keys.get("assisted")
+            return self if key is None else self.model_copy(update={"vlm": self.vlm.model_copy(update={"api_key": key})})
+        advisors = [a.model_copy(update={"api_key": keys[advisor_arm(a.name)]}) if advisor_arm(a.name) in keys else a
+                    for a in self.advisors]
+        return self.model_copy(update={"advisors": advisors})
+
+    def missing_key_message(self) -> str | None:
+        """Why an advisor's key cannot be sent (its config file gave it and it was not supplied again); None: all can."""
+        for name, _, vlm in self.advisor_configs():
+            message = vlm.missing_key_message()
+            if message is not None:
+                return message if name is None else f"advisor {name!r}: {message}"
+        return None
+
+    @property
+    def primary_arm(self) -> str:
+        """The arm whose verdict is the case's label: `assisted`, or the first advisor's `assisted:<name>`."""
+        return "assisted" if not self.advisors else advisor_arm(self.advisors[0].name)
+
+    @property
+    def sham_donor_advisor(self) -> str | None:
+        """The advisor whose answers a permuted sham arm applies (declared, else the primary); None: a study of one `[vlm]`."""
+        if not self.advisors:
+            return None
+        return self.sham.advisor or self.advisors[0].name
 
     @property
     def is_evaluation(self) -> bool:
@@ -257,14 +409,16 @@ class StudyConfig(BaseModel):
         digest of an older study's config.json (written without them) still holds."""
         data = self.model_dump(mode="json")
         for section, key in HASHED_WHEN_SET:
-            if data[section].get(key) is None:
-                data[section].pop(key, None)
+            node = data if section is None else data[section]
+            if node.get(key) is None:
+                node.pop(key, None)
         return digest_text(canonical_json(data))
 
 
-# (section, key) of settings added after studies existed: in the digest only when not None.
+# (section, key) of settings added after studies existed: in the digest only when not None (section None: top level).
 HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute"), ("sham", "by_task"),
-                   ("vlm", "startup_check"), ("vlm", "server"), ("env", "episode_protocol"), ("env", "episode_protocol_sha256"))
+                   ("vlm", "startup_check"), ("vlm", "server"), ("env", "episode_protocol"), ("env", "episode_protocol_sha256"),
+                   ("env", "max_simulator_rss_gb"), ("vlm", "price"), ("sham", "advisor"), (None, "advisors"))
 
 
 class ConfigError(ValueError):

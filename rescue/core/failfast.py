@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rescue.core.records import ArmResult
+from rescue.core.records import ArmResult, is_assisted
 
 # VLM error kinds that no retry and no other case can fix.
 SYSTEMATIC_VLM_ERRORS = frozenset({"auth", "permission", "not_found", "quota", "connection"})
@@ -64,7 +64,7 @@ def arm_cause(arm: ArmResult) -> str | None:
 def vlm_cause(arm: ArmResult) -> str | None:
     """The systematic VLM error an assisted arm's single call ended in (None: none, or a passing one)."""
     a = arm.assistance
-    if arm.arm == "assisted" and a.error_kind in SYSTEMATIC_VLM_ERRORS:
+    if is_assisted(arm.arm) and a.error_kind in SYSTEMATIC_VLM_ERRORS:
         return f"VLM {a.error_kind}: {one_line(a.error or '')}"
     return None
 
@@ -79,11 +79,12 @@ def fix_for(cause: str) -> str:
 
 @dataclass
 class FailFast:
-    """Watches the first K arms (and the first K assisted arms' VLM calls) of a study."""
+    """Watches the first K arms (and the first K VLM calls of each advisor's assisted arm) of a study."""
 
     k: int = 3
     arms: list[str | None] = field(default_factory=list)
-    calls: list[str | None] = field(default_factory=list)
+    # By assisted arm: a study of several advisors (DESIGN §11) stops when one advisor's first K calls fail alike.
+    calls: dict[str, list[str | None]] = field(default_factory=dict)
 
     def observe(self, results: list[ArmResult]) -> str | None:
         """Record a finished case's arms; the shared cause once the first K all failed alike, else None."""
@@ -92,9 +93,28 @@ class FailFast:
         for arm in results:
             if len(self.arms) < self.k:
                 self.arms.append(arm_cause(arm))
-            if arm.arm == "assisted" and arm.status == "complete" and len(self.calls) < self.k:
-                self.calls.append(vlm_cause(arm))
-        for seen in (self.arms, self.calls):
+            calls = self.calls.setdefault(arm.arm, []) if is_assisted(arm.arm) and arm.status == "complete" else None
+            if calls is not None and len(calls) < self.k:
+                calls.append(vlm_cause(arm))
+        for name, seen in (("arms", self.arms), *((_calls_of(a), c) for a, c in self.calls.items())):
+            if len(seen) == self.k and seen[0] is not None and all(c == seen[0] for c in seen):
+                cause = seen[0]
+                seen.append(None)  # say it once
+                return (
+                    f"the first {self.k} {name} all failed with "
+                    f"{cause}; {fix_for(cause)}, then `rescue resume` runs the cases never started"
+                )
+        return None
+        for arm in results:
+            if len(self.arms) < self.k:
+                self.arms.append(arm_cause(arm))
+            if is_assisted(arm.arm) and arm.status == "complete":
+                first = self.calls if not self.advisor_calls or arm.arm in self.advisor_calls else None
+                calls = self.advisor_calls.setdefault(arm.arm, self.calls if first is not None and not self.calls
+                                                      and not self.advisor_calls else [])
+                if len(calls) < self.k:
+                    calls.append(vlm_cause(arm))
+        for seen in (self.arms, *self.advisor_calls.values()):
             if len(seen) == self.k and seen[0] is not None and all(c == seen[0] for c in seen):
                 cause = seen[0]
                 seen.append(None)  # say it once
@@ -103,3 +123,7 @@ class FailFast:
                     f"{cause}; {fix_for(cause)}, then `rescue resume` runs the cases never started"
                 )
         return None
+
+
+def _calls_of(arm: str) -> str:
+    return "VLM calls" if arm == "assisted" else f"VLM calls of {arm}"

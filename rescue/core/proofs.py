@@ -99,6 +99,16 @@ def _receipt_problem(a: Assistance, r: Receipt | None, names: str) -> str | None
     return None
 
 
+def _advisor_problem(r: Receipt | None, advisor: str | None) -> str | None:
+    """Why a receipt is not a call of this advisor (DESIGN §11: an arm's evidence is its own advisor's call)."""
+    if r is not None and r.advisor != advisor:
+        def whose(name: str | None) -> str:
+            return f"of advisor {name!r}" if name is not None else "naming no advisor"
+
+        return f"the receipt is a call {whose(r.advisor)}, not {whose(advisor)}"
+    return None
+
+
 def _applied_problem(rec: CaseRecord, arm: ArmResult) -> str | None:
     """Why the applied instruction is not what the arm queried with from q on (None: it is)."""
     a = arm.assistance
@@ -128,7 +138,7 @@ def check_evidence(rec: CaseRecord) -> tuple[bool, str]:
         return False, f"assistance status is {a.status!r}, not 'applied'"
     if a.subgoal is None or not a.subgoal.strip():
         return False, "applied subgoal is empty"
-    problem = _receipt_problem(a, rec.receipt, rec.case_id) or _applied_problem(rec, arm)
+    problem = _receipt_problem(a, rec.receipt, rec.case_id) or _advisor_problem(rec.receipt, rec.advisor) or _applied_problem(rec, arm)
     if problem is not None:
         return False, problem
     r = rec.receipt
@@ -153,7 +163,7 @@ def check_sham_evidence(rec: CaseRecord) -> tuple[bool, str]:
     else:
         if a.donor_case_id is None or a.donor_case_id != rec.sham_donor:
             return False, f"sham donor {a.donor_case_id!r} is not the declared donor {rec.sham_donor!r}"
-        problem = _receipt_problem(a, rec.receipt, rec.sham_donor)
+        problem = _receipt_problem(a, rec.receipt, rec.sham_donor) or _advisor_problem(rec.receipt, rec.sham_advisor)
         if problem is not None:
             return False, f"donor receipt: {problem}"
         where = f"donor {rec.sham_donor}'s receipt {a.call_id}/{a.request_id}"

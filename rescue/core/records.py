@@ -7,15 +7,33 @@ plain data only (digests as hex strings, no arrays), so the pure core
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.digest import digest_json, digest_text
 
 # `sham`: a placebo arm (DESIGN §8): same q, same pause, same injection, a subgoal not from
-# the VLM looking at this case.
-ArmName = Literal["control", "assisted", "sham"]
+# the VLM looking at this case. `assisted:<advisor>`: the assisted arm of one advisor of a study
+# that declares several (DESIGN §11); a study of one `[vlm]` has the one arm `assisted`.
+ADVISOR_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+ADVISOR_ARM_PREFIX = "assisted:"
+ArmName = Annotated[str, Field(pattern=rf"^(control|assisted|sham|assisted:{ADVISOR_NAME})$")]
+
+
+def advisor_arm(advisor: str | None) -> str:
+    """The arm an advisor's subgoals go to: `assisted:<name>`, or `assisted` for a study's one `[vlm]` (None)."""
+    return "assisted" if advisor is None else f"{ADVISOR_ARM_PREFIX}{advisor}"
+
+
+def arm_advisor(arm: str) -> str | None:
+    """The advisor an arm belongs to (`assisted:gpt` -> `gpt`); None for `assisted`, `control` and `sham`."""
+    return arm[len(ADVISOR_ARM_PREFIX):] if arm.startswith(ADVISOR_ARM_PREFIX) else None
+
+
+def is_assisted(arm: str) -> bool:
+    """Whether an arm asks a VLM at q: `assisted`, or one advisor's `assisted:<name>`."""
+    return arm == "assisted" or arm.startswith(ADVISOR_ARM_PREFIX)
 
 # How an arm ended. `complete`: ran to success or to its horizon.
 # `interrupted`: started but never finished (crash, kill, lost worker).
@@ -324,6 +342,9 @@ class Receipt(BaseModel):
     attempt_refs: list[ReceiptRef] = Field(default_factory=list)
     """On an outcome: the call's `attempt_started` and `attempt` lines, in order, so that editing
     or deleting one is detectable from the outcome line's own sha256."""
+    advisor: str | None = None
+    """The advisor (a named VLM configuration, DESIGN §11) the call was made for; None: a study of one `[vlm]`
+    (and every receipt written before studies had several)."""
 
 
 class CaseRecord(BaseModel):
@@ -363,6 +384,17 @@ class CaseRecord(BaseModel):
     """The case's declared donor; None unless the source is `permuted`."""
     sham_receipt: Receipt | None = None
     """The outcome receipt of the call the sham arm's subgoal came from (its donor's); None without one."""
+    advisor: str | None = None
+    """The advisor whose arm is in the `assisted` slot (the study's primary advisor, DESIGN §11); None: a study
+    of one `[vlm]`, whose receipts name no advisor."""
+    advisors: dict[str, ArmResult | None] | None = None
+    """Every advisor's arm record, by advisor name in declared order (the primary's included; None: not
+    recorded); None: a study of one `[vlm]`."""
+    advisor_receipts: dict[str, Receipt | None] | None = None
+    """The outcome receipt of each advisor's call, by advisor name; None: a study of one `[vlm]`."""
+    sham_advisor: str | None = None
+    """A permuted sham's declared donor advisor: the donor's receipt must be that advisor's; None: a study of
+    one `[vlm]` (or a fixed sham)."""
 
 
 class ShamVerdict(BaseModel):
@@ -380,6 +412,23 @@ class ShamVerdict(BaseModel):
     """Whether the control/sham pair is in M (both valid and complete, no deviation, exact prefix)."""
     in_e: bool = False
     """Whether it is in E: in M, with the sham subgoal applied and its source proven."""
+
+
+class AdvisorVerdict(BaseModel):
+    """One advisor's assisted arm against the control arm, by the DESIGN §3 rules (DESIGN §11)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    label: Label
+    """The DESIGN §3 label of the advisor's arm against control."""
+    rule: int
+    """The DESIGN §3 rule (1 to 9) that decided it."""
+    reason: str
+    """Why, in one line."""
+    in_m: bool = False
+    """Whether the control/advisor pair is in M (both valid and complete, no deviation, exact prefix)."""
+    in_e: bool = False
+    """Whether it is in E: in M, with the advisor's subgoal applied and valid evidence (its own receipt)."""
 
 
 class Verdict(BaseModel):
@@ -401,3 +450,6 @@ class Verdict(BaseModel):
     """Whether it is in E: in M, with the subgoal applied and valid evidence."""
     sham: ShamVerdict | None = None
     """The sham arm's own verdict; None when the study has no sham arm."""
+    advisors: dict[str, AdvisorVerdict] | None = None
+    """Each advisor's own verdict against control, by advisor name in declared order; the first (the study's
+    primary advisor) is also the case's label above. None: a study of one `[vlm]`."""

@@ -39,6 +39,9 @@ class ShamConfig(BaseModel):
     None: every task gets `text`."""
     seed: int = 0
     """The `permuted` donor groups' seed."""
+    advisor: str | None = None
+    """`permuted` in a study of several advisors: the advisor whose answers the sham arms apply (its name);
+    None: the study's primary advisor (a study of one `[vlm]`: its VLM's)."""
 
     @field_validator("by_task")
     @classmethod

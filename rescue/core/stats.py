@@ -38,6 +38,16 @@ def mcnemar_exact(b: int, c: int) -> float:
     return float(binomtest(b, b + c, 0.5).pvalue)
 
 
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of p-values (family-wise error), in the input's order."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out, running = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = running
+    return out
+
+
 def wilson_interval(x: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Wilson score interval for a binomial proportion x / n."""
     z = _z(confidence)
@@ -183,6 +193,98 @@ class ShamSummary(BaseModel):
     """Newcombe square-and-add interval of `diff`, at the summary's confidence; None when K is 0."""
 
 
+class AdvisorShamComparison(BaseModel):
+    """One advisor against the sham arm over the cases where both are in E (DESIGN §8, §11)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    k: int
+    """Cases where the advisor's arm and the sham arm are both in E: the paired comparison's n."""
+    pairs: ShamPairTable
+    """The raw 2x2 over those cases (`assisted_only`: only the advisor's arm succeeded)."""
+    mcnemar_p: float
+    """Two-sided exact McNemar p-value of the advisor against sham; 1.0 without discordant cases."""
+    diff: float | None
+    """The advisor's minus the sham's success rate over those cases; None when there are none."""
+    diff_ci: tuple[float, float] | None
+    """Newcombe square-and-add interval of `diff`, at the summary's confidence; None when there are no cases."""
+
+
+class AdvisorSummary(BaseModel):
+    """One advisor's figures against control (DESIGN §3 over its own verdicts, DESIGN §11), and against the sham."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    name: str
+    """The advisor's name."""
+    arm: str
+    """Its arm, `assisted:<name>`."""
+    primary: bool
+    """Whether it is the study's primary advisor (its verdicts are the cases' labels, and the summary's R, M, E)."""
+    counts: dict[str, int]
+    """The advisor's DESIGN §3 labels against control, over N, every label present."""
+    r: int
+    """Cases the advisor's arm rescued."""
+    m: int
+    """Control/advisor pairs in M."""
+    e: int
+    """Of those, with the advisor's subgoal applied and valid evidence."""
+    r_over_n: float | None
+    """R / N, a fraction; None when N is 0."""
+    r_over_m: float | None
+    """R / M, a fraction; None when M is 0."""
+    r_over_e: float | None
+    """R / E, a fraction; None when E is 0 (the advisor table ranks by it)."""
+    pairs: PairTable
+    """The raw 2x2 of the advisor's arm (`assisted_only`) against control over its M."""
+    mcnemar_p: float
+    """Two-sided exact McNemar p-value on the discordant pairs of its M; 1.0 when there are none."""
+    diff: float | None
+    """The advisor's minus control's success rate over its M; None when M is 0."""
+    diff_ci: tuple[float, float] | None
+    """Newcombe square-and-add interval of `diff`; None when M is 0."""
+    sham: AdvisorShamComparison | None = None
+    """The advisor against the sham arm; None when the study has no sham arm."""
+
+
+class AdvisorPairTable(BaseModel):
+    """The raw 2x2 of two advisors' arms over the cases where both are in E."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    first_only: int = 0
+    """Cases where only the first advisor's arm succeeded (McNemar's b)."""
+    second_only: int = 0
+    """Cases where only the second advisor's arm succeeded (McNemar's c)."""
+    both_success: int = 0
+    """Cases where both succeeded."""
+    both_fail: int = 0
+    """Cases where both failed."""
+
+
+class AdvisorPair(BaseModel):
+    """Two advisors, paired case by case over the cases where both are in E (DESIGN §11)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    first: str
+    """The advisor declared earlier."""
+    second: str
+    """The advisor declared later."""
+    k: int
+    """Cases where both advisors' arms are in E: the paired comparison's n."""
+    pairs: AdvisorPairTable
+    """The raw 2x2 over those cases."""
+    mcnemar_p: float
+    """Two-sided exact McNemar p-value on the discordant cases; 1.0 without any."""
+    holm_p: float
+    """`mcnemar_p` Holm-adjusted across every pair of the study's advisors (family-wise error)."""
+    diff: float | None
+    """The first's minus the second's success rate over those cases; None when there are none."""
+    diff_ci: tuple[float, float] | None
+    """Newcombe square-and-add interval of `diff`, at the summary's confidence; None when there are no cases."""
+
+
 class Summary(BaseModel):
     """The fixed-denominator summary of a study's main cohort (DESIGN §3)."""
 
@@ -224,6 +326,12 @@ class Summary(BaseModel):
     """The pilot cohort's own summary; None without pilot cases (and in a pilot cohort's own summary)."""
     sham: ShamSummary | None = None
     """The placebo comparison; None when the study has no sham arm."""
+    # Absent, not null, from a summary without them: a summary stored before there were advisors is re-derived
+    # byte for byte by `rescue verify`.
+    advisors: list[AdvisorSummary] | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Each advisor's figures, in declared order (the primary first; DESIGN §11); None: a study of one `[vlm]`."""
+    advisor_pairs: list[AdvisorPair] | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Every pair of advisors (declared order within a pair), with Holm-adjusted p; None: a study of one `[vlm]`."""
 
 
 def _ratio(x: int, n: int) -> float | None:
@@ -299,6 +407,88 @@ def sham_summary(cases: Sequence[tuple[CaseRecord, Verdict]], confidence: float 
     )
 
 
+def _advisor_success(rec: CaseRecord, name: str) -> bool:
+    arm = (rec.advisors or {}).get(name)
+    if arm is None:
+        raise ValueError(f"case {rec.case_id} has advisor {name!r}'s verdict in E without its arm")
+    return bool(arm.success)
+
+
+def _advisor_names(cases: Sequence[tuple[CaseRecord, Verdict]]) -> list[str] | None:
+    named = [list(v.advisors) for _, v in cases if v.advisors is not None]
+    if not named:
+        return None
+    if len(named) != len(cases) or any(n != named[0] for n in named):
+        raise ValueError("the cases of a study of several advisors do not all carry every advisor's verdict")
+    return named[0]
+
+
+def advisor_summaries(
+    cases: Sequence[tuple[CaseRecord, Verdict]], confidence: float = 0.95
+) -> tuple[list[AdvisorSummary], list[AdvisorPair]] | None:
+    """Each advisor against control (and the sham), and every pair of advisors over the cases both have in E,
+    Holm-adjusted across the pairs (DESIGN §11); None without advisors."""
+    names = _advisor_names(cases)
+    if names is None:
+        return None
+    out = []
+    for i, name in enumerate(names):
+        verdicts = [(rec, v.advisors[name]) for rec, v in cases]
+        counts = _label_counts(v.label for _, v in verdicts)
+        n, r = len(verdicts), counts["rescued"]
+        m = sum(v.in_m for _, v in verdicts)
+        e = sum(v.in_e for _, v in verdicts)
+        if any(v.in_e and not v.in_m for _, v in verdicts) or not r <= e <= m <= n:
+            raise ValueError(f"advisor {name!r}: invariant R <= E <= M <= N violated: R={r} E={e} M={m} N={n}")
+        table = PairTable()
+        table.assisted_only, table.control_only, table.both_success, table.both_fail = _tally(
+            (_advisor_success(rec, name), bool(rec.control.success)) for rec, v in verdicts if v.in_m
+        )
+        b, c = table.assisted_only, table.control_only
+        sham = None
+        if all(v.sham is not None for _, v in cases) and cases:
+            st = ShamPairTable()
+            st.assisted_only, st.sham_only, st.both_success, st.both_fail = _tally(
+                (_advisor_success(rec, name), bool(rec.sham.success))
+                for rec, v in cases if v.advisors[name].in_e and v.sham.in_e
+            )
+            k = st.assisted_only + st.sham_only + st.both_success + st.both_fail
+            sham = AdvisorShamComparison(
+                k=k, pairs=st, mcnemar_p=mcnemar_exact(st.assisted_only, st.sham_only),
+                diff=_ratio(st.assisted_only - st.sham_only, k),
+                diff_ci=paired_diff_ci(st.assisted_only, st.sham_only, k, confidence, both_success=st.both_success) if k else None,
+            )
+        out.append(AdvisorSummary(
+            name=name, arm=f"assisted:{name}", primary=i == 0, counts=counts, r=r, m=m, e=e,
+            r_over_n=_ratio(r, n), r_over_m=_ratio(r, m), r_over_e=_ratio(r, e), pairs=table,
+            mcnemar_p=mcnemar_exact(b, c), diff=_ratio(b - c, m),
+            diff_ci=paired_diff_ci(b, c, m, confidence, both_success=table.both_success) if m else None, sham=sham,
+        ))
+    pairs = []
+    for i, first in enumerate(names):
+        for second in names[i + 1:]:
+            t = AdvisorPairTable()
+            t.first_only, t.second_only, t.both_success, t.both_fail = _tally(
+                (_advisor_success(rec, first), _advisor_success(rec, second))
+                for rec, v in cases if v.advisors[first].in_e and v.advisors[second].in_e
+            )
+            k = t.first_only + t.second_only + t.both_success + t.both_fail
+            b, c = t.first_only, t.second_only
+            pairs.append(AdvisorPair(
+                first=first, second=second, k=k, pairs=t, mcnemar_p=mcnemar_exact(b, c), holm_p=1.0,
+                diff=_ratio(b - c, k), diff_ci=paired_diff_ci(b, c, k, confidence, both_success=t.both_success) if k else None,
+            ))
+    for pair, adjusted in zip(pairs, holm([p.mcnemar_p for p in pairs])):
+        pair.holm_p = adjusted
+    return out, pairs
+
+
+def ranked_advisors(advisors: Sequence[AdvisorSummary]) -> list[AdvisorSummary]:
+    """The advisors ranked by R/E (highest first; none last), then by R, then in declared order."""
+    order = {a.name: i for i, a in enumerate(advisors)}
+    return sorted(advisors, key=lambda a: (a.r_over_e is None, -(a.r_over_e or 0.0), -a.r, order[a.name]))
+
+
 def _summarize_cohort(cases: Sequence[tuple[CaseRecord, Verdict]], confidence: float) -> Summary:
     for rec, v in cases:
         if v.in_e and not v.in_m:
@@ -329,7 +519,15 @@ def _summarize_cohort(cases: Sequence[tuple[CaseRecord, Verdict]], confidence: f
         per_group=_breakdowns(cases, "group"),
         per_task=_breakdowns(cases, "task"),
         sham=sham_summary(cases, confidence),
+        **_advisor_fields(cases, confidence),
     )
+
+
+def _advisor_fields(cases: Sequence[tuple[CaseRecord, Verdict]], confidence: float) -> dict:
+    found = advisor_summaries(cases, confidence)
+    if found is None:
+        return {}
+    return {"advisors": found[0], "advisor_pairs": found[1]}
 
 
 def summarize(

@@ -31,9 +31,10 @@ from typing import Any, Literal
 
 from aiohttp import web
 from PIL import Image
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError, field_validator
 
 from rescue.embedded.decision import parse_goal, propose_subgoal
+from rescue.embedded.scene import wrong_object_subgoal
 
 Fault = Literal[
     "none",
@@ -53,6 +54,7 @@ GENERATION_KEYS = (
     "reasoning_effort", "reasoning", "store",
 )
 REFUSAL = "I'm sorry, but I can't help with that request."
+ANSWER_MODES = ("model", "wrong-object")
 VIEWS_PER_ROW = 3
 
 
@@ -69,6 +71,24 @@ class EndpointOptions(BaseModel):
     model: str = "rescue-advisor-v0"
     # When set, other keys get a 401 that echoes the presented key, as some providers do.
     expected_api_key: str | None = None
+    # How a request is answered: `model` (the subgoal model on the views), `wrong-object` (a subgoal naming
+    # another object of the instruction's scene), `fixed:TEXT` (always TEXT): loopback advisors for controls.
+    answer: str = "model"
+
+    @field_validator("answer")
+    @classmethod
+    def _answer_mode(cls, value: str) -> str:
+        if value in ANSWER_MODES or (value.startswith("fixed:") and value[len("fixed:"):].strip()):
+            return value
+        raise ValueError(f"answer {value!r}: one of {', '.join(ANSWER_MODES)}, or fixed:TEXT")
+
+    def subgoal(self, instruction: str, views: list[Image.Image], remaining_steps: int) -> str:
+        """The subgoal this endpoint answers a request with, as its answer mode says."""
+        if self.answer == "wrong-object":
+            return wrong_object_subgoal(instruction)
+        if self.answer.startswith("fixed:"):
+            return self.answer[len("fixed:"):].strip()
+        return propose_subgoal(instruction, views, remaining_steps)
 
 
 @dataclass
@@ -198,10 +218,12 @@ def _image_tokens(image: Image.Image) -> int:
 # ---- answering ----------------------------------------------------------------------
 
 
-def _answers(requests: list[dict[str, Any]], rows: list[list[Image.Image]], fault: str) -> list[dict[str, str]]:
+def _answers(
+    requests: list[dict[str, Any]], rows: list[list[Image.Image]], fault: str, options: EndpointOptions
+) -> list[dict[str, str]]:
     answers = []
     for req, views in zip(requests, rows):
-        subgoal = propose_subgoal(str(req.get("instruction", "")), views, int(req.get("remaining_steps", 0)))
+        subgoal = options.subgoal(str(req.get("instruction", "")), views, int(req.get("remaining_steps", 0)))
         answers.append({"request_id": str(req["request_id"]), "token": str(req["token"]), "subgoal": subgoal})
     if fault == "wrong_request_id" and answers:
         answers[0]["request_id"] = uuid.uuid4().hex
@@ -340,11 +362,11 @@ async def _handle_generate(request: web.Request) -> web.StreamResponse:
     if requests is None:
         record.free_form = True
         # Decided like any request: from the images and the question's own words.
-        subgoal = propose_subgoal(free_form_instruction(text), images, free_form_remaining(text))
+        subgoal = options.subgoal(free_form_instruction(text), images, free_form_remaining(text))
         reply = json.dumps({"subgoal": subgoal}) if record.structured else subgoal
     else:
         record.request_ids = [str(r.get("request_id")) for r in requests]
-        answers = _answers(requests, rows, fault)
+        answers = _answers(requests, rows, fault, options)
         reply = _reply_text(answers, record.structured, options, fault)
     usage = _usage(path, text, images, reply, options.usage_details)
     return web.json_response(_completion(path, options.model, reply, usage), headers=headers)
@@ -392,7 +414,7 @@ async def start_endpoint(
 
 async def _serve(options: EndpointOptions, host: str, port: int) -> None:
     runner, base_url = await start_endpoint(options, host, port)
-    print(f"serving an OpenAI-compatible endpoint at {base_url} (fault={options.fault})", flush=True)
+    print(f"serving an OpenAI-compatible endpoint at {base_url} (answer={options.answer}, fault={options.fault})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -415,16 +437,23 @@ def serve_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault", default="none", choices=list(Fault.__args__), help="fault to inject")  # type: ignore[attr-defined]
     parser.add_argument("--fault-count", type=int, default=1, help="how many first requests the fault hits")
     parser.add_argument("--api-key-env", help="require the API key held by this environment variable (401 otherwise)")
+    parser.add_argument("--answer", default="model", metavar="MODE",
+                        help="model: the subgoal model on the views; wrong-object: a subgoal naming another object of "
+                             "the instruction's scene; fixed:TEXT: always TEXT (loopback advisors for controls)")
+    parser.add_argument("--model", default="rescue-advisor-v0", help="the model name it reports")
     args = parser.parse_args(argv)
     expected = None
     if args.api_key_env:
         expected = os.environ.get(args.api_key_env)
         if not expected:
             parser.error(f"environment variable {args.api_key_env} is unset or empty")
-    options = EndpointOptions(
-        latency_s=args.latency, latency_jitter_s=args.latency_jitter, fault=args.fault, fault_count=args.fault_count,
-        expected_api_key=expected,
-    )
+    try:
+        options = EndpointOptions(
+            latency_s=args.latency, latency_jitter_s=args.latency_jitter, fault=args.fault, fault_count=args.fault_count,
+            expected_api_key=expected, answer=args.answer, model=args.model,
+        )
+    except ValidationError as exc:
+        parser.error(exc.errors()[0]["msg"].removeprefix("Value error, "))
     try:
         asyncio.run(_serve(options, args.host, args.port))
     except OSError as exc:

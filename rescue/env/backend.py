@@ -61,14 +61,16 @@ class Backend:
         if self.kind == "ray":
             self._ray().disconnect()
 
-    def pool(self, size: int, adapter: str, log_path: str | None) -> "SimPool":
-        """The simulator pool of one run."""
+    def pool(self, size: int, adapter: str, log_path: str | None, max_rss_gb: float | None = None) -> "SimPool":
+        """The simulator pool of one run; `max_rss_gb` is each simulator's memory budget (`[env]
+        max_simulator_rss_gb`; None: the adapter's default), enforced inside the simulator alike on both backends."""
+        kwargs = {} if max_rss_gb is None else {"max_rss_gb": max_rss_gb}
         if self.kind == "ray":
             self.connect(size)
-            return self._ray().RayPool(size, adapter, options=self)
+            return self._ray().RayPool(size, adapter, kwargs, options=self)
         from rescue.env.pool import SimPool
 
-        return SimPool(size, adapter, log_path=log_path)
+        return SimPool(size, adapter, kwargs, log_path=log_path)
 
 
 LOCAL = Backend()

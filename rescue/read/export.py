@@ -14,15 +14,17 @@ import json
 import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rescue.core.classify import deviation_detail
+from rescue.core.config import StudyConfig
 from rescue.core.digest import digest_json
 from rescue.core.evaluation import EvalSummary
 from rescue.core.manifest import Case
 from rescue.core.querypoint import query_point
-from rescue.core.records import ArmResult, Receipt
+from rescue.core.records import ArmResult, Receipt, Verdict, advisor_arm
 from rescue.core.stats import Summary
 from rescue.study.files import write_atomic
 from rescue.study.folder import (
@@ -37,11 +39,16 @@ from rescue.study.folder import (
 from rescue.study.journal import SUMMARY_KEY, CaseState, arm_digest
 from rescue.study.layout import StudyLayout
 from rescue.study.receipts import read_receipts
-from rescue.study.usage import UsageSummary, usage_summary
+from rescue.study.usage import UsageSummary, study_usage
 
 # 2: cases name the fingerprint parts of a deviation; the study names its observation profile.
 # 3: the sham arm (DESIGN §8): per case its arm and verdict, in the summary its comparisons.
-EXPORT_SCHEMA = "rescue-export/3"
+# 4: advisors (DESIGN §11): the study names them, per case every advisor's arm and verdict, in the summary
+#    each advisor's figures and every pair of advisors, usage per advisor; cost under a declared price.
+#    A study of one [vlm] exports as under 3, but for the version.
+EXPORT_SCHEMA = "rescue-export/4"
+# The versions `read_export` reads (each an earlier document's fields are a subset of today's).
+READABLE_SCHEMAS = ("rescue-export/3", "rescue-export/4")
 
 
 class ExportError(StudyError):
@@ -73,6 +80,35 @@ class StudyInfo(BaseModel):
     """Whether a drain was requested: no new case is claimed."""
     summary_stored: bool = False
     """Whether the journal holds a stored summary (`rescue verify` re-checks it)."""
+    advisors: list[AdvisorInfo] | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The study's advisors in declared order, the primary first (DESIGN §11); absent: a study of one `[vlm]`."""
+
+
+class AdvisorInfo(BaseModel):
+    """One advisor of the study: its name, arm and what it asks (no URL's secrets, no key)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    name: str
+    """The advisor's name."""
+    arm: str
+    """Its arm, `assisted:<name>`."""
+    primary: bool
+    """Whether its verdicts are the cases' labels (the first declared)."""
+    endpoint: str
+    """Where it is asked: `local` (the bundled endpoint), else the base URL's host and port."""
+    model: str
+    """The model its calls ask for."""
+    api: str
+    """`chat` or `responses`."""
+    prompt_template: str
+    """Its prompt template's name."""
+    batch_size: int
+    """Cases per call at most."""
+    generation: dict[str, Any]
+    """Its generation settings as configured (None: not sent)."""
+    price: dict[str, float | None] | None = None
+    """Its declared price per million tokens of each kind; None: none declared (its cost is unknown)."""
 
 
 class ArmEntry(BaseModel):
@@ -156,6 +192,30 @@ class CaseEntry(BaseModel):
     """The rule that decided the sham label; None without a sham verdict."""
     sham_reason: str | None = None
     """Why, in one line; None without a sham verdict."""
+    advisors: dict[str, AdvisorEntry] | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Every advisor's arm and verdict against control, by advisor name in declared order (the primary's is also
+    `assisted`, `label`...); absent: a study of one `[vlm]`."""
+
+
+class AdvisorEntry(BaseModel):
+    """One advisor's arm of one case and its verdict against control (DESIGN §11)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    arm: str
+    """The arm's name, `assisted:<name>`."""
+    label: str | None = None
+    """The advisor's DESIGN §3 label against control; None without a verdict."""
+    rule: int | None = None
+    """The rule that decided it; None without a verdict."""
+    reason: str | None = None
+    """Why, in one line; None without a verdict."""
+    in_m: bool | None = None
+    """Whether the control/advisor pair is in M; None without a verdict."""
+    in_e: bool | None = None
+    """Whether it is in E; None without a verdict."""
+    record: ArmEntry | None = None
+    """The advisor's arm as exported; None: not recorded."""
 
 
 class EpisodeRow(BaseModel):
@@ -225,8 +285,8 @@ class StudyExport(BaseModel):
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
-    schema_version: Literal["rescue-export/3"] = EXPORT_SCHEMA
-    """The format of this document and its version."""
+    schema_version: Literal["rescue-export/3", "rescue-export/4"] = EXPORT_SCHEMA
+    """The format of this document and its version (`rescue export` writes 4; a document of 3 still reads)."""
     study: StudyInfo
     """Who the study is."""
     # The summary counts finished and interrupted cases only; `coverage` says
@@ -241,6 +301,8 @@ class StudyExport(BaseModel):
     """An evaluation study's episodes, one row each; None for a rescue study."""
     usage: UsageSummary
     """VLM calls, tokens and latency over every receipts file of the study."""
+    usage_by_advisor: dict[str, UsageSummary] | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The same per advisor, with its cost under its declared price (DESIGN §11); absent: a study of one `[vlm]`."""
     cases: list[CaseEntry]
     """Every manifest case, in manifest order."""
 
@@ -289,11 +351,29 @@ def _arm_entry(arm: ArmResult | None, digest: str | None) -> ArmEntry | None:
     )
 
 
+def _advisor_entries(records: StudyRecords, case: Case, v: Verdict | None) -> dict[str, AdvisorEntry] | None:
+    if not records.config.advisors:
+        return None
+    arms = records.arms.get(case.case_id, {})
+    digests = records.arm_digests.get(case.case_id, {})
+    out = {}
+    for a in records.config.advisors:
+        arm = advisor_arm(a.name)
+        av = (v.advisors or {}).get(a.name) if v is not None else None
+        out[a.name] = AdvisorEntry(
+            arm=arm, label=av.label if av else None, rule=av.rule if av else None, reason=av.reason if av else None,
+            in_m=av.in_m if av else None, in_e=av.in_e if av else None,
+            record=_arm_entry(arms.get(arm), digests.get(arm)),
+        )
+    return out
+
+
 def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
     arms = records.arms.get(case.case_id, {})
     digests = records.arm_digests.get(case.case_id, {})
     v = records.verdicts.get(case.case_id)
-    assisted = arms.get("assisted")
+    primary = records.config.primary_arm
+    assisted = arms.get(primary)
     return CaseEntry(
         case_id=case.case_id,
         group=case.group,
@@ -309,12 +389,37 @@ def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
         query_step=query_point(case.horizon, records.interval),
         call_id=assisted.assistance.call_id if assisted else None,
         control=_arm_entry(arms.get("control"), digests.get("control")),
-        assisted=_arm_entry(assisted, digests.get("assisted")),
+        assisted=_arm_entry(assisted, digests.get(primary)),
         sham=_arm_entry(arms.get("sham"), digests.get("sham")),
         sham_label=v.sham.label if v and v.sham else None,
         sham_rule=v.sham.rule if v and v.sham else None,
         sham_reason=v.sham.reason if v and v.sham else None,
+        advisors=_advisor_entries(records, case, v),
     )
+
+
+def _advisor_info(config: StudyConfig) -> list[AdvisorInfo] | None:
+    if not config.advisors:
+        return None
+    return [
+        AdvisorInfo(
+            name=a.name, arm=advisor_arm(a.name), primary=i == 0, endpoint=endpoint_host(a.base_url), model=a.model,
+            api=a.api, prompt_template=a.prompt_template, batch_size=a.batch_size, generation=a.generation(),
+            price=a.price.model_dump() if a.price is not None else None,
+        )
+        for i, a in enumerate(config.advisors)
+    ]
+
+
+def endpoint_host(base_url: str) -> str:
+    """A VLM endpoint as a report names it: `local`, else its host and port (a URL's user, password and query
+    may carry a key)."""
+    if base_url == "local":
+        return "local"
+    parts = urlsplit(base_url)
+    if not parts.hostname:
+        return base_url
+    return f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname
 
 
 def _episode_row(records: StudyRecords, case: Case, result_sha256: str | None) -> EpisodeRow:
@@ -362,6 +467,7 @@ def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         rows = [_episode_row(records, case, stored_digests.get((case.case_id, "control"))) for case in records.cases]
     else:
         summary = study_summary(records)
+    usage, by_advisor = study_usage(all_receipts, records.config)
     return StudyExport(
         study=StudyInfo(
             study_id=meta.get("study_id"),
@@ -374,14 +480,32 @@ def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
             journal_schema_version=meta.get("schema_version"),
             draining=draining,
             summary_stored=SUMMARY_KEY in meta,
+            advisors=_advisor_info(records.config),
         ),
         coverage={"main": coverage(records, pilot=False), "pilot": coverage(records, pilot=True)},
         summary=summary,
         episodes=episodes,
         episode_rows=rows,
-        usage=usage_summary(all_receipts),
+        usage=usage,
+        usage_by_advisor=by_advisor,
         cases=[_case_entry(records, case) for case in records.cases],
     )
+
+
+def read_export(path: str | os.PathLike[str]) -> StudyExport:
+    """An export document as `rescue export` wrote it, of this version or an earlier readable one
+    (READABLE_SCHEMAS); ExportError naming the file when it is not one."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"{path}: not a readable export ({exc})") from None
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if version not in READABLE_SCHEMAS:
+        raise ExportError(f"{path}: export schema {version!r}; this version reads {', '.join(READABLE_SCHEMAS)}")
+    try:
+        return StudyExport.model_validate(data)
+    except ValidationError as exc:
+        raise ExportError(f"{path}: not a {version} document ({exc.errors()[0]['msg']})") from None
 
 
 # --- files -------------------------------------------------------------------
@@ -408,8 +532,19 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+ADVISOR_COLUMNS = ("label", "rule", "reason", "in_m", "in_e")
+
+
+def csv_columns(export: StudyExport) -> tuple[str, ...]:
+    """The CSV's columns: CSV_COLUMNS, then with advisors each advisor's verdict and arm (`assisted:<name>_...`)."""
+    extra = tuple(
+        f"{a.arm}_{col}" for a in export.study.advisors or () for col in (*ADVISOR_COLUMNS, *ARM_COLUMNS)
+    )
+    return CSV_COLUMNS + extra
+
+
 def csv_rows(export: StudyExport) -> list[dict[str, str]]:
-    """One flat row per case, as the CSV holds it (columns CSV_COLUMNS)."""
+    """One flat row per case, as the CSV holds it (columns `csv_columns`)."""
     rows = []
     for entry in export.cases:
         row = {col: _cell(getattr(entry, col)) for col in CASE_COLUMNS}
@@ -417,6 +552,13 @@ def csv_rows(export: StudyExport) -> list[dict[str, str]]:
             arm = getattr(entry, name)
             for col in ARM_COLUMNS:
                 row[f"{name}_{col}"] = _cell(getattr(arm, col) if arm else None)
+        for a in export.study.advisors or ():
+            adv = (entry.advisors or {}).get(a.name)
+            for col in ADVISOR_COLUMNS:
+                row[f"{a.arm}_{col}"] = _cell(getattr(adv, col) if adv else None)
+            record = adv.record if adv else None
+            for col in ARM_COLUMNS:
+                row[f"{a.arm}_{col}"] = _cell(getattr(record, col) if record else None)
         rows.append(row)
     return rows
 
@@ -445,7 +587,7 @@ def write_export(
     if export.episode_rows is not None:
         columns, rows = EPISODE_COLUMNS, episode_csv_rows(export)
     else:
-        columns, rows = CSV_COLUMNS, csv_rows(export)
+        columns, rows = csv_columns(export), csv_rows(export)
     writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)

@@ -19,7 +19,7 @@ from rescue.study.folder import load_study_config, open_journal, receipt_files
 from rescue.study.journal import STATES
 from rescue.study.layout import StudyLayout
 from rescue.study.receipts import scan_receipts
-from rescue.study.usage import UsageSummary, usage_summary
+from rescue.study.usage import UsageSummary, study_usage
 
 
 class StudyStatus(BaseModel):
@@ -35,7 +35,10 @@ class StudyStatus(BaseModel):
     labels: dict[str, int] = Field(default_factory=dict)  # main cohort, verdicts so far
     pilot_labels: dict[str, int] = Field(default_factory=dict)
     sham_labels: dict[str, int] = Field(default_factory=dict)  # the sham arm against control, main cohort
+    # Each advisor against control, main cohort (DESIGN §11; empty: a study of one [vlm]).
+    advisor_labels: dict[str, dict[str, int]] = Field(default_factory=dict)
     usage: UsageSummary = Field(default_factory=UsageSummary)
+    usage_by_advisor: dict[str, UsageSummary] | None = None
     receipts_note: str | None = None  # a receipts file that could not be read fully
 
 
@@ -49,6 +52,7 @@ def study_status(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         by_cohort = journal.label_counts()  # counted by SQLite: no case is parsed
         n_pilot = journal.pilot_count()
         sham_labels = journal.sham_label_counts()
+        advisor_labels = journal.advisor_label_counts()
         paths = list(receipt_files(StudyLayout.of(study_dir), journal).values())
     main_labels = Counter({label: n for (pilot, label), n in by_cohort.items() if not pilot})
     pilot_labels = Counter({label: n for (pilot, label), n in by_cohort.items() if pilot})
@@ -64,6 +68,7 @@ def study_status(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         receipts.extend(scan.receipts)
         if scan.truncated_tail is not None:
             notes.append(f"{Path(path).name}: last line cut short")
+    usage, by_advisor = study_usage(receipts, config)
     # Zero-filled in a fixed order, plus any label the study's rules add.
     known = ("success", "failure", "unknown") if config.is_evaluation else LABELS
     order = list(known) + sorted((set(main_labels) | set(pilot_labels)) - set(known))
@@ -78,7 +83,10 @@ def study_status(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         labels={label: main_labels.get(label, 0) for label in order},
         pilot_labels={label: pilot_labels.get(label, 0) for label in order} if n_pilot else {},
         sham_labels={label: sham_labels.get(label, 0) for label in LABELS} if config.sham.on else {},
-        usage=usage_summary(receipts),
+        advisor_labels={a.name: {label: advisor_labels.get(a.name, {}).get(label, 0) for label in LABELS}
+                        for a in config.advisors or []},
+        usage=usage,
+        usage_by_advisor=by_advisor,
         receipts_note="; ".join(notes) or None,
     )
 
@@ -100,6 +108,8 @@ def render_status(status: StudyStatus) -> str:
     ]
     if status.pilot_labels:
         lines.append("labels (pilot): " + "  ".join(f"{k} {n}" for k, n in status.pilot_labels.items()))
+    for name, labels in status.advisor_labels.items():
+        lines.append(f"advisor {name} vs control: " + "  ".join(f"{k} {n}" for k, n in labels.items()))
     if status.sham_labels:
         lines.append("sham vs control: " + "  ".join(f"{k} {n}" for k, n in status.sham_labels.items()))
     u = status.usage
@@ -114,6 +124,11 @@ def render_status(status: StudyStatus) -> str:
         f"  latency: mean {_seconds(u.latency.mean_s)}  median {_seconds(u.latency.median_s)}"
         f"  max {_seconds(u.latency.max_s)}",
     ]
+    for name, a in (status.usage_by_advisor or {}).items():
+        cost = "" if a.cost is None else f", cost {a.cost:.4f}"
+        lines.append(f"  advisor {name}: {a.calls} calls"
+                     + (" (" + ", ".join(f"{k} {n}" for k, n in sorted(a.by_status.items())) + ")" if a.by_status else "")
+                     + f", median latency {_seconds(a.latency.median_s)}{cost}")
     if status.receipts_note:
         lines.append(f"receipts: {status.receipts_note}")
     return "\n".join(lines)

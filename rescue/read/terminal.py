@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rescue.core.evaluation import EvalSummary
-from rescue.core.stats import Summary
+from rescue.core.stats import Summary, ranked_advisors
 
 LABEL_ORDER = ("rescued", "not_rescued", "unknown", "initial_state_deviation")
 
@@ -59,6 +59,60 @@ def sham_table(summary: Summary) -> Table:
     return t
 
 
+def _p(p: float) -> str:
+    return f"{p:.2g}" if p < 0.001 else f"{p:.4f}"
+
+
+def advisor_table(summary: Summary, infos: Any = None) -> Table:
+    """The advisors ranked by R/E (DESIGN §11): each one's labels, M, E, R/N, R/M, R/E, and its paired
+    comparison with control and with the sham arm."""
+    models = {a.name: f"{a.model} · {a.prompt_template}" for a in infos or []}
+    t = Table(title="advisors, ranked by R/E")
+    sham = any(a.sham is not None for a in summary.advisors)
+    cols = ["rank", "advisor", "model · prompt", "R", "M", "E", "R/N", "R/M", "R/E", "vs control: b / c, p"]
+    if sham:
+        cols.append("vs sham: K, b / c, p")
+    for col in cols:
+        t.add_column(col)
+    for i, a in enumerate(ranked_advisors(summary.advisors), start=1):
+        row = [str(i), a.name + (" (primary)" if a.primary else ""), models.get(a.name, ""), str(a.r), str(a.m), str(a.e),
+               _pct(a.r_over_n), _pct(a.r_over_m), _pct(a.r_over_e),
+               f"{a.pairs.assisted_only} / {a.pairs.control_only}, {_p(a.mcnemar_p)}"]
+        if sham:
+            s = a.sham
+            row.append("n/a" if s is None else f"{s.k}, {s.pairs.assisted_only} / {s.pairs.sham_only}, {_p(s.mcnemar_p)}")
+        t.add_row(*row)
+    return t
+
+
+def advisor_pairs_table(summary: Summary) -> Table:
+    """Every pair of advisors over the cases both have in E: the 2x2, exact McNemar, Holm-adjusted p, Newcombe CI."""
+    t = Table(title="advisors paired (cases in E for both)")
+    for col in ("first vs second", "K", "first-only", "second-only", "both", "neither", "McNemar p", "Holm p",
+                "first - second, 95% CI"):
+        t.add_column(col)
+    for pair in summary.advisor_pairs or []:
+        q = pair.pairs
+        ci = "n/a" if pair.diff is None or pair.diff_ci is None else f"{_pct(pair.diff)} {_ci(pair.diff_ci)}"
+        t.add_row(f"{pair.first} vs {pair.second}", str(pair.k), str(q.first_only), str(q.second_only),
+                  str(q.both_success), str(q.both_fail), _p(pair.mcnemar_p), _p(pair.holm_p), ci)
+    return t
+
+
+def advisor_usage_table(by_advisor: dict[str, Any]) -> Table:
+    """Per advisor: calls and their statuses, tokens by kind, latency, cost (declared price only)."""
+    t = Table(title="VLM usage per advisor")
+    for col in ("advisor", "calls", "not ok", "input", "cached input", "output", "reasoning", "median latency", "cost"):
+        t.add_column(col)
+    for name, u in by_advisor.items():
+        tokens = [str(u.tokens[k].total) if u.tokens[k].total is not None else f"{u.tokens[k].known_sum}+?"
+                  for k in ("input", "cached_input", "output", "reasoning")]
+        lat = "-" if u.latency.median_s is None else f"{u.latency.median_s:.2f} s"
+        t.add_row(name, str(u.calls), str(u.calls - u.by_status.get("ok", 0)), *tokens, lat,
+                  "unknown (no price declared)" if u.cost is None else f"{u.cost:.4f}")
+    return t
+
+
 def group_table(summary: Summary) -> Table:
     """Per group: the fixed count, each label, rescued / fixed."""
     t = Table(title="per group")
@@ -89,13 +143,22 @@ def render_summary(export: Any) -> Group:
     if not main.complete:
         parts.append(Text(f"{main.n_pending} case(s) never started and {main.n_in_flight} in flight: "
                           "they stay in N and outside these figures until run"))
-    parts += [summary_table(export.summary, "rescue study", main.n_manifest), group_table(export.summary)]
+    title = "rescue study"
+    if export.summary.advisors:
+        title += f" (the primary advisor's arm: {export.summary.advisors[0].name})"
+    parts += [summary_table(export.summary, title, main.n_manifest), group_table(export.summary)]
     if export.summary.sham is not None:
         parts.append(sham_table(export.summary))
+    if export.summary.advisors:
+        parts.append(advisor_table(export.summary, export.study.advisors))
+        if export.summary.advisor_pairs:
+            parts.append(advisor_pairs_table(export.summary))
     if export.summary.pilot is not None:
         parts.append(Text(f"pilot cases (not in N): {', '.join(export.summary.pilot_ids)}"))
         parts.append(summary_table(export.summary.pilot, "pilot"))
     parts.append(usage_table(export.usage))
+    if getattr(export, "usage_by_advisor", None):
+        parts.append(advisor_usage_table(export.usage_by_advisor))
     parts.append(Text("the words (q, C, H, N, M, E, K, R/N, prefix proof) are explained in docs/glossary.md"))
     return Group(*parts)
 

@@ -22,7 +22,7 @@ from rescue.core.digest import digest_bytes, digest_text
 from rescue.core.manifest import Case, ManifestError, load_manifest
 from rescue.core.proofs import trace_is_regular
 from rescue.core.querypoint import query_point
-from rescue.core.records import ArmResult, Receipt, Verdict, chain_break
+from rescue.core.records import ArmResult, Receipt, Verdict, chain_break, is_assisted
 from rescue.core.sham import sham_donors
 from rescue.core.stats import Summary
 from rescue.study import layout
@@ -280,7 +280,7 @@ class _Verifier:
     def check_assisted_refs(self, arms: dict[str, dict[str, ArmResult]]) -> None:
         """Each assisted (or permuted sham) arm's receipt reference points at unchanged bytes of its call's outcome line."""
         for case_id, by_arm in arms.items():
-            for name in ("assisted", "sham"):
+            for name in [n for n in by_arm if is_assisted(n) or n == "sham"]:
                 a = by_arm.get(name)
                 ref = a.assistance.receipt if a is not None else None
                 if ref is None:
@@ -334,21 +334,41 @@ class _Verifier:
                              f"index holds {row.line_sha256[:12]}…")
         by_call = {call_id for (_, call_id) in outcomes}
         for case_id, by_arm in arms.items():
-            a = by_arm.get("assisted")
-            if a is None or a.assistance.call_id is None and a.assistance.status != "applied":
-                continue
-            call_id = a.assistance.call_id
-            if a.assistance.status != "applied":
-                if call_id not in by_call:
-                    self.warn("receipt", case_id, f"assistance {a.assistance.status} names call {call_id}, "
-                              "which has no outcome receipt")
-                continue
-            if call_id is None:
-                self.problem("receipt", case_id, "applied assistance names no call")
-            elif call_id not in by_call:
-                self.problem("receipt", case_id, f"applied assistance has no outcome receipt (call {call_id})")
-            elif (call_id, case_id) not in indexed:
-                self.problem("receipt", case_id, f"applied assistance's call {call_id} is not in the receipts index")
+            for name in [n for n in by_arm if is_assisted(n)]:
+                self.check_indexed(case_id, name, by_arm[name], by_call, indexed)
+
+    def check_indexed(self, case_id: str, name: str, a: ArmResult, by_call: set[str], indexed: set[tuple[str, str]]) -> None:
+        """An assisted arm's (each advisor's) applied subgoal has its call's outcome receipt, and the index names it."""
+        if a.assistance.call_id is None and a.assistance.status != "applied":
+            return
+        what = "assistance" if name == "assisted" else f"{name} assistance"
+        call_id = a.assistance.call_id
+        if a.assistance.status != "applied":
+            if call_id not in by_call:
+                self.warn("receipt", case_id, f"{what} {a.assistance.status} names call {call_id}, "
+                          "which has no outcome receipt")
+            return
+        if call_id is None:
+            self.problem("receipt", case_id, f"applied {what} names no call")
+        elif call_id not in by_call:
+            self.problem("receipt", case_id, f"applied {what} has no outcome receipt (call {call_id})")
+        elif (call_id, case_id) not in indexed:
+            self.problem("receipt", case_id, f"applied {what}'s call {call_id} is not in the receipts index")
+
+    def check_receipt_advisors(self, config: StudyConfig) -> None:
+        """Every receipt names one of the study's declared advisors (DESIGN §11), or none in a study of one `[vlm]`."""
+        declared = {a.name for a in config.advisors or []}
+        for name, lines in self.lines.items():
+            for line in lines:
+                r = line.receipt
+                if r is None:
+                    continue
+                if (r.advisor is None) != (not declared) or (r.advisor is not None and r.advisor not in declared):
+                    said = f"advisor {r.advisor!r}" if r.advisor is not None else "no advisor"
+                    want = f"one of {', '.join(sorted(declared))}" if declared else "none (a study of one [vlm])"
+                    for case_id in r.case_ids:
+                        self.problem("receipt", case_id, f"{name} line {line.lineno} (call {r.call_id}) names {said}; "
+                                     f"the study declares {want}")
 
     # --- (c) verdicts and states ---------------------------------------------
 
@@ -426,7 +446,7 @@ class _Verifier:
                 original = next(iter(seen))
             elif original not in seen:
                 self.problem("injection", case_id, "control arm did not query with the case's instruction")
-        for name in ("assisted", "sham"):
+        for name in [n for n in arms if is_assisted(n) or n == "sham"]:
             arm_rec = arms.get(name)
             if arm_rec is not None and arm_rec.trace:
                 self.check_injection(case_id, name, arm_rec, q, original_text, original)
@@ -515,6 +535,22 @@ class _Verifier:
         if not r <= e <= m <= len(main):
             self.problem("invariant", None, f"{which} verdicts break R <= E <= M <= N: "
                          f"R={r} E={e} M={m} N={len(main)}")
+        by_advisor: dict[str, list] = {}
+        for v in mine:
+            for name, av in (v.advisors or {}).items():
+                by_advisor.setdefault(name, []).append((v.case_id, av))
+        for name, verdicts in by_advisor.items():
+            for case_id, av in verdicts:
+                if av.in_e and not av.in_m:
+                    self.problem("invariant", case_id, f"{which} verdict of advisor {name!r} is in E but not in M")
+                if av.label == "rescued" and not av.in_e:
+                    self.problem("invariant", case_id, f"{which} verdict of advisor {name!r} is rescued but not in E")
+            r = sum(av.label == "rescued" for _, av in verdicts)
+            e = sum(av.in_e for _, av in verdicts)
+            m = sum(av.in_m for _, av in verdicts)
+            if not r <= e <= m <= len(main):
+                self.problem("invariant", None, f"{which} verdicts of advisor {name!r} break R <= E <= M <= N: "
+                             f"R={r} E={e} M={m} N={len(main)}")
         shams = [v.sham for v in mine if v.sham is not None]
         if shams:
             r = sum(s.label == "rescued" for s in shams)
@@ -557,6 +593,11 @@ def verify_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         v.check_assisted_refs(arms)
         if config is not None and not config.is_evaluation:
             v.check_sham_declaration(config, cases, meta)
+            v.check_receipt_advisors(config)
+        if config is not None:
+            for case_id, by_arm in arms.items():
+                for name in sorted(set(by_arm) - set(config.arms)):
+                    v.problem("state", case_id, f"{name} arm recorded, but the study runs {', '.join(config.arms)}")
         stored = v.stored_verdicts()
         if config is not None:
             records = StudyRecords(

@@ -39,7 +39,7 @@ def _run(
     study_dir: Path, on_case: OnCase, verbose: bool, config: StudyConfig | None = None, backend: Backend = LOCAL
 ) -> None:
     # `config`: the one the study was just created from, whose VLM key (never written) the run needs.
-    key = config.vlm.api_key if config is not None else None
+    key = config.given_keys() if config is not None else None
     try:
         with own_study(study_dir):
             logs.configure(StudyLayout.of(study_dir).events, verbose)
@@ -125,7 +125,7 @@ def _ready_to_go_on(study_dir: Path, instead: str) -> StudyConfig:
         raise StudyError(f"{study_dir} was continued by {continued_by}; {instead}")
     config = load_study_config(study_dir)
     # A key given in the TOML is never stored in the study: say how to supply it again.
-    message = config.vlm.missing_key_message() if "assisted" in config.arms else None
+    message = config.missing_key_message()
     if message is not None:
         raise StudyError(message)
     # The same study, the same server: C, the profile and the announced identity must hold.

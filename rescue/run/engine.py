@@ -25,7 +25,7 @@ from rescue.core.episode_protocol import get_protocol
 from rescue.core.failfast import FailFast, error_line, one_line
 from rescue.core.manifest import Case
 from rescue.core.observation import get_profile
-from rescue.core.records import ArmResult, Assistance, ReceiptRef, Verdict
+from rescue.core.records import ArmResult, Assistance, ReceiptRef, Verdict, advisor_arm, is_assisted
 from rescue.core.sham import donor_group
 from rescue.env.backend import LOCAL, Backend
 from rescue.env.pool import SimLease, SimulatorError
@@ -37,6 +37,7 @@ from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, Journal
 from rescue.study.layout import StudyLayout
 from rescue.study.receipts import OutcomeIndex
 from rescue.vlm.answers import SubgoalRequest
+from rescue.vlm.client import VLMClient
 from wrappers.async_rules import AsyncRuleWrapper
 
 log = structlog.get_logger()
@@ -130,6 +131,8 @@ class Engine:
         self.donors: dict[str, str] = dict(self.journal.meta().get(SHAM_DONORS_KEY) or {})
         self._answers: dict[str, Any] = {}
         self._answer_events: dict[str, asyncio.Event] = {}
+        # The arm whose answers a permuted sham applies: the declared donor advisor's (else the primary's).
+        self._donor_arm = advisor_arm(config.sham_donor_advisor) if config.advisors else "assisted"
         self._stop = asyncio.Event()
         # Signals so far (the first drains, the second stops now) and the workers a second one cancels.
         self._signals: list[str] = []
@@ -292,18 +295,17 @@ class Engine:
             # trusted for the next case either. This case stays (unknown); dispatch stops.
             self.stop_study(f"case {case.case_id}: the policy connection or its RNG changed during a VLM wait; "
                             "check the policy server (rescue preflight), then `rescue resume`")
-        index, receipts = None, {}
-        for name in ("assisted", "sham"):
-            arm = by_arm.get(name)
-            ref = arm.assistance.receipt if arm is not None else None
+        index, receipts = [], {}
+        for name, arm in by_arm.items():
+            ref = arm.assistance.receipt if is_assisted(name) or name == "sham" else None
             if ref is None:
                 continue
             # The outcome line this arm's reference names, read back by the one receipts reader.
             line = self._outcomes.outcome(arm.assistance.call_id or "")
             if line is not None and (line.lineno, line.sha256) == (ref.lineno, ref.sha256):
                 receipts[line.receipt.call_id] = line.receipt
-            if name == "assisted":
-                index = (arm.assistance.call_id, ref.path, ref.sha256)
+            if is_assisted(name):
+                index.append((arm.assistance.call_id, ref.path, ref.sha256))
         verdict = classify_case(self.config, case, by_arm, receipts, interrupted=False, donors=self.donors)
         # Arms, receipt index and verdict land in one transaction: a crash leaves the case
         # claimed with nothing recorded (resume makes it unknown), never half-finished.
@@ -400,9 +402,10 @@ class Engine:
                 lease.release()
 
     def _advisor_for(self, arm: str, services: Services, case: Case):
-        """Who answers an arm at q: the VLM (assisted), the sham's declared source (sham), nobody (control)."""
-        if arm == "assisted":
-            return self._advisor(services)
+        """Who answers an arm at q: its advisor's VLM (assisted, assisted:<name>), the sham's declared source
+        (sham), nobody (control)."""
+        if is_assisted(arm):
+            return self._advisor(services.advisors.get(arm), arm)
         if arm == "sham":
             return self._sham_advisor(case)
         return None
@@ -438,7 +441,7 @@ class Engine:
                                   receipt_ref=answer.receipt_ref, donor_case_id=donor)
             state = self.journal.state(donor)
             if state in ("finished", "interrupted"):
-                arm = self.journal.arms(donor).get("assisted")
+                arm = self.journal.arms(donor).get(self._donor_arm)
                 a = arm.assistance if arm is not None else None
                 if a is None or a.status != "applied":
                     why = "was interrupted" if a is None else f"had assistance {a.status}"
@@ -452,8 +455,8 @@ class Engine:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(event.wait(), 1.0)
 
-    def _advisor(self, services: Services):
-        vlm = services.vlm
+    def _advisor(self, vlm: VLMClient | None, arm: str):
+        donor = arm == self._donor_arm
 
         async def ask(case_id: str, instruction: str, remaining: int, views: dict) -> Any:
             self.observer.vlm_waiting(+1)
@@ -461,9 +464,10 @@ class Engine:
                 answer = await vlm.ask(SubgoalRequest(case_id=case_id, instruction=instruction, remaining_steps=remaining, views=views))
             finally:
                 self.observer.vlm_waiting(-1)
-            # A sham arm whose donor this case is may be waiting for exactly this answer.
-            self._answers[case_id] = answer
-            self._answer_events.setdefault(case_id, asyncio.Event()).set()
+            if donor:
+                # A sham arm whose donor this case is may be waiting for exactly this answer (of the declared advisor).
+                self._answers[case_id] = answer
+                self._answer_events.setdefault(case_id, asyncio.Event()).set()
             return answer
 
         return ask if vlm is not None else None
@@ -517,13 +521,16 @@ async def run_study(
 ) -> None:
     """Run (or go on with) every never-claimed case of a study; then store its summary for verify.
 
-    vlm_api_key: a key given in the configuration the study was created from (it is never stored).
+    vlm_api_key: keys given in the configuration the study was created from (never stored), by advisor arm
+    (`StudyConfig.given_keys`), or the primary advisor's one key.
     backend: where the simulators run (local processes, or Ray actors); the journal stays here.
     """
     layout = StudyLayout.of(study_dir)
     config = load_study_config(layout.root)
-    if vlm_api_key is not None:
-        config = config.model_copy(update={"vlm": config.vlm.model_copy(update={"api_key": vlm_api_key})})
+    if isinstance(vlm_api_key, dict):
+        config = config.with_keys(vlm_api_key)
+    elif vlm_api_key is not None:
+        config = config.with_keys({config.primary_arm: vlm_api_key})
     log.info("study.backend", backend=backend.describe())
     async with start_services(config, layout, backend) as services:
         engine = Engine(layout.root, config, services, on_case)

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 
-from rescue.core.config import PolicyConfig, StudyConfig
+from rescue.core.config import PolicyConfig, StudyConfig, VLMConfig
 from rescue.core.episode_protocol import BUNDLED_DEFAULT as BUNDLED_DEFAULT_PROTOCOL
 from rescue.core.episode_protocol import EXTERNAL_DEFAULT as EXTERNAL_DEFAULT_PROTOCOL
 from rescue.core.episode_protocol import EpisodeProtocol, get_protocol
@@ -70,13 +70,17 @@ async def probe_policy(policy: PolicyConfig) -> dict[str, Any]:
 
 
 async def check_vlm(config: StudyConfig) -> None:
-    """Before the first claim: the study's VLM endpoint answers and takes its key (the cheapest
-    authenticated request, `GET /models`, or one minimal call, as `[vlm] startup_check` says).
+    """Before the first claim: every advisor's VLM endpoint answers and takes its key (the cheapest
+    authenticated request, `GET /models`, or one minimal call, as its `startup_check` says).
 
     Nothing is checked when no arm asks the VLM, nor for the bundled endpoint (started by the run)."""
-    vlm = config.vlm
+    for name, _, vlm in config.advisor_configs():
+        await _check_one_vlm(vlm, name)
+
+
+async def _check_one_vlm(vlm: VLMConfig, advisor: str | None) -> None:
     check = vlm.startup_check or "models"
-    if "assisted" not in config.arms or vlm.base_url == "local" or check == "none":
+    if vlm.base_url == "local" or check == "none":
         return
     import openai
 
@@ -93,14 +97,18 @@ async def check_vlm(config: StudyConfig) -> None:
             return  # a server without /models: it answered, and did not refuse the key
         fix = (f"check the key in ${vlm.api_key_env}" if exc.status_code in (401, 403)
                else "check vlm.base_url and vlm.model")
-        raise PeerUnreachable(f"the VLM endpoint at {vlm.base_url} refused the start's check with HTTP "
+        raise PeerUnreachable(f"the VLM endpoint{_of(advisor)} at {vlm.base_url} refused the start's check with HTTP "
                               f"{exc.status_code} ({one_line(exc.message)}); {fix}; nothing was claimed") from None
     except (openai.APIConnectionError, openai.APITimeoutError) as exc:
-        raise PeerUnreachable(f"the VLM endpoint at {vlm.base_url} is not reachable ({type(exc).__name__}: "
+        raise PeerUnreachable(f"the VLM endpoint{_of(advisor)} at {vlm.base_url} is not reachable ({type(exc).__name__}: "
                               f"{one_line(str(exc.__cause__ or exc))}); start it or fix vlm.base_url / --vlm-url; "
                               "nothing was claimed") from None
     finally:
         await client.close()
+
+
+def _of(advisor: str | None) -> str:
+    return f" of advisor {advisor!r}" if advisor is not None else ""
 
 
 def resolve_config(config: StudyConfig, metadata: dict[str, Any]) -> StudyConfig:
@@ -167,7 +175,7 @@ async def check_live_identity(config: StudyConfig) -> None:
 
 @dataclass
 class Services:
-    """The running peers of a study: policy URL, VLM client, simulator pool."""
+    """The running peers of a study: policy URL, VLM clients (one per advisor), simulator pool."""
 
     policy_url: str
     policy_api_key: str | None
@@ -175,6 +183,8 @@ class Services:
     pool: SimPool
     vlm: VLMClient | None
     closers: list[Callable[[], Any]] = field(default_factory=list)
+    # Every advisor's client by its arm (`assisted`, or `assisted:<name>`); `vlm` is the primary's.
+    advisors: dict[str, VLMClient] = field(default_factory=dict)
 
 
 @contextlib.asynccontextmanager
@@ -196,20 +206,25 @@ async def start_services(config: StudyConfig, layout: StudyLayout, backend: Back
         metadata = dict(probe.metadata)
         await probe.close()
         check_identity(config, metadata)
-        vlm = None
-        if "assisted" in config.arms:
-            vlm_config = config.vlm
+        advisors: dict[str, VLMClient] = {}
+        local_url = None
+        # One receipts log for every advisor: each receipt names its advisor (DESIGN §11).
+        receipts = ReceiptLog(layout.receipts, name=RECEIPTS)
+        for name, arm, vlm_config in config.advisor_configs():
             if vlm_config.base_url == "local":
-                from rescue.embedded.endpoint import start_endpoint
+                if local_url is None:
+                    from rescue.embedded.endpoint import start_endpoint
 
-                runner, base_url = await start_endpoint()
-                closers.append(runner.cleanup)
-                vlm_config = vlm_config.model_copy(update={"base_url": base_url})
-            vlm = VLMClient(vlm_config, ReceiptLog(layout.receipts, name=RECEIPTS), artifacts_dir=layout.vlm_artifacts)
-            closers.append(vlm.aclose)
-        pool = backend.pool(config.env.simulators, config.env.adapter, log_path=str(layout.simulator_log))
+                    runner, local_url = await start_endpoint()
+                    closers.append(runner.cleanup)
+                vlm_config = vlm_config.model_copy(update={"base_url": local_url})
+            # Each advisor its own client: its settings, its prompt, its limiter and batches.
+            advisors[arm] = VLMClient(vlm_config, receipts, artifacts_dir=layout.vlm_artifacts, advisor=name)
+            closers.append(advisors[arm].aclose)
+        pool = backend.pool(config.env.simulators, config.env.adapter, log_path=str(layout.simulator_log),
+                            max_rss_gb=config.env.max_simulator_rss_gb)
         closers.append(pool.close)
-        yield Services(policy_url, api_key, config.interval, pool, vlm, closers)
+        yield Services(policy_url, api_key, config.interval, pool, advisors.get(config.primary_arm), closers, advisors)
     finally:
         for close in reversed(closers):
             result = close()

@@ -27,7 +27,7 @@ import numpy as np
 import structlog
 from pydantic import BaseModel
 
-from rescue.core.config import MissingAPIKey, StudyConfig
+from rescue.core.config import MissingAPIKey, StudyConfig, VLMConfig
 from rescue.core.episode_protocol import get_protocol
 from rescue.core.images import VLM_VIEWS
 from rescue.core.manifest import Case, load_manifest
@@ -214,10 +214,13 @@ def _vlm_hint(kind: str | None, error: str, key_env: str) -> str:
     return "fix the VLM settings before running the study"
 
 
-async def check_vlm_call(case: Case, config: StudyConfig, services: Services, workdir: Path) -> Check:
-    """One real VLM call with the study's settings on a reset simulator's views; any failure fails it."""
-    name = "vlm call"
-    vlm = config.vlm.model_copy(update={"batch_size": 1})  # no batch window to wait for
+async def check_vlm_call(case: Case, config: StudyConfig, services: Services, workdir: Path,
+                         advisor: str | None = None, settings: VLMConfig | None = None) -> Check:
+    """One real VLM call with the study's settings (an advisor's: `settings`) on a reset simulator's views;
+    any failure fails it."""
+    name = "vlm call" if advisor is None else f"vlm call (advisor {advisor})"
+    configured = settings if settings is not None else config.vlm
+    vlm = configured.model_copy(update={"batch_size": 1})  # no batch window to wait for
     closers = []
     client = None
     key = ""
@@ -241,7 +244,7 @@ async def check_vlm_call(case: Case, config: StudyConfig, services: Services, wo
             await client.aclose()
         for close in closers:
             await close()
-    where = f"model {vlm.model!r} at {config.vlm.base_url} ({vlm.api} API, structured output {'on' if vlm.structured else 'off'})"
+    where = f"model {vlm.model!r} at {configured.base_url} ({vlm.api} API, structured output {'on' if vlm.structured else 'off'})"
     if answer.status != "ok":
         error = _last_line(answer.error or answer.status)
         if len(key) >= 4 and key != "none":
@@ -354,13 +357,15 @@ async def check_rng_extension(services: Services) -> tuple[Check, bool]:
 
 
 def _idle_length_check(config: StudyConfig, idle_s: float) -> Check | None:
-    if "assisted" not in config.arms or idle_s >= config.vlm.deadline_s:
+    deadlines = [vlm.deadline_s for _, _, vlm in config.advisor_configs()]
+    if not deadlines or idle_s >= max(deadlines):
         return None
+    longest = max(deadlines)
     return Check(
         name="idle length",
         verdict="warn",
-        detail=f"held {idle_s:g} s, shorter than the longest VLM wait (vlm.deadline_s = {config.vlm.deadline_s:g} s); "
-        f"run with --idle-s {config.vlm.deadline_s:g} before a real study",
+        detail=f"held {idle_s:g} s, shorter than the longest VLM wait (vlm.deadline_s = {longest:g} s); "
+        f"run with --idle-s {longest:g} before a real study",
     )
 
 
@@ -395,8 +400,8 @@ async def run_preflight(
                 url = services.policy_url
                 # The real calls first: a wrong profile or VLM key ends the preflight in one line.
                 calls = [await check_policy_query(cases[0], config, services)]
-                if "assisted" in config.arms:
-                    calls.append(await check_vlm_call(cases[0], config, services, Path(tmp)))
+                for advisor, _, settings in config.advisor_configs():
+                    calls.append(await check_vlm_call(cases[0], config, services, Path(tmp), advisor, settings))
                 checks.extend(calls)
                 for check in calls:
                     log.info("preflight.check", **check.model_dump())

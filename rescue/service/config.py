@@ -51,6 +51,7 @@ from pydantic import (
 )
 
 from rescue.core.config import (
+    AdvisorConfig,
     ConfigError,
     EnvConfig,
     PolicyConfig,
@@ -77,14 +78,21 @@ _TEMPLATE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 JOB_KEYS: frozenset[str] = frozenset({
     "cases_in_flight", "release_simulator_while_waiting", "fork_at_q", "keyframes", "keepalive_s",
     "fail_fast_arms", "arms", "allow_idle_rules", "query_rule", "rules", "sham",
-    "env.simulators", "env.image_size", "env.episode_protocol",
+    "env.simulators", "env.image_size", "env.episode_protocol", "env.max_simulator_rss_gb",
     "policy.replan_interval", "policy.observation",
     "vlm.model", "vlm.api", "vlm.structured", "vlm.deadline_s", "vlm.request_timeout_s", "vlm.max_attempts",
     "vlm.backoff_initial_s", "vlm.backoff_max_s", "vlm.backoff_jitter_s", "vlm.max_subgoal_chars",
     "vlm.prompt_template", "vlm.max_concurrent_calls", "vlm.requests_per_minute", "vlm.batch_size",
     "vlm.batch_window_s", "vlm.image_format", "vlm.image_detail", "vlm.max_output_tokens", "vlm.temperature",
-    "vlm.seed", "vlm.reasoning_effort", "vlm.store", "vlm.startup_check",
+    "vlm.seed", "vlm.reasoning_effort", "vlm.store", "vlm.startup_check", "vlm.price",
+    # Each entry's keys are checked on their own (ADVISOR_JOB_KEYS): an advisor names a service endpoint.
+    "advisors",
 })
+# The keys of one `[[advisor]]` a job may set: its name, the service endpoint it names, and every
+# job-settable `[vlm]` key; its URL, key and prompt folder come from the endpoint.
+ADVISOR_JOB_KEYS: frozenset[str] = frozenset(
+    {"name", "endpoint"} | {k.split(".", 1)[1] for k in JOB_KEYS if k.startswith("vlm.")}
+)
 CHOICE_KEYS = ("vlm.endpoint", "policy.name")
 _ENDPOINT_HINT = "the service's endpoints carry their URLs and keys: name one with vlm.endpoint"
 _POLICY_HINT = "the service's policies carry their servers and code: name one with policy.name"
@@ -337,10 +345,38 @@ def key_problem(dotted: str) -> str | None:
     return f"{dotted}: not settable by a job ({why})"
 
 
+def advisor_problems(entries: Any, given_only: bool = True) -> list[str]:
+    """Why a job's `[[advisor]]` tables may not be used as given, one line each (empty: they may).
+
+    `given_only` False: the entries are a configuration's full dumps, and only keys that differ from an
+    advisor's defaults count as set (a default URL or key variable points nowhere new)."""
+    if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
+        return ["advisors: a list of [[advisor]] tables"]
+    problems = []
+    defaults = AdvisorConfig.model_construct().model_dump(mode="json") if not given_only else {}
+    for i, entry in enumerate(entries):
+        where = f"advisors[{i}]" + (f" ({entry['name']})" if isinstance(entry.get("name"), str) else "")
+        for key, value in entry.items():
+            if key in ADVISOR_JOB_KEYS or (not given_only and (key not in defaults or value == defaults[key])):
+                if key == "endpoint" and value is not None and (not isinstance(value, str) or not _NAME.fullmatch(value)):
+                    problems.append(f"{where}.endpoint: a name of the service's configuration")
+                continue
+            if key == "prompt":
+                problems.append(f"{where}.prompt: a file of the worker's host: name the endpoint's template with prompt_template")
+            elif key in VLMConfig.model_fields or key == "api_key":
+                why = _REFUSED_WHY.get(f"vlm.{key}", "resolved when the job starts").replace("vlm.endpoint", "endpoint")
+                problems.append(f"{where}.{key}: not settable by a job ({why})")
+            else:
+                problems.append(f"{where}.{key}: unknown key")
+    return problems
+
+
 def job_request(data: Any) -> JobRequest:
     """A job request from a configuration object (the API's `config`); ConfigError naming every refused key."""
     if not isinstance(data, Mapping):
         raise ConfigError("config: a JSON object of settings")
+    if "advisor" in data:  # TOML's [[advisor]] tables
+        data = {("advisors" if k == "advisor" else k): v for k, v in data.items()}
     problems: list[str] = []
     choices: dict[str, str | None] = dict.fromkeys(CHOICE_KEYS)
     settings: dict[str, Any] = {}
@@ -358,6 +394,11 @@ def job_request(data: Any) -> JobRequest:
         if problem:
             problems.append(problem)
             continue
+        if dotted == "advisors" and value is not None:
+            found = advisor_problems(value)
+            if found:
+                problems.extend(found)
+                continue
         node = settings
         *parents, leaf = dotted.split(".")
         for p in parents:
@@ -381,6 +422,10 @@ def request_of(config: StudyConfig, endpoint: str | None = None, policy: str | N
         changed.add("vlm.api_key")
     # A refused key written with its default value (every key of an older job's full dump) points nowhere new.
     refused = [p for k in sorted(given | changed) if (p := key_problem(k)) and k in changed]
+    if config.advisors:
+        refused += advisor_problems(config.model_dump(mode="json")["advisors"], given_only=False)
+        if any(a.api_key is not None or a.api_key_from_config for a in config.advisors):
+            refused.append("advisors: api_key: not settable by a job (the service's endpoints carry their keys)")
     if refused:
         raise ConfigError("config: " + "; ".join(refused))
     keep = {k for k in given | changed if _settable(k)}
@@ -407,28 +452,23 @@ def resolve_job(request: JobRequest, service: ServiceConfig) -> StudyConfig:
         problems.append(str(exc))
         policy = None
     vlm, pol = data["vlm"], data["policy"]
+    if data.get("advisors"):
+        # Each advisor names its own endpoint; the study's `[vlm]` stays unset (DESIGN §11).
+        endpoint = None
+        if request.endpoint is not None:
+            problems.append("vlm.endpoint: a job with [[advisor]] tables names each advisor's endpoint")
+        defaults = AdvisorConfig.model_construct().model_dump(mode="json")
+        for i, entry in enumerate(data["advisors"]):
+            where = f"advisors[{i}] ({entry['name']})"
+            try:
+                entry["endpoint"], chosen = service.endpoint(entry.get("endpoint"))
+            except ConfigError as exc:
+                problems.append(f"{where}: {exc}")
+                continue
+            entry_given = {k for k, v in entry.items() if v != defaults.get(k)}
+            _apply_endpoint(entry, chosen, entry_given, where, problems)
     if endpoint is not None:
-        vlm.update(base_url=endpoint.base_url, api_key_env=endpoint.api_key_env or NO_KEY_ENV,
-                   prompt_root=endpoint.prompt_root, server=endpoint.server)
-        if endpoint.models:
-            if "vlm.model" not in given:
-                vlm["model"] = endpoint.models[0]
-            elif vlm["model"] not in endpoint.models:
-                problems.append(f"vlm.model: {vlm['model']!r} is not offered by this endpoint "
-                                f"(it offers: {', '.join(endpoint.models)})")
-        if endpoint.api is not None:
-            if "vlm.api" in given and vlm["api"] != endpoint.api:
-                problems.append(f"vlm.api: this endpoint takes {endpoint.api!r} only")
-            vlm["api"] = endpoint.api
-        for key in ("max_concurrent_calls", "requests_per_minute"):
-            cap = getattr(endpoint, key)
-            if cap is None:
-                continue
-            if f"vlm.{key}" in given and vlm[key] is not None and vlm[key] <= cap:
-                continue
-            if f"vlm.{key}" in given:
-                problems.append(f"vlm.{key}: at most {cap:g} on this endpoint")
-            vlm[key] = cap
+        _apply_endpoint(vlm, endpoint, {k.split(".", 1)[1] for k in given if k.startswith("vlm.")}, "vlm", problems)
     if policy is not None:
         pol.update(url=policy.url, api_key_env=policy.api_key_env,
                    factory=policy.factory or PolicyConfig.model_fields["factory"].default)
@@ -439,12 +479,8 @@ def resolve_job(request: JobRequest, service: ServiceConfig) -> StudyConfig:
             if f"policy.{key}" in given and pol[key] != fixed:
                 problems.append(f"policy.{key}: this policy fixes it to {fixed!r}")
             pol[key] = fixed
-    if not _TEMPLATE.fullmatch(vlm["prompt_template"]):
-        problems.append("vlm.prompt_template: the name of a template (letters, digits, '_' or '-'), not a path")
-    elif endpoint is not None:
-        root = Path(endpoint.prompt_root) if endpoint.prompt_root else DEFAULT_ROOT
-        if not (root / f"{vlm['prompt_template']}.txt").is_file():
-            problems.append(f"vlm.prompt_template: this endpoint has no template {vlm['prompt_template']!r}")
+    if not data.get("advisors"):
+        _template_problem(vlm, endpoint, "vlm", problems)
     limits = service.limits
     for key, value, most in (("env.simulators", data["env"]["simulators"], limits.simulators),
                              ("cases_in_flight", data["cases_in_flight"], limits.cases_in_flight),
@@ -456,21 +492,64 @@ def resolve_job(request: JobRequest, service: ServiceConfig) -> StudyConfig:
     return validate_config(data, "config")
 
 
-def study_problems(config: StudyConfig, service: ServiceConfig) -> list[str]:
-    """Why a stored study may not go on under this service: a host, key, file or code the service does not offer."""
-    problems = []
-    vlm = config.vlm
+def _apply_endpoint(vlm: dict[str, Any], endpoint: Endpoint, given: set[str], where: str, problems: list[str]) -> None:
+    """Fill a VLM table (`[vlm]`, or one advisor's) from the service endpoint it named, checking the keys the job gave."""
+    vlm.update(base_url=endpoint.base_url, api_key_env=endpoint.api_key_env or NO_KEY_ENV,
+               prompt_root=endpoint.prompt_root, server=endpoint.server)
+    if endpoint.models:
+        if "model" not in given:
+            vlm["model"] = endpoint.models[0]
+        elif vlm["model"] not in endpoint.models:
+            problems.append(f"{where}.model: {vlm['model']!r} is not offered by this endpoint "
+                            f"(it offers: {', '.join(endpoint.models)})")
+    if endpoint.api is not None:
+        if "api" in given and vlm["api"] != endpoint.api:
+            problems.append(f"{where}.api: this endpoint takes {endpoint.api!r} only")
+        vlm["api"] = endpoint.api
+    for key in ("max_concurrent_calls", "requests_per_minute"):
+        cap = getattr(endpoint, key)
+        if cap is None:
+            continue
+        if key in given and vlm[key] is not None and vlm[key] <= cap:
+            continue
+        if key in given:
+            problems.append(f"{where}.{key}: at most {cap:g} on this endpoint")
+        vlm[key] = cap
+    if where != "vlm":
+        _template_problem(vlm, endpoint, where, problems)
+
+
+def _template_problem(vlm: dict[str, Any], endpoint: Endpoint | None, where: str, problems: list[str]) -> None:
+    if not _TEMPLATE.fullmatch(vlm["prompt_template"]):
+        problems.append(f"{where}.prompt_template: the name of a template (letters, digits, '_' or '-'), not a path")
+    elif endpoint is not None:
+        root = Path(endpoint.prompt_root) if endpoint.prompt_root else DEFAULT_ROOT
+        if not (root / f"{vlm['prompt_template']}.txt").is_file():
+            problems.append(f"{where}.prompt_template: this endpoint has no template {vlm['prompt_template']!r}")
+
+
+def _vlm_problems(vlm: VLMConfig, service: ServiceConfig, where: str) -> list[str]:
     # The bundled endpoint runs in the job itself: whatever key variable an older study named stays on loopback.
     endpoints = [e for e in service.vlm.values()
                  if e.base_url == vlm.base_url and (vlm.base_url == LOCAL or (e.api_key_env or NO_KEY_ENV) == vlm.api_key_env)]
+    problems = []
     if not endpoints:
-        problems.append("vlm.base_url, vlm.api_key_env: not an endpoint of this service")
+        problems.append(f"{where}.base_url, {where}.api_key_env: not an endpoint of this service")
     elif not any(e.prompt_root == vlm.prompt_root for e in endpoints):
-        problems.append("vlm.prompt_root: not this endpoint's prompt folder")
+        problems.append(f"{where}.prompt_root: not this endpoint's prompt folder")
     elif not any(e.server == vlm.server for e in endpoints):
-        problems.append("vlm.server: not this endpoint's server kind")
+        problems.append(f"{where}.server: not this endpoint's server kind")
     if not _TEMPLATE.fullmatch(vlm.prompt_template):
-        problems.append("vlm.prompt_template: not a template's name")
+        problems.append(f"{where}.prompt_template: not a template's name")
+    return problems
+
+
+def study_problems(config: StudyConfig, service: ServiceConfig) -> list[str]:
+    """Why a stored study may not go on under this service: a host, key, file or code the service does not offer."""
+    if config.advisors:
+        problems = [p for i, a in enumerate(config.advisors) for p in _vlm_problems(a, service, f"advisors[{i}] ({a.name})")]
+    else:
+        problems = _vlm_problems(config.vlm, service, "vlm")
     pol = config.policy
     # A policy with a url is that server; its factory is never loaded.
     if not any(p.url == pol.url and p.api_key_env == pol.api_key_env and (p.url is not None or p.factory == pol.factory)

@@ -377,9 +377,10 @@ class Journal:
         case_id: str,
         arms: Iterable[ArmResult],
         verdict: Verdict,
-        receipt: tuple[str, str, str | None] | None = None,
+        receipt: tuple[str, str, str | None] | list[tuple[str, str, str | None]] | None = None,
     ) -> None:
-        """Record a claimed case's arms, its receipt index entry and its verdict, and finish it, in one transaction."""
+        """Record a claimed case's arms, its receipt index entries (call id, receipts file, line sha256: one, or
+        one per advisor) and its verdict, and finish it, in one transaction."""
         if verdict.case_id != case_id:
             raise JournalError(f"verdict is for {verdict.case_id!r}, not {case_id!r}")
         with self._write() as conn:
@@ -390,8 +391,8 @@ class Journal:
                 if result.case_id != case_id:
                     raise JournalError(f"arm result is for {result.case_id!r}, not {case_id!r}")
                 self._insert_arm(conn, result)
-            if receipt is not None:
-                call_id, path, line_sha256 = receipt
+            entries = [receipt] if isinstance(receipt, tuple) else list(receipt or [])
+            for call_id, path, line_sha256 in entries:
                 conn.execute(
                     "INSERT OR IGNORE INTO receipts (call_id, case_id, path, line_sha256) VALUES (?, ?, ?, ?)",
                     (call_id, case_id, path, line_sha256),
@@ -478,6 +479,17 @@ class Journal:
             "AND NOT COALESCE(json_extract(c.data, '$.pilot'), 0) GROUP BY 1"
         )
         return dict(rows)
+
+    def advisor_label_counts(self) -> dict[str, dict[str, int]]:
+        """Each advisor's verdict labels of main-cohort cases, by advisor, counted by SQLite (empty: one `[vlm]`)."""
+        rows = self._read(
+            "SELECT a.key, json_extract(a.value, '$.label'), COUNT(*) FROM verdicts v JOIN cases c USING (case_id), "
+            "json_each(v.data, '$.advisors') a WHERE NOT COALESCE(json_extract(c.data, '$.pilot'), 0) GROUP BY 1, 2"
+        )
+        out: dict[str, dict[str, int]] = {}
+        for advisor, label, n in rows:
+            out.setdefault(advisor, {})[label] = n
+        return out
 
     def pilot_count(self) -> int:
         """How many cases the manifest declared pilot."""

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rescue.core.config import StudyConfig, TokenPrice
 from rescue.core.records import Receipt
 from rescue.study.receipts import ReceiptLine, first_outcomes
 
@@ -76,7 +77,8 @@ class UsageSummary(BaseModel):
     latency: LatencySummary = Field(default_factory=LatencySummary)
     """Latency of the calls, seconds."""
     cost: float | None = None
-    """Always None: no price list is assumed."""
+    """The calls' cost under the configuration's declared price per million tokens of each kind (in the unit it
+    was declared in); None when no price is declared or a call lacked a count the price needs (never guessed)."""
 
 
 def _outcomes(receipts: Iterable[Receipt | ReceiptLine]) -> list[Receipt]:
@@ -95,10 +97,33 @@ def _tally(values: list[int | None]) -> TokenTally:
     )
 
 
-def usage_summary(receipts: Iterable[Receipt | ReceiptLine]) -> UsageSummary:
-    """Summarise calls from their receipts or receipt lines (attempt receipts are ignored)."""
+def usage_summary(receipts: Iterable[Receipt | ReceiptLine], price: TokenPrice | None = None) -> UsageSummary:
+    """Summarise calls from their receipts or receipt lines (attempt receipts are ignored); with a declared
+    price, their cost (None when a count the price needs is unreported)."""
     calls = _outcomes(receipts)
     latencies = [r.latency_s for r in calls if r.latency_s is not None]
+    usage = _summary(calls, latencies)
+    if price is not None:
+        t = usage.tokens
+        usage.cost = price.cost(t["input"].total, t["cached_input"].total, t["output"].total)
+    return usage
+
+
+def usage_by_advisor(receipts: Iterable[Receipt | ReceiptLine], config: StudyConfig) -> dict[str, UsageSummary] | None:
+    """Each advisor's calls summarised, by advisor name in declared order, with its declared price (DESIGN §11);
+    None: a study of one `[vlm]`. A call is an advisor's when its receipt names that advisor."""
+    if not config.advisors:
+        return None
+    calls = _outcomes(receipts)
+    return {a.name: usage_summary([r for r in calls if r.advisor == a.name], a.price) for a in config.advisors}
+
+
+def study_price(config: StudyConfig) -> TokenPrice | None:
+    """The price a study of one `[vlm]` declares for its calls; None for several advisors (each has its own)."""
+    return None if config.advisors else config.vlm.price
+
+
+def _summary(calls: list[Receipt], latencies: list[float]) -> UsageSummary:
     return UsageSummary(
         calls=len(calls),
         cases=len({c for r in calls for c in r.case_ids}),
@@ -116,3 +141,15 @@ def usage_summary(receipts: Iterable[Receipt | ReceiptLine]) -> UsageSummary:
             max_s=max(latencies) if latencies else None,
         ),
     )
+
+
+def study_usage(receipts: Iterable[Receipt | ReceiptLine], config: StudyConfig) -> tuple[UsageSummary, dict[str, UsageSummary] | None]:
+    """A study's usage over all its calls and, with several advisors, per advisor; the total's cost is the sum of
+    the advisors' (None when any is unknown)."""
+    calls = _outcomes(receipts)
+    by_advisor = usage_by_advisor(calls, config)
+    total = usage_summary(calls, study_price(config))
+    if by_advisor is not None:
+        costs = [u.cost for u in by_advisor.values()]
+        total.cost = sum(costs) if costs and all(c is not None for c in costs) else None
+    return total, by_advisor

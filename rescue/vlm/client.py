@@ -89,12 +89,16 @@ class _Call:
 class VLMClient:
     """Asks the VLM for subgoals; every attempt and every outcome leaves a receipt."""
 
-    def __init__(self, config: VLMConfig, receipts: ReceiptLog, artifacts_dir: Path | str | None = None) -> None:
+    def __init__(
+        self, config: VLMConfig, receipts: ReceiptLog, artifacts_dir: Path | str | None = None, advisor: str | None = None
+    ) -> None:
         """`artifacts_dir` (e.g. `<study>/vlm/`): where the images sent, prompts and raw responses are kept.
+        `advisor`: the advisor this client asks for (DESIGN §11), named in every receipt; None: a study's one `[vlm]`.
 
         Raises `MissingAPIKey` when the study's key came from its config file and was not supplied again.
         """
         self.config = config
+        self.advisor = advisor
         self.receipts = receipts
         self.artifacts_dir = Path(artifacts_dir) if artifacts_dir is not None else None
         self.template: Template = load_template(config.prompt_template, config.prompt_root)
@@ -285,6 +289,7 @@ class VLMClient:
             latency_s=None if finished is None else finished - started,
             generation=self.config.generation(),
             sent_generation=call.sent_generation,
+            advisor=self.advisor,
             **fields,
         )
 
@@ -406,6 +411,7 @@ class VLMClient:
         log.info(
             "vlm.call",
             call_id=call.call_id,
+            advisor=self.advisor,
             case_ids=receipt.case_ids,
             status=status,
             error_kind=receipt.error_kind,

@@ -40,6 +40,27 @@ class CaseView:
     sham_text: str | None = None  # the declared fixed text for this case's task
     sham_donor: str | None = None  # the declared donor (permuted)
     sham_receipt: Receipt | None = None  # the donor's call, as its outcome receipt holds it
+    advisors: list[AdvisorView] = field(default_factory=list)  # a study of several advisors: each one's call
+
+
+@dataclass
+class AdvisorView:
+    """One advisor's answer at q, as the panel shows them side by side (DESIGN §11)."""
+
+    name: str
+    arm: str
+    primary: bool
+    label: str | None = None  # its verdict against control
+    rule: int | None = None
+    reason: str | None = None
+    subgoal: str | None = None
+    status: str | None = None  # its assistance status
+    receipt: Receipt | None = None
+    views: list[tuple[str, Href]] = field(default_factory=list)
+    views_note: str = ""
+    prompt: str | None = None
+    response: str | None = None
+    evidence: tuple[bool, str] | None = None
 
 
 def keyframe_order(name: str) -> tuple[int, str]:
@@ -65,8 +86,22 @@ FIELDS = ("id", "pilot", "cohort", "label", "rule", "reason", "reason_kind", "sh
           "group", "task", "q", "control", "assisted", "sham", "steps", "subgoal", "sham_subgoal", "donor")
 
 
-def index_row(e: CaseEntry) -> list[Any]:
-    """One case as the list's index holds it (in FIELDS order)."""
+def advisor_fields(names: Sequence[str]) -> list[str]:
+    """The index fields a study of several advisors adds after FIELDS: per advisor its class, success and subgoal."""
+    return [f"{what}@{name}" for name in names for what in ("label", "ok", "subgoal")]
+
+
+def index_row(e: CaseEntry, advisors: Sequence[str] = ()) -> list[Any]:
+    """One case as the list's index holds it (in FIELDS order, then `advisor_fields(advisors)`)."""
+    extra = []
+    for name in advisors:
+        a = (e.advisors or {}).get(name)
+        record = a.record if a is not None else None
+        extra += [a.label if a is not None else None, record.success if record else None, record.subgoal if record else None]
+    return _index_row(e) + extra
+
+
+def _index_row(e: CaseEntry) -> list[Any]:
     arm = {name: getattr(e, name) for name in ("control", "assisted", "sham")}
     row = {
         "id": e.case_id, "pilot": e.pilot, "cohort": "pilot" if e.pilot else "main", "label": e.label or e.state,
@@ -83,8 +118,21 @@ def index_row(e: CaseEntry) -> list[Any]:
     return [row[k] for k in FIELDS]
 
 
-def case_index(entries: Sequence[CaseEntry], arms: Sequence[str], files: str) -> dict[str, Any]:
-    """The list's index: every case, the columns shown, the filters and the searched fields."""
+def case_index(entries: Sequence[CaseEntry], arms: Sequence[str], files: str, advisors: Sequence[str] = ()) -> dict[str, Any]:
+    """The list's index: every case, the columns shown, the filters and the searched fields (with several
+    advisors, each one's class, success and subgoal)."""
+    if advisors:
+        index = case_index(entries, ["control", "assisted", *(["sham"] if "sham" in arms else [])], files)
+        # The primary's success and subgoal are its advisor's columns below.
+        index["columns"] = [c for c in index["columns"] if c[0] not in ("assisted", "subgoal", "steps")]
+        index["fields"] += advisor_fields(advisors)
+        for name in advisors:
+            index["columns"] += [[f"label@{name}", f"class · {name}", "label"], [f"ok@{name}", name, "ok"],
+                                 [f"subgoal@{name}", f"subgoal · {name}", "text"]]
+            index["filters"].append([f"label@{name}", f"class · {name}"])
+            index["search"].append(f"subgoal@{name}")
+        index["rows"] = [index_row(e, advisors) for e in entries]
+        return index
     sham = "sham" in arms
     columns = [["id", "case", "case"], ["label", "class", "label"], ["rule", "rule", "num"], ["reason", "reason", "text"]]
     if sham:
@@ -156,6 +204,33 @@ def _sham_source(arm: ArmResult, v: CaseView) -> str:
     return text + line + "</p>"
 
 
+def _advisors(v: CaseView) -> str:
+    """Every advisor side by side: its verdict against control, the subgoal it answered, what it saw, its prompt
+    and raw answer, and its evidence."""
+    cols = ""
+    for a in v.advisors:
+        label = a.label or "no verdict"
+        col = (f'<div class="arm advisor" data-advisor="{esc(a.name)}"><h4>{esc(a.name)}{" (primary)" if a.primary else ""}</h4>'
+               f'<p><span class="{esc(label)}">{esc(label)}</span>' + (f", rule {esc(a.rule)}: {esc(a.reason)}" if a.rule else "") + "</p>")
+        col += (f'<p><b>subgoal</b>: <code>{esc(a.subgoal)}</code></p>' if a.subgoal
+                else f'<p class="note">no subgoal applied ({esc(a.status or "no arm")})</p>')
+        if a.views:
+            col += f'<p class="note">what it saw at q{esc(a.views_note)}</p><div class="frames vlm-views">'
+            col += "".join(_img(href, caption, 120) for caption, href in a.views) + "</div>"
+        if a.prompt is not None:
+            col += f"<details><summary>rendered prompt</summary><pre>{esc(a.prompt)}</pre></details>"
+        if a.response is not None:
+            col += f"<details><summary>raw answer</summary><pre>{esc(a.response)}</pre></details>"
+        if a.receipt is not None:
+            col += f'<p class="note">{_call(a.receipt)}</p>'
+        if a.evidence is not None:
+            col += "<ul>" + _check("evidence", a.evidence) + "</ul>"
+        cols += col + "</div>"
+    # Inline: long call ids wrap inside their column (the page's style sheet is every report's).
+    return (f'<h4>the advisors at q, side by side</h4><div class="arms advisors" style="overflow-wrap:anywhere">'
+            f"{cols}</div>")
+
+
 def _arm(name: str, arm: ArmResult, v: CaseView, video_note: str, bounds) -> str:
     a = arm.assistance
     lines = [
@@ -166,6 +241,10 @@ def _arm(name: str, arm: ArmResult, v: CaseView, video_note: str, bounds) -> str
         + (f" ({esc(a.error_kind)})" if a.error_kind else ""),
     ]
     body = f'<div class="arm" data-arm="{esc(name)}"><h4>{esc(name)}</h4><p>{"<br>".join(lines)}</p>'
+    advisor = next((x for x in v.advisors if x.arm == name), None)
+    if advisor is not None and advisor.label is not None:
+        body += (f'<p><b>vs control</b>: <span class="{esc(advisor.label)}">{esc(advisor.label)}</span>, '
+                 f"rule {esc(advisor.rule)}: {esc(advisor.reason)}</p>")
     if name == "sham":
         body += _sham_source(arm, v)
         e = v.entry
@@ -197,7 +276,7 @@ def case_panel(v: CaseView, arm_order: Callable[[str], tuple[int, str]], video_n
     )
     verdict = (f'<p class="verdict" data-label="{esc(label)}" data-rule="{esc(e.rule)}"><b>verdict</b>: rule {esc(e.rule)}: '
                f"{esc(e.reason)}" + (f" ({esc(e.deviation)})" if e.deviation else "") + "</p>")
-    subgoal = v.arms["assisted"].assistance.subgoal if "assisted" in v.arms else None
+    subgoal = v.entry.assisted.subgoal if v.entry.assisted is not None else None
     vlm = ""
     if subgoal:
         vlm += f"<p><b>subgoal</b>: <code>{esc(subgoal)}</code></p>"
@@ -210,6 +289,8 @@ def case_panel(v: CaseView, arm_order: Callable[[str], tuple[int, str]], video_n
         vlm += f"<details><summary>raw answer</summary><pre>{esc(v.response)}</pre></details>"
     if v.receipt is not None:
         vlm += f'<p class="note">{_call(v.receipt)}</p>'
+    if v.advisors:
+        vlm = _advisors(v)
     order = sorted(v.arms, key=arm_order)
     bounds = shared_bounds([v.arms[n] for n in order], v.horizon)
     arms = '<div class="arms">' + "".join(_arm(n, v.arms[n], v, video_note, bounds) for n in order) + "</div>"

@@ -23,7 +23,7 @@ from typing import Any
 
 from rescue.core.config import StudyConfig
 from rescue.core.records import Receipt
-from rescue.core.stats import LABELS, mcnemar_exact, paired_diff_ci
+from rescue.core.stats import LABELS, holm, mcnemar_exact, paired_diff_ci
 from rescue.read.export import CaseEntry, StudyExport, export_study
 from rescue.read.html.app import index_script, list_shell
 from rescue.read.html.page import esc, figure, page, pct
@@ -88,16 +88,6 @@ def pair_studies(first: Sequence[CaseEntry], second: Sequence[CaseEntry], confid
     k = b_ + c_ + both + neither
     return Pairing(b_, c_, both, neither, mcnemar_exact(b_, c_), (b_ - c_) / k if k else None,
                    paired_diff_ci(b_, c_, k, confidence, both_success=both) if k else None)
-
-
-def holm(ps: Sequence[float]) -> list[float]:
-    """Holm's step-down adjustment of p-values (family-wise error), in the input's order."""
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
-    out, running = [0.0] * len(ps), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
-        out[i] = running
-    return out
 
 
 def _side(path: Path) -> Side:

@@ -11,7 +11,7 @@ import html
 import json
 from typing import Any
 
-from rescue.core.stats import LABELS, Breakdown, Summary
+from rescue.core.stats import LABELS, Breakdown, Summary, ranked_advisors
 from rescue.read.html import app
 from rescue.read.html.significance import significance_reading
 
@@ -123,6 +123,102 @@ def summary_block(prefix: str, s: Summary) -> str:
         out += paired_block(f"{prefix}.sham", "assisted vs sham: the effect of the VLM's content", sham.pairs,
                             sham.mcnemar_p, sham.diff, sham.diff_ci, s.confidence, other="sham")
     return out + "</div></div>"
+
+
+def _p(p: float) -> str:
+    return f"{p:.2g}" if p < 0.001 else f"{p:.4f}"
+
+
+def advisors_block(prefix: str, s: Summary, infos: Any = None) -> str:
+    """DESIGN §11: the advisors ranked by R/E (each against control and the sham), the pairwise matrix of
+    Holm-adjusted p and paired difference, and every pair's 2x2, exact McNemar p, Holm p and Newcombe CI."""
+    advisors = s.advisors or []
+    about = {a.name: a for a in infos or []}
+    sham = any(a.sham is not None for a in advisors)
+    head = ("<tr><th class=num>rank</th><th>advisor</th><th>model · prompt (endpoint)</th><th class=num>R</th>"
+            "<th class=num>M</th><th class=num>E</th><th class=num>R/N</th><th class=num>R/M</th><th class=num>R/E</th>"
+            "<th class=num>vs control: b</th><th class=num>c</th><th class=num>p</th><th class=num>difference, 95% CI</th>")
+    if sham:
+        head += ("<th class=num>vs sham: K</th><th class=num>b</th><th class=num>c</th><th class=num>p</th>"
+                 "<th class=num>difference, 95% CI</th>")
+    body = ""
+    for rank, a in enumerate(ranked_advisors(advisors), start=1):
+        key = f"{prefix}.advisor.{a.name}"
+        info = about.get(a.name)
+        what = f"{info.model} · {info.prompt_template} ({info.endpoint})" if info is not None else ""
+        body += (f'<tr data-advisor="{esc(a.name)}" data-rank="{rank}">{figure(f"{key}.rank", rank)}'
+                 f"<td>{esc(a.name)}{' (primary)' if a.primary else ''}</td><td>{esc(what)}</td>"
+                 f"{figure(key + '.r', a.r)}{figure(key + '.m', a.m)}{figure(key + '.e', a.e)}"
+                 f"{figure(key + '.r_over_n', a.r_over_n, pct(a.r_over_n))}{figure(key + '.r_over_m', a.r_over_m, pct(a.r_over_m))}"
+                 f"{figure(key + '.r_over_e', a.r_over_e, pct(a.r_over_e))}"
+                 f"{figure(key + '.assisted_only', a.pairs.assisted_only)}{figure(key + '.control_only', a.pairs.control_only)}"
+                 f"{figure(key + '.mcnemar_p', a.mcnemar_p, _p(a.mcnemar_p))}"
+                 f"{figure(key + '.diff_ci', list(a.diff_ci) if a.diff_ci else None, f'{pct(a.diff)} {_ci_text(a.diff_ci)}')}")
+        if sham:
+            v = a.sham
+            if v is None:
+                body += "<td colspan=5>n/a</td>"
+            else:
+                body += (f"{figure(key + '.sham.k', v.k)}{figure(key + '.sham.assisted_only', v.pairs.assisted_only)}"
+                         f"{figure(key + '.sham.sham_only', v.pairs.sham_only)}{figure(key + '.sham.mcnemar_p', v.mcnemar_p, _p(v.mcnemar_p))}"
+                         + figure(key + ".sham.diff_ci", list(v.diff_ci) if v.diff_ci else None, f"{pct(v.diff)} {_ci_text(v.diff_ci)}"))
+        body += "</tr>"
+    out = (f'<h3>advisors, ranked by R/E</h3><p class="note">b: cases only the advisor\'s arm succeeded; c: only the '
+           "other arm (control, or the sham over K, the cases where both are in E); p: exact McNemar; the difference is "
+           "the advisor's success rate minus the other's, with Newcombe's interval.</p>"
+           f'<div class="scroll"><table data-table="{esc(prefix)}.advisors">{head}</tr>{body}</table></div>')
+    pairs = s.advisor_pairs or []
+    if not pairs:
+        return out
+    names = [a.name for a in advisors]
+    by = {(q.first, q.second): q for q in pairs}
+    cells = "<tr><th>row vs column: Holm-adjusted p · row - column</th>" + "".join(f"<th>{esc(n)}</th>" for n in names) + "</tr>"
+    for row in names:
+        cells += f"<tr><th>{esc(row)}</th>"
+        for col in names:
+            q = by.get((row, col)) or by.get((col, row))
+            if q is None:
+                cells += "<td>·</td>"
+                continue
+            diff = q.diff if (q.first, q.second) == (row, col) or q.diff is None else 0.0 - q.diff
+            cells += figure(f"{prefix}.matrix.{row}.{col}", q.holm_p, f"p {_p(q.holm_p)} · {pct(diff)}", cls="")
+        cells += "</tr>"
+    out += (f'<h3>pairwise matrix (cases in E for both advisors; exact McNemar, Holm-adjusted across {len(pairs)} pairs)</h3>'
+            f'<table data-table="{esc(prefix)}.matrix">{cells}</table>')
+    head = ("<tr><th>first vs second</th><th class=num>K</th><th class=num>first-only</th><th class=num>second-only</th>"
+            "<th class=num>both succeeded</th><th class=num>both failed</th><th class=num>exact McNemar p</th>"
+            "<th class=num>Holm-adjusted p</th><th class=num>first - second</th><th class=num>95% CI (Newcombe)</th></tr>")
+    body = ""
+    for q in pairs:
+        key = f"{prefix}.pair.{q.first}.{q.second}"
+        t = q.pairs
+        body += (f'<tr data-pair="{esc(q.first)}|{esc(q.second)}"><td>{esc(q.first)} vs {esc(q.second)}</td>'
+                 f"{figure(key + '.k', q.k)}{figure(key + '.first_only', t.first_only)}{figure(key + '.second_only', t.second_only)}"
+                 f"{figure(key + '.both_success', t.both_success)}{figure(key + '.both_fail', t.both_fail)}"
+                 f"{figure(key + '.mcnemar_p', q.mcnemar_p, _p(q.mcnemar_p))}{figure(key + '.holm_p', q.holm_p, _p(q.holm_p))}"
+                 f"{figure(key + '.diff', q.diff, pct(q.diff))}"
+                 f"{figure(key + '.diff_ci', list(q.diff_ci) if q.diff_ci else None, _ci_text(q.diff_ci))}</tr>")
+    return out + f'<h3>advisors paired</h3><table data-table="{esc(prefix)}.pairs">{head}{body}</table>'
+
+
+def advisor_usage_block(by_advisor: dict[str, Any]) -> str:
+    """Per advisor: calls, statuses, tokens by kind, latency and its cost under its declared price."""
+    head = ("<tr><th>advisor</th><th class=num>calls</th><th class=num>not ok</th><th class=num>attempts</th>"
+            "<th class=num>input tokens</th><th class=num>cached input</th><th class=num>output</th><th class=num>reasoning</th>"
+            "<th class=num>median latency</th><th class=num>max latency</th><th>cost</th></tr>")
+    body = ""
+    for name, u in by_advisor.items():
+        key = f"usage.advisor.{name}"
+        body += f"<tr><td>{esc(name)}</td>{figure(key + '.calls', u.calls)}"
+        body += figure(key + ".not_ok", u.calls - u.by_status.get("ok", 0)) + figure(key + ".attempts", u.attempts)
+        for kind in ("input", "cached_input", "output", "reasoning"):
+            t = u.tokens[kind]
+            body += figure(f"{key}.tokens.{kind}", t.total, "unknown" if t.total is None else str(t.total))
+        for what, v in (("median", u.latency.median_s), ("max", u.latency.max_s)):
+            body += figure(f"{key}.latency.{what}", v, "n/a" if v is None else f"{v:.2f} s")
+        body += figure(key + ".cost", u.cost, "not configured (no price declared)" if u.cost is None else f"{u.cost:.4f}", cls="")
+        body += "</tr>"
+    return f"<h3>per advisor</h3><table>{head}{body}</table>"
 
 
 def breakdown_table(prefix: str, what: str, rows: dict[str, Breakdown]) -> str:

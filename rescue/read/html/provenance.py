@@ -123,8 +123,7 @@ def provenance_rows(config: StudyConfig, meta: dict[str, Any], receipts: Iterabl
         ("rules", "rules between policy and simulator", ", ".join(config.rules.enabled) or "none"),
         ("vlm_host", "VLM endpoint (host)", vlm_host(v.base_url)),
         ("vlm_model", "VLM model", f"{v.model} requested; reported: {reported_text}"),
-        ("vlm_api", "VLM API", (f"{v.api} ({'structured output' if v.structured else 'free text'}), prompt template "
-                                f"{v.prompt_template}, image detail {v.image_detail}, up to {v.batch_size} case(s) per call")),
+        ("vlm_api", "VLM API", _api_text(v)),
         ("generation", "generation settings", _kv(v.generation())),
         ("tool", "tool", tool_text(meta, config)),
         ("created", "created", created_text(meta.get("created_at"))),
@@ -133,7 +132,29 @@ def provenance_rows(config: StudyConfig, meta: dict[str, Any], receipts: Iterabl
          (meta.get("manifest_sha256") or "not recorded")
          + (f" ({meta['manifest_source'].rsplit('/', 1)[-1]})" if meta.get("manifest_source") else "")),
     ]
+    if config.advisors:
+        # Several advisors (DESIGN §11): the VLM rows name each one's, in declared order, the primary first.
+        receipts = list(receipts)
+        per = {}
+        for a in config.advisors:
+            seen = Counter(r.model_reported for r in receipts if r.model_reported and r.advisor == a.name)
+            per[a.name] = ", ".join(f"{m} ({n} call(s))" for m, n in seen.most_common()) or "no answer yet"
+        texts = {
+            "vlm_host": lambda a: vlm_host(a.base_url) + (f" (service endpoint {a.endpoint})" if a.endpoint else ""),
+            "vlm_model": lambda a: f"{a.model} requested; reported: {per[a.name]}",
+            "vlm_api": _api_text,
+            "generation": lambda a: _kv(a.generation()) + (f"; price per million tokens: {_kv(a.price.model_dump())}"
+                                                            if a.price is not None else ""),
+        }
+        rows = [(key, head.replace("VLM", "advisors'") if key in texts else head,
+                 " · ".join(f"{a.name}{' (primary)' if i == 0 else ''}: {texts[key](a)}" for i, a in enumerate(config.advisors))
+                 if key in texts else text) for key, head, text in rows]
     return rows
+
+
+def _api_text(v: Any) -> str:
+    return (f"{v.api} ({'structured output' if v.structured else 'free text'}), prompt template "
+            f"{v.prompt_template}, image detail {v.image_detail}, up to {v.batch_size} case(s) per call")
 
 
 def provenance_block(config: StudyConfig, meta: dict[str, Any], receipts: Iterable[Receipt],

@@ -24,12 +24,15 @@ from pathlib import Path
 from rescue.core.images import VLM_VIEWS
 from rescue.core.manifest import Case
 from rescue.core.proofs import check_evidence, prefix_match
+from rescue.core.records import advisor_arm, is_assisted
 from rescue.core.stats import wilson_interval
 from rescue.read.export import StudyExport, export_study
 from rescue.read.html import plots
 from rescue.read.html.app import index_script, list_shell, panel_script
-from rescue.read.html.cases import CaseView, case_index, case_panel, keyframe_order
+from rescue.read.html.cases import AdvisorView, CaseView, case_index, case_panel, keyframe_order
 from rescue.read.html.page import (
+    advisor_usage_block,
+    advisors_block,
     breakdown_table,
     esc,
     page,
@@ -51,7 +54,7 @@ VIDEO_NOTE = (
 
 
 def _arm_order(name: str) -> tuple[int, str]:
-    return ARM_ORDER.get(name, 9), name
+    return ARM_ORDER.get(name, 1 if is_assisted(name) else 9), name
 
 
 class Assets:
@@ -148,7 +151,9 @@ def _case_view(study: Path, records: StudyRecords, case: Case, entry, assets: As
     sham = arms.get("sham")
     if sham is not None and sham.assistance.call_id:
         v.sham_receipt = records.receipts.get(sham.assistance.call_id)
-    assisted = arms.get("assisted")
+    if rec.advisors is not None:
+        v.advisors = [_advisor_view(layout, records, rec, entry, name, i == 0, assets) for i, name in enumerate(rec.advisors)]
+    assisted = rec.assisted
     if assisted is None or assisted.assistance.call_id is None:
         return v
     v.evidence = check_evidence(rec)
@@ -162,24 +167,51 @@ def _case_view(study: Path, records: StudyRecords, case: Case, entry, assets: As
     v.receipt = r
     if r is None:
         return v
+    v.views, v.views_note, v.prompt, v.response = _call_view(layout, r, a.request_id, assets)
+    return v
+
+
+def _advisor_view(layout: StudyLayout, records: StudyRecords, rec, entry, name: str, primary: bool, assets: Assets) -> AdvisorView:
+    """One advisor's verdict, subgoal and call (what it saw, its prompt and raw answer) for the panel."""
+    arm = (rec.advisors or {}).get(name)
+    verdict = (entry.advisors or {}).get(name)
+    view = AdvisorView(name=name, arm=advisor_arm(name), primary=primary)
+    if verdict is not None:
+        view.label, view.rule, view.reason = verdict.label, verdict.rule, verdict.reason
+    if arm is None:
+        return view
+    a = arm.assistance
+    view.subgoal, view.status = a.subgoal, a.status
+    receipt = records.receipts.get(a.call_id) if a.call_id else None
+    if a.status == "applied" or receipt is not None:
+        view.evidence = check_evidence(rec.model_copy(update={"assisted": arm, "receipt": receipt, "advisor": name}))
+    if receipt is not None:
+        view.receipt = receipt
+        view.views, view.views_note, view.prompt, view.response = _call_view(layout, receipt, a.request_id, assets)
+    return view
+
+
+def _call_view(layout: StudyLayout, r, request_id: str | None, assets: Assets):
+    """What one call saw (by camera, or its contact sheet), its rendered prompt and raw answer, from the kept artifacts."""
+    views_out: list = []
+    views_note = ""
     folder = layout.vlm_artifacts
-    views = r.image_sha256.get(a.request_id or "", [])
+    views = r.image_sha256.get(request_id or "", [])
     # The client renders and sends the views in VLM_VIEWS order (rescue.vlm.client), so the order names the camera.
     cameras = list(VLM_VIEWS) if len(views) == len(VLM_VIEWS) else [f"view {i + 1}" for i in range(len(views))]
     if views and all(artifact_path(folder, sha, ".png").is_file() for sha in views):
-        v.views = [(camera, assets.copy(artifact_path(folder, sha, ".png"), f"{sha}.png")) for camera, sha in zip(cameras, views)]
+        views_out = [(camera, assets.copy(artifact_path(folder, sha, ".png"), f"{sha}.png")) for camera, sha in zip(cameras, views)]
         if len(r.case_ids) > 1:
-            v.views_note = f" (sent to it on one contact sheet with {len(r.case_ids) - 1} other case(s) of the call)"
+            views_note = f" (sent to it on one contact sheet with {len(r.case_ids) - 1} other case(s) of the call)"
     elif r.sent_image_sha256:
         # A batched call sends a contact sheet of several cases; that sheet is what the VLM saw.
         rows = ", ".join(r.case_ids)
-        v.views = [(f"contact sheet {i + 1}: a row per case ({rows}), columns {', '.join(VLM_VIEWS)}",
-                    assets.copy(artifact_path(folder, sha, ".png"), f"{sha}.png")) for i, sha in enumerate(r.sent_image_sha256)]
-        v.views_note = f" (a contact sheet shared by {len(r.case_ids)} case(s))" if len(r.case_ids) > 1 else ""
-    v.prompt = _read_text(artifact_path(folder, r.prompt_sha256, ".txt"))
-    if r.response_sha256:
-        v.response = _read_text(artifact_path(folder, r.response_sha256, ".txt"))
-    return v
+        views_out = [(f"contact sheet {i + 1}: a row per case ({rows}), columns {', '.join(VLM_VIEWS)}",
+                      assets.copy(artifact_path(folder, sha, ".png"), f"{sha}.png")) for i, sha in enumerate(r.sent_image_sha256)]
+        views_note = f" (a contact sheet shared by {len(r.case_ids)} case(s))" if len(r.case_ids) > 1 else ""
+    prompt = _read_text(artifact_path(folder, r.prompt_sha256, ".txt"))
+    response = _read_text(artifact_path(folder, r.response_sha256, ".txt")) if r.response_sha256 else None
+    return views_out, views_note, prompt, response
 
 
 def _plots(export: StudyExport, records: StudyRecords, assets: Assets) -> str:
@@ -322,8 +354,9 @@ def _header(study: Path, export: StudyExport, records: StudyRecords) -> str:
         f"episode protocol {esc(episode_protocol(records.config, protocols))}<br>"
         f"config sha256 <code>{esc((info.config_sha256 or '')[:16])}</code> · manifest sha256 <code>{esc((info.manifest_sha256 or '')[:16])}</code></p>"
         + provenance_block(records.config, records.meta, records.receipts.values(), protocols)
-        + '<p class="toc"><a href="#sec-summary">summary</a><a href="#sec-usage">VLM usage</a>'
-        '<a href="#sec-cases">cases</a><a href="#sec-panels">case panels</a></p>'
+        + '<p class="toc"><a href="#sec-summary">summary</a>'
+        + ('<a href="#sec-advisors">advisors</a>' if records.config.advisors else "")
+        + '<a href="#sec-usage">VLM usage</a><a href="#sec-cases">cases</a><a href="#sec-panels">case panels</a></p>'
     )
 
 
@@ -339,6 +372,12 @@ def _body(study: Path, export: StudyExport, records: StudyRecords, assets: Asset
         out += '<h2 id="sec-summary">Summary</h2>' + _evaluation(export) + "<h2>Plots</h2>" + _plots(export, records, assets)
     else:
         out += '<h2 id="sec-summary">Summary (main cohort)</h2>' + summary_block("main", s)
+        if s.advisors:
+            primary = s.advisors[0].name
+            out += (f'<h2 id="sec-advisors">Advisors (DESIGN §11)</h2><p class="note">Each advisor\'s arm against control by '
+                    f"the same nine rules (the summary above is the primary advisor's, {esc(primary)}), against the sham "
+                    "arm, and every pair of advisors over the cases where both are in E.</p>"
+                    + advisors_block("main", s, export.study.advisors))
         out += "<h2>Plots</h2>" + _plots(export, records, assets)
         out += "<h2>Per group</h2>" + breakdown_table("main", "group", s.per_group)
         out += "<h2>Per task</h2>" + breakdown_table("main", "task", s.per_task)
@@ -347,15 +386,22 @@ def _body(study: Path, export: StudyExport, records: StudyRecords, assets: Asset
                     + summary_block("pilot", s.pilot))
         out += _partitions(study, export, records.meta)
     out += '<h2 id="sec-usage">VLM usage</h2>' + usage_block(export.usage)
+    if export.usage_by_advisor:
+        out += advisor_usage_block(export.usage_by_advisor)
     cache: dict[str, list[bytes]] = {}
     by_id = {c.case_id: c for c in records.cases}
+    declared = {arm: i for i, arm in enumerate(records.config.arms)}
+
+    def arm_order(name: str) -> tuple[int, int, str]:
+        # control, the assisted arms in declared order, the sham
+        return _arm_order(name)[0], declared.get(name, 99), name
     any_video = False
     for e in export.cases:
         # One case at a time: its panel goes to its own file and is not kept.
         v = _case_view(study, records, by_id[e.case_id], e, assets, video, cache)
         any_video = any_video or bool(v.videos)
-        assets.write(f"case/{e.case_id}.js", panel_script(e.case_id, case_panel(v, _arm_order, VIDEO_NOTE)).encode())
-    index = case_index(export.cases, records.config.arms, assets.prefix)
+        assets.write(f"case/{e.case_id}.js", panel_script(e.case_id, case_panel(v, arm_order, VIDEO_NOTE)).encode())
+    index = case_index(export.cases, records.config.arms, assets.prefix, [a.name for a in records.config.advisors or []])
     assets.write("cases.js", index_script(index).encode())
     out += ('<h2 id="sec-cases">Cases</h2><p class="note">Sort by a column\'s heading; search and filters narrow the list '
             "and the panels below it alike. Each case's panel and images load when scrolled to.</p>")
