@@ -69,6 +69,7 @@ def test_preflight_passes_on_the_embedded_default(tmp_path):
     lines = out.splitlines()
     assert "policy_rng_control = true" in lines[0]
     assert any(line.startswith("PASS  rng extension") for line in lines)
+    assert "PASS  episode markers: sent around every arm: the server announces episode_start/episode_end" in lines
     determinism = [line for line in lines if "determinism" in line]
     # The first two cases only, each agreeing on both clients to the last row.
     assert len(determinism) == 2
@@ -212,19 +213,29 @@ def test_preflight_fails_early_on_a_wrong_vlm_key(tmp_path, monkeypatch):
 def test_preflight_fails_early_when_the_policy_reads_other_keys(tmp_path):
     manifest = load_manifest(write_cases(tmp_path / "m.jsonl", 1, horizon=HORIZON))
 
-    def run(observation: str):
+    def run(observation: str, protocol: str | None = None):
         config = load_config(None, {
             "policy.url": url, "policy.replan_interval": 5, "policy.observation": observation, "arms": ["control"],
+            **({"env.episode_protocol": protocol} if protocol else {}),
         })
         return asyncio.run(run_preflight(list(manifest.cases), config, k=0, clients=1, idle_s=0.5))
 
     with openpi_server() as url:
         wrong = run("privileged")
         right = run("openpi-libero")
+        ours = run("openpi-libero", "rescue")
     assert [c.name for c in wrong.checks] == ["policy query"]
     line = wrong.render().splitlines()[1]
     assert line.startswith("FAIL  policy query: the policy server refused an observation of profile 'privileged'")
     assert "KeyError" in line and "'observation/image'" in line and "set [policy] observation" in line
     assert right.ok, right.render()
     assert right.checks[0].detail == "profile 'openpi-libero': the policy answered a (10, 7) chunk; C = 5"
-    assert [c.name for c in right.checks] == ["policy query", "rng extension", "idle hold"]
+    assert [c.name for c in right.checks] == ["policy query", "rng extension", "episode markers", "idle hold"]
+    # openpi's server announces nothing and would infer on a control frame: no protocol sends it one.
+    markers = {name: next(c.detail for c in report.checks if c.name == "episode markers")
+               for name, report in (("openpi", right), ("rescue", ours))}
+    assert markers == {
+        "openpi": "not sent: the openpi protocol's own client sends none (the server does not announce them)",
+        "rescue": "not sent: the server does not announce episode_start/episode_end; a server that does not know "
+                  "them (openpi's) would pass them to its policy as an observation",
+    }

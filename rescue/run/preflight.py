@@ -356,6 +356,30 @@ async def check_rng_extension(services: Services) -> tuple[Check, bool]:
     return Check(name="rng extension", verdict="warn", detail=detail), False
 
 
+async def check_episode_markers(config: StudyConfig, services: Services) -> Check:
+    """Whether arms will send openpi's episode_start/episode_end frames, and why (DESIGN §10).
+
+    A server that does not know the frames passes them to its policy as an observation (openpi's own
+    websocket server does: it answers every frame with `policy.infer`), so they go only to a server whose
+    metadata announces them, and never under a protocol whose own client sends none."""
+    protocol = get_protocol(config.env.episode_protocol)
+    client = await _connect(services)
+    try:
+        announced = client.supports_episode_control
+    finally:
+        await client.close()
+    if protocol.episode_markers == "never":
+        server = "announces them" if announced else "does not announce them"
+        return Check(name="episode markers", verdict="pass",
+                     detail=f"not sent: the {protocol.name} protocol's own client sends none (the server {server})")
+    if announced:
+        return Check(name="episode markers", verdict="pass",
+                     detail="sent around every arm: the server announces episode_start/episode_end")
+    return Check(name="episode markers", verdict="pass",
+                 detail="not sent: the server does not announce episode_start/episode_end; a server that does "
+                 "not know them (openpi's) would pass them to its policy as an observation")
+
+
 def _idle_length_check(config: StudyConfig, idle_s: float) -> Check | None:
     deadlines = [vlm.deadline_s for _, _, vlm in config.advisor_configs()]
     if not deadlines or idle_s >= max(deadlines):
@@ -409,6 +433,7 @@ async def run_preflight(
                     return PreflightReport(checks=checks, policy_url=url, policy_rng_control=rng_control)
                 rng_check, rng_control = await check_rng_extension(services)
                 checks.append(rng_check)
+                checks.append(await check_episode_markers(run_config, services))
                 for case in cases[:k]:
                     checks.append(await check_determinism(case, config, services, clients))
                     log.info("preflight.check", **checks[-1].model_dump())
