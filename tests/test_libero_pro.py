@@ -85,7 +85,17 @@ def test_a_manifest_mixing_standard_and_perturbation_suites_runs_verifies_and_re
     assisted = json.loads(arm_rows(study)[(lan["case_id"], "assisted")])["assistance"]
     told = libero_catalog().task("libero_object_lan", 0).instruction
     assert assisted["status"] == "applied" and assisted["instruction"] == inject(told, assisted["subgoal"])
+    # Each kind has its own placebo comparison: the sham's rescues and assisted against sham over its K.
+    for kind, b in export["summary"]["per_group"].items():
+        mine = [c for c in export["cases"] if c["group"] == kind]
+        assert b["n"] == len(mine) and b["sham"]["r"] == sum(c["sham_label"] == "rescued" for c in mine)
+        pairs = b["sham"]["pairs"]
+        assert b["sham"]["k"] == sum(pairs.values()) <= len(mine)
     rescue_cli("report", str(study))
+    page = (study / "report.html").read_text()
+    for kind, b in export["summary"]["per_group"].items():
+        assert f'data-figure="main.group.{kind}.sham_r" data-value="{b["sham"]["r"]}"' in page
+        assert f'data-figure="main.group.{kind}.sham_k" data-value="{b["sham"]["k"]}"' in page
     index = (study / "report_files" / "cases.js").read_text()
     assert all(case_id in index for case_id in by_id)
     np.testing.assert_equal(sorted(by_id), sorted(json.loads(line)["case_id"] for line in lines))

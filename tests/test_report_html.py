@@ -163,6 +163,9 @@ def expected_figure(name: str, export: StudyExport) -> object:
     if parts[0] in ("group", "task"):
         bucket = s[f"per_{parts[0]}"][".".join(parts[1:-1])]
         key = parts[-1]
+        if key.startswith("sham_"):  # the group's own assisted-vs-sham comparison
+            sham, field = bucket["sham"], key.removeprefix("sham_")
+            return sham["pairs"][field] if field in sham["pairs"] else sham[field]
         return bucket[key] if key in ("n", "rate") else bucket["counts"][key]
     key = parts[0]
     if key in s["counts"]:

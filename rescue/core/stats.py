@@ -136,6 +136,9 @@ class Breakdown(BaseModel):
     """Cases labelled `rescued`."""
     rate: float | None
     """rescued / n, a fraction; None when n is 0."""
+    sham: ShamSummary | None = None
+    """The placebo comparison over this group's or task's cases alone (the sham's labels, its rescues, assisted
+    against sham over the group's K); None when the study has no sham arm (and in summaries made before)."""
 
 
 class PairTable(BaseModel):
@@ -345,16 +348,17 @@ def _label_counts(labels: Iterable[str]) -> dict[str, int]:
     return counts
 
 
-def _breakdowns(cases: Sequence[tuple[CaseRecord, Verdict]], key: str) -> dict[str, Breakdown]:
-    buckets: dict[str, list[str]] = {}
+def _breakdowns(cases: Sequence[tuple[CaseRecord, Verdict]], key: str, confidence: float) -> dict[str, Breakdown]:
+    buckets: dict[str, list[tuple[CaseRecord, Verdict]]] = {}
     for rec, v in cases:
-        buckets.setdefault(getattr(rec, key), []).append(v.label)
+        buckets.setdefault(getattr(rec, key), []).append((rec, v))
     out = {}
     for name in sorted(buckets):
-        counts = _label_counts(buckets[name])
+        counts = _label_counts(v.label for _, v in buckets[name])
         n = len(buckets[name])
         rescued = counts["rescued"]
-        out[name] = Breakdown(n=n, counts=counts, rescued=rescued, rate=_ratio(rescued, n))
+        out[name] = Breakdown(n=n, counts=counts, rescued=rescued, rate=_ratio(rescued, n),
+                              sham=sham_summary(buckets[name], confidence))
     return out
 
 
@@ -516,8 +520,8 @@ def _summarize_cohort(cases: Sequence[tuple[CaseRecord, Verdict]], confidence: f
         diff=_ratio(b - c, m),
         diff_ci=paired_diff_ci(b, c, m, confidence, both_success=table.both_success) if m else None,
         confidence=confidence,
-        per_group=_breakdowns(cases, "group"),
-        per_task=_breakdowns(cases, "task"),
+        per_group=_breakdowns(cases, "group", confidence),
+        per_task=_breakdowns(cases, "task", confidence),
         sham=sham_summary(cases, confidence),
         **_advisor_fields(cases, confidence),
     )

@@ -114,12 +114,19 @@ def advisor_usage_table(by_advisor: dict[str, Any]) -> Table:
 
 
 def group_table(summary: Summary) -> Table:
-    """Per group: the fixed count, each label, rescued / fixed."""
+    """Per group: the fixed count, each label, rescued / fixed; with a sham arm, the sham's rescues and
+    assisted against sham over the group's K (assisted only / sham only, exact McNemar p)."""
     t = Table(title="per group")
-    for col in ("group", "cases", *LABEL_ORDER, "R/N"):
+    shams = summary.sham is not None
+    for col in ("group", "cases", *LABEL_ORDER, "R/N", *(("sham R", "K", "a/s only", "p vs sham") if shams else ())):
         t.add_column(col)
     for group, b in sorted(summary.per_group.items()):
-        t.add_row(group, str(b.n), *(str(b.counts.get(k, 0)) for k in LABEL_ORDER), _pct(b.rate))
+        row = [group, str(b.n), *(str(b.counts.get(k, 0)) for k in LABEL_ORDER), _pct(b.rate)]
+        if shams:
+            s = b.sham
+            row += ["-"] * 4 if s is None else [str(s.r), str(s.k), f"{s.pairs.assisted_only}/{s.pairs.sham_only}",
+                                                f"{s.mcnemar_p:.4f}"]
+        t.add_row(*row)
     return t
 
 

@@ -222,15 +222,29 @@ def advisor_usage_block(by_advisor: dict[str, Any]) -> str:
 
 
 def breakdown_table(prefix: str, what: str, rows: dict[str, Breakdown]) -> str:
-    """Per group or per task: cases, each class, R/N."""
+    """Per group or per task: cases, each class, R/N; with a sham arm, the sham's rescues and assisted
+    against sham over the group's own K (a perturbation kind's placebo comparison, say)."""
+    shams = any(b.sham is not None for b in rows.values())
     head = f"<tr><th>{esc(what)}</th><th class=num>cases</th>" + "".join(f"<th class=num>{esc(k)}</th>" for k in LABELS)
-    head += "<th class=num>R/N</th></tr>"
+    head += "<th class=num>R/N</th>"
+    if shams:
+        head += ("<th class=num>sham rescued</th><th class=num>K</th><th class=num>assisted only</th>"
+                 "<th class=num>sham only</th><th class=num>McNemar p (assisted vs sham)</th>")
     body = ""
     for name, b in rows.items():
         key = f"{prefix}.{what}.{name}"
         body += f"<tr><td>{esc(name)}</td>{figure(key + '.n', b.n)}"
         body += "".join(figure(f"{key}.{k}", b.counts.get(k, 0)) for k in LABELS)
-        body += figure(key + ".rate", b.rate, pct(b.rate)) + "</tr>"
+        body += figure(key + ".rate", b.rate, pct(b.rate))
+        if b.sham is not None:
+            sham = b.sham
+            body += figure(key + ".sham_r", sham.r) + figure(key + ".sham_k", sham.k)
+            body += figure(key + ".sham_assisted_only", sham.pairs.assisted_only)
+            body += figure(key + ".sham_sham_only", sham.pairs.sham_only)
+            body += figure(key + ".sham_mcnemar_p", sham.mcnemar_p, f"{sham.mcnemar_p:.4f}")
+        elif shams:
+            body += "<td></td>" * 5
+        body += "</tr>"
     return f"<table>{head}{body}</table>"
 
 
