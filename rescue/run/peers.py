@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 
-from rescue.core.config import PolicyConfig, StudyConfig, VLMConfig
+from rescue.core.config import ConfigError, PolicyConfig, StudyConfig, VLMConfig
 from rescue.core.episode_protocol import BUNDLED_DEFAULT as BUNDLED_DEFAULT_PROTOCOL
 from rescue.core.episode_protocol import EXTERNAL_DEFAULT as EXTERNAL_DEFAULT_PROTOCOL
 from rescue.core.episode_protocol import EpisodeProtocol, get_protocol
@@ -51,7 +51,13 @@ async def probe_policy(policy: PolicyConfig) -> dict[str, Any]:
     if policy.url is None:
         from rescue.policy.bundled import load_factory, policy_metadata
 
-        return policy_metadata(load_factory(policy.factory), policy.factory)
+        try:
+            factory = load_factory(policy.factory)
+        except (ImportError, AttributeError, ValueError, TypeError) as exc:
+            # A factory that names nothing is bad input, refused before the study exists (exit 2).
+            raise ConfigError(f"policy.factory {policy.factory!r} cannot be loaded: {type(exc).__name__}: "
+                              f"{one_line(str(exc))}") from None
+        return policy_metadata(factory, policy.factory)
     try:
         client = await asyncio.wait_for(
             WebsocketPolicyClient.connect(policy.url, api_key=policy_api_key(policy), connect_timeout_s=POLICY_ANSWER_S),
