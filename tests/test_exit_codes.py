@@ -249,6 +249,11 @@ def run_with_a_policy_factory_that_names_nothing(tmp_path):
     return proc
 
 
+@trigger(2, "a policy factory that cannot be imported", "rescue serve-policy: --policy 'nowhere:make_policy' cannot be loaded")
+def serve_policy_with_a_factory_that_names_nothing(tmp_path):
+    return rescue("serve-policy", "--policy", "nowhere:make_policy", "--port", "0")
+
+
 @trigger(2, "a folder that is not a study", "is not a study folder")
 def verify_of_a_folder_that_is_not_a_study(tmp_path):
     return rescue("verify", str(tmp_path))

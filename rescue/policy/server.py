@@ -307,7 +307,12 @@ def serve_main(argv: list[str] | None = None) -> int:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
             parser.error(f"environment variable {args.api_key_env} is unset or empty")
-    factory = load_factory(args.policy)
+    try:
+        factory = load_factory(args.policy)
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:
+        print(f"rescue serve-policy: --policy {args.policy!r} cannot be loaded: {type(exc).__name__}: "
+              f"{' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     server = PolicyServer(
         factory,
         # Clients read the replanning interval and the observation profile from it when declared.
