@@ -31,7 +31,8 @@ class Backend:
     actor_cpus: float = 1.0
     actor_gpus: float = 0.0
     resource: str | None = "simulator"
-    # Ray: how long a simulator actor may wait to be placed before the study is told.
+    # Ray: how long simulator actors may wait for room, none of them running, before the study stops.
+    # Before the first runs, a cluster where no node can ever hold one stops it at once, saying what is missing.
     placement_timeout_s: float = 600.0
 
     def describe(self) -> str:

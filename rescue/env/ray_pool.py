@@ -17,6 +17,11 @@ journal never claimed (a silent re-run). `max_restarts=0` and
 `max_retries` has nothing to apply to. A lost actor or node surfaces as
 `WorkerLost` in the arm it was serving: that case ends `unknown` (reason
 `worker_lost` with the node id), and new actors take never-claimed cases.
+
+A cluster that can never hold an actor (no node offers what it asks) stops the
+study at once, saying what is missing; one that is only busy is waited for.
+A terminal's Ctrl-C is the coordinator's: neither the one-machine cluster a run
+starts nor the actors die of it, so the arms in flight can finish.
 """
 
 from __future__ import annotations
@@ -24,7 +29,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
+import threading
+import time
 from typing import Any, Callable
 
 import ray
@@ -43,6 +51,8 @@ MAX_PLACEMENTS_PER_SIMULATOR = 10
 # An actor that died before it ran (its node died, and the cluster did not know yet) is placed
 # again after a pause that doubles each time, up to this, so a dead node is not tried in a loop.
 MAX_PLACEMENT_PAUSE_S = 30.0
+# An actor not yet placed after this long, with no room free for it, is what the run waits for (said once).
+WAITING_NOTICE_S = 5.0
 _started_here = False
 
 
@@ -65,11 +75,30 @@ def connect(options: Any, simulators: int) -> None:
         kwargs.pop("include_dashboard")
         _check_reachable(options.address)
     try:
-        ray.init(**kwargs)
+        if options.address is None:
+            _start_here(kwargs)
+        else:
+            ray.init(**kwargs)
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError or ValueError for a bad address
         raise ClusterUnreachable(f"cannot join the Ray cluster at {options.address}: {one_line(str(exc))}") from None
     _started_here = options.address is None
     log.info("ray.connected", address=options.address, started_here=_started_here)
+
+
+def _start_here(kwargs: dict[str, Any]) -> None:
+    """ray.init starting a one-machine cluster whose processes do not die of a terminal's Ctrl-C.
+
+    Ctrl-C sends SIGINT to the whole foreground process group, and the GCS, the raylet and
+    their agents start in the run's group. Each inherits this thread's signal mask, so they
+    start with SIGINT blocked and outlive it while the arms in flight finish; the run stops
+    them itself (ray.shutdown). Ray blocks it in the processes it spawns too; this does not
+    rely on that. A Ctrl-C meanwhile waits until ray.init returns, then interrupts the run.
+    """
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        ray.init(**kwargs)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -96,11 +125,70 @@ class WorkerLost(SimulatorError):
     arm_error_kind = "worker_lost"
 
 
+def asks(options: Any) -> dict[str, float]:
+    """What each simulator actor asks of its node, by Ray resource name (options: a Backend)."""
+    wanted = {"CPU": options.actor_cpus, "GPU": options.actor_gpus, **({options.resource: 1.0} if options.resource else {})}
+    return {name: float(amount) for name, amount in wanted.items() if amount > 0}
+
+
+def amounts(resources: dict[str, float], names: Any = None) -> str:
+    """A resource dict as `1 CPU, 1 'simulator'` (only `names`, in their order, when given)."""
+    names = list(resources) if names is None else list(names)
+    return ", ".join(f"{resources.get(n, 0.0):g} {n if n in ('CPU', 'GPU') else repr(n)}" for n in names)
+
+
+def never_fits(wanted: dict[str, float], nodes: list[dict[str, float]]) -> str | None:
+    """Why no node can ever hold a simulator actor asking `wanted`, in one line; None when some node can.
+
+    `nodes`: the total resources of each live node. What is free does not matter here: a busy
+    node frees its resources, a node without them never has them."""
+    if any(all(node.get(name, 0.0) >= amount for name, amount in wanted.items()) for node in nodes):
+        return None
+    if not nodes:
+        return "the cluster has no live node"
+    short = []
+    for name, amount in wanted.items():
+        most = max(node.get(name, 0.0) for node in nodes)
+        if most >= amount:
+            continue
+        if name in ("CPU", "GPU"):
+            flag = f"--ray-actor-{name.lower()}s"
+            has = f"no node has a {name}" if most == 0 else f"the largest node has {most:g}"
+            short.append(f"each simulator actor asks {amount:g} {name} and {has} ({flag})")
+        elif most == 0:
+            short.append(f"no node offers the custom resource {name!r}: start the simulator nodes with "
+                         f"`ray start --resources '{{\"{name}\": N}}'` (N simulators each), "
+                         "or ask for none with --ray-resource ''")
+        else:
+            short.append(f"each simulator actor asks {amount:g} {name!r} and no node has more than {most:g}")
+    if not short:  # each resource is somewhere, never all on one node
+        short.append(f"no node offers all that each simulator actor asks ({amounts(wanted)}) at once; the nodes have "
+                     + "; ".join(amounts(node, wanted) for node in nodes[:4]) + ("; ..." if len(nodes) > 4 else ""))
+    return "; ".join(short)
+
+
+def _node_totals() -> list[dict[str, float]]:
+    return [dict(node.get("Resources") or {}) for node in ray.nodes() if node.get("Alive")]
+
+
 class SimulatorActor:
-    """One simulator in a Ray actor process."""
+    """One simulator in a Ray actor process; it answers `where` before it builds (`build`) its simulator,
+    so that the coordinator tells waiting for a node from building a scene."""
 
     def __init__(self, adapter_spec: str, adapter_kwargs: dict):
-        self.adapter = resolve(adapter_spec)(**adapter_kwargs)
+        # The run's Ctrl-C is the coordinator's (it drains, then ends the actors itself). Ray starts
+        # workers in process groups of their own with SIGINT blocked; an actor that shares a
+        # terminal's group all the same, or is sent SIGINT, must not die of it either.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self._spec, self._kwargs = adapter_spec, adapter_kwargs
+        self.adapter: Any = None
+
+    @ray.method(max_task_retries=0, retry_exceptions=False)
+    def build(self) -> None:
+        """Build the simulator (the adapter), once."""
+        if self.adapter is None:
+            self.adapter = resolve(self._spec)(**self._kwargs)
 
     def where(self) -> dict[str, Any]:
         """Where the actor runs, and what it runs."""
@@ -130,15 +218,21 @@ class RayActorSim(Simulator):
         self.node_id: str | None = None
         self._dead = False
 
-    async def place(self, timeout_s: float) -> dict[str, Any]:
-        """Wait until the actor runs (its node id is known from then on)."""
-        info = await asyncio.wait_for(_awaited(self._handle.where.remote()), timeout_s)
-        self.node_id = info["node_id"]
-        return info
+    def placed(self) -> asyncio.Future:
+        """The actor's `where` (a dict), once a node runs it: the actor holds its resources from then on."""
+        return asyncio.ensure_future(_awaited(self._handle.where.remote()))
 
-    async def _invoke(self, method: str, *args: Any) -> Any:
+    def at(self, info: dict[str, Any]) -> None:
+        """Note where the placed actor runs."""
+        self.node_id = info["node_id"]
+
+    async def build(self) -> None:
+        """Build the simulator in the placed actor (SimulatorError when the adapter cannot be built)."""
+        await self._remote("build", self._handle.build.remote())
+
+    async def _remote(self, method: str, ref: Any) -> Any:
         try:
-            payload = await self._handle.call.remote(method, args)
+            return await ref
         except RayTaskError as exc:  # the adapter raised: the simulator is fine, the call failed
             raise SimulatorError(f"{self.name}.{method} failed:\n{exc}") from None
         except (RayActorError, RayError) as exc:  # the actor, its process or its node is gone
@@ -146,6 +240,9 @@ class RayActorSim(Simulator):
             raise WorkerLost(
                 f"simulator actor {self.name} on node {self.node_id} was lost during {method} ({one_line(str(exc))})"
             ) from None
+
+    async def _invoke(self, method: str, *args: Any) -> Any:
+        payload = await self._remote(method, self._handle.call.remote(method, args))
         self._note(method, args)
         return payload
 
@@ -187,7 +284,10 @@ class RayPool(SimPool):
         self._sims: list[RayActorSim] = []  # placed actors (some may have been lost since)
         self._free: list[RayActorSim] = []
         self._placing: set[asyncio.Task] = set()
-        self._unplaced: set[RayActorSim] = set()  # created, not yet running
+        self._unplaced: dict[RayActorSim, float] = {}  # created, not yet running: since when (monotonic)
+        self._watching: asyncio.Task | None = None
+        self._ever_placed = False  # until then, a cluster that cannot hold an actor stops the study at once
+        self._asks = asks(options)
         self._serial = 0
         self._budget = MAX_PLACEMENTS_PER_SIMULATOR * size
         self._pause = 1.0
@@ -224,49 +324,88 @@ class RayPool(SimPool):
         self._serial += 1
         handle = _Actor.options(**self._actor_options()).remote(self._spec, self._kwargs)
         sim = RayActorSim(handle, f"actor-{self._serial}", self._hash_seed)
-        self._unplaced.add(sim)
+        self._unplaced[sim] = time.monotonic()
+        self._watch()
         try:
             while True:
+                placed = sim.placed()
                 try:
-                    info = await sim.place(timeout)
+                    info = await asyncio.wait_for(placed, timeout)
                     break
                 except asyncio.TimeoutError:
                     if not any(s.alive() for s in self._sims):
                         self._fail(f"no simulator actor could be placed within {timeout:g} s on "
-                                   f"{self._options.describe()}; each asks for {self._asks()}")
+                                   f"{self._options.describe()}; each asks for {amounts(self._asks)}")
                         return
                     # Others run: this one is spare capacity and may wait for a node to join.
         except RayActorError as exc:
             if getattr(exc, "actor_init_failed", False):
                 self._fail(f"a simulator actor failed to start: {one_line(str(exc))}")
             else:
-                log.warning("ray.actor_lost_before_start", actor=sim.name, error=one_line(str(exc)), retry_in_s=self._pause)
-                self._place_new(after_s=self._pause)
-                self._pause = min(2 * self._pause, MAX_PLACEMENT_PAUSE_S)
+                self._lost_before_start(sim, exc)
             return
         except RayError as exc:
             self._fail(f"a simulator actor could not be placed: {one_line(str(exc))}")
             return
         finally:
-            self._unplaced.discard(sim)
+            self._unplaced.pop(sim, None)
+        sim.at(info)
         if info["rescue"] != __version__:
             sim.stop()
             self._fail(f"node {info['node_id']} runs rescue {info['rescue']}, this coordinator {__version__}; "
                        "install the same version on every node")
             return
+        try:
+            await sim.build()
+        except WorkerLost as exc:
+            self._lost_before_start(sim, exc)
+            return
+        except SimulatorError as exc:
+            sim.stop()
+            self._fail(f"a simulator actor failed to start on node {info['node_id']}: {one_line(str(exc))}")
+            return
         log.info("ray.actor_placed", actor=sim.name, node_id=info["node_id"], pid=info["pid"])
+        self._ever_placed = True
         self._sims.append(sim)
         self._free.append(sim)
         await self._notify()
 
-    def _asks(self) -> str:
-        o = self._options
-        parts = [f"{o.actor_cpus:g} CPU"] + ([f"{o.actor_gpus:g} GPU"] if o.actor_gpus else [])
-        return ", ".join(parts + ([f"1 {o.resource!r}"] if o.resource else []))
+    def _lost_before_start(self, sim: RayActorSim, exc: Exception) -> None:
+        log.warning("ray.actor_lost_before_start", actor=sim.name, error=one_line(str(exc)), retry_in_s=self._pause)
+        sim.stop()
+        self._place_new(after_s=self._pause)
+        self._pause = min(2 * self._pause, MAX_PLACEMENT_PAUSE_S)
+
+    def _watch(self) -> None:
+        if self._watching is None or self._watching.done():
+            self._watching = asyncio.get_running_loop().create_task(self._watch_room())
+
+    async def _watch_room(self) -> None:
+        """While actors wait for a node: stop the study at once when no node can ever hold one (before
+        the first is placed), and say once what they wait for when the nodes that could are busy.
+
+        Once an actor has run, a cluster that lost every node able to hold one is waited for (the
+        nodes may come back) up to the placement timeout."""
+        told = False
+        while self._unplaced and self._failure is None:
+            if not self._ever_placed:
+                missing = never_fits(self._asks, _node_totals())
+                if missing is not None:
+                    self._fail(f"no simulator actor can be placed on {self._options.describe()}: {missing}")
+                    return
+            waited = time.monotonic() - min(self._unplaced.values(), default=time.monotonic())
+            if not told and waited >= WAITING_NOTICE_S:
+                free = ray.available_resources()
+                if not all(free.get(name, 0.0) >= amount for name, amount in self._asks.items()):
+                    told = True
+                    log.warning("ray.waiting_for_room", actors=len(self._unplaced), each_asks=amounts(self._asks),
+                                free=amounts(free, self._asks), of=amounts(ray.cluster_resources(), self._asks),
+                                gives_up_after_s=self._options.placement_timeout_s)
+            await asyncio.sleep(1.0)
 
     def _fail(self, reason: str) -> None:
         if self._failure is None:
-            log.error("ray.pool_failed", reason=reason)
+            log.info("ray.pool_failed", reason=reason)  # the engine stops the study with it, and says so
             self._failure = reason
         asyncio.get_running_loop().create_task(self._notify())
 
@@ -298,7 +437,7 @@ class RayPool(SimPool):
 
     def close(self) -> None:
         """End every actor, placed or still waiting to be."""
-        for task in list(self._placing):
+        for task in [*self._placing, *([self._watching] if self._watching else [])]:
             task.cancel()
         for sim in [*self._sims, *self._unplaced]:
             sim.stop()

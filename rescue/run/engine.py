@@ -15,7 +15,7 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import structlog
 
@@ -219,9 +219,11 @@ class Engine:
         # and an unreachable policy server stops the study instead of consuming its queue.
         while not self._stopping():
             try:
-                lease = await SimLease(services.pool).acquire(urgent=False)
+                lease = await self._unless_stopped(SimLease(services.pool).acquire(urgent=False))
             except SimulatorError as exc:  # no simulator can be had any more (a Ray cluster without room)
                 self.stop_study(f"{one_line(str(exc))}; then `rescue resume` runs the cases never started")
+                return
+            if lease is None:  # a signal came while it waited for a simulator (a Ray cluster still busy)
                 return
             policy = None
             try:
@@ -255,6 +257,21 @@ class Engine:
                     await policy.close()
                 if lease is not None:
                     lease.release()
+
+    async def _unless_stopped(self, wait: Awaitable[Any]) -> Any:
+        """What `wait` gives, or None when the run stops claiming first (a signal, a stop_study)."""
+        task = asyncio.ensure_future(wait)
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})  # let the given-up wait unwind
+        if task.cancelled():
+            return None
+        return task.result()
 
     async def _run_partner(self, case_id: str, worker: str, services: Services) -> None:
         """Claim and run a donor-group member if nobody has: a simulator and a connection in hand first."""
