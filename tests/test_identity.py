@@ -157,3 +157,22 @@ def test_an_older_studys_config_digest_holds_after_later_settings_were_added():
     # Once set, a limit is part of the digest.
     limited = StudyConfig.model_validate({**older, "vlm": {**older["vlm"], "max_concurrent_calls": 4}})
     assert limited.sha256() != StudyConfig.model_validate(older).sha256()
+
+
+def test_the_rules_read_the_gripper_opening_where_the_studys_profile_sends_it():
+    # The rule wrappers read the gripper from the policy input: for an image profile that is the state
+    # vector's gripper entry, not the privileged observable; a layout the config sets is kept as it is.
+    from wrappers.async_rules import LIBERO_LAYOUT
+
+    layouts = {profile: resolve_config(StudyConfig(policy={"url": "ws://x", "observation": profile}),
+                                       {"action_horizon": 8}).rules.layout
+               for profile in ("openpi-libero", "lerobot-libero", "privileged")}
+    assert {p: (lay.state_key, lay.gripper_state_dims) for p, lay in layouts.items()} == {
+        "openpi-libero": ("observation/state", (6,)),
+        "lerobot-libero": ("observation.state", (6,)),
+        "privileged": ("robot0_gripper_qpos", (0,)),
+    }
+    assert layouts["privileged"] == LIBERO_LAYOUT
+    mine = load_config(None, {"policy.url": "ws://x", "policy.observation": "openpi-libero",
+                              "rules.layout": {"state_key": "observation/state", "gripper_state_dims": [7]}})
+    assert resolve_config(mine, {"action_horizon": 8}).rules.layout.gripper_state_dims == (7,)

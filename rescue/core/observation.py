@@ -86,6 +86,18 @@ class ObservationProfile(BaseModel):
         default_factory=dict, description="Constant extra keys sent with every observation."
     )
 
+    def gripper_opening(self) -> tuple[str, int] | None:
+        """Where the policy input holds the gripper's first finger joint (the key and its index in that
+        array): what the rule wrappers read; None when the profile does not send it."""
+        if self.state.composition == "spread":
+            return ("robot0_gripper_qpos", 0) if "proprio" in self.state.parts else None
+        offset = 0
+        for part in self.state.parts:
+            if part == "gripper_qpos":
+                return self.state.key, offset
+            offset += STATE_PARTS[part][1]
+        return None
+
     def sha256(self) -> str:
         """Stable digest of the profile (canonical JSON), for a study's identity."""
         return digest_json(self.model_dump(mode="json"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -22,13 +23,14 @@ from rescue.core.episode_protocol import EXTERNAL_DEFAULT as EXTERNAL_DEFAULT_PR
 from rescue.core.episode_protocol import EpisodeProtocol, get_protocol
 from rescue.core.failfast import PeerUnreachable, one_line
 from rescue.core.identity import IdentityError, announced_identity, identity_changes, resolve_interval, resolve_observation
-from rescue.core.observation import get_profile
+from rescue.core.observation import ObservationProfile, get_profile
 from rescue.env.backend import LOCAL, Backend
 from rescue.env.pool import SimPool
 from rescue.policy.client import PolicyServerError, WebsocketPolicyClient
 from rescue.study.layout import RECEIPTS, StudyLayout
 from rescue.study.receipts import ReceiptLog
 from rescue.vlm.client import VLMClient
+from wrappers.async_rules import LIBERO_LAYOUT, RulesConfig
 
 # How long the policy server may take to answer with its metadata at a start.
 POLICY_ANSWER_S = 5.0
@@ -135,7 +137,18 @@ def resolve_config(config: StudyConfig, metadata: dict[str, Any]) -> StudyConfig
     )
     episode = study_protocol(config)
     env = config.env.model_copy(update={"episode_protocol": episode.name, "episode_protocol_sha256": episode.sha256()})
-    return config.model_copy(update={"policy": policy, "env": env})
+    return config.model_copy(update={"policy": policy, "env": env, "rules": _rules_for(config.rules, profile)})
+
+
+def _rules_for(rules: RulesConfig, profile: ObservationProfile) -> RulesConfig:
+    """The rules with the default layout's gripper opening read where the profile sends it (the state
+    vector's gripper entry for openpi-libero and lerobot-libero); a layout the config sets is kept."""
+    opening = profile.gripper_opening()
+    if rules.layout != LIBERO_LAYOUT or opening is None:
+        return rules
+    key, index = opening
+    layout = dataclasses.replace(LIBERO_LAYOUT, state_key=key, gripper_state_dims=(index,))
+    return rules.model_copy(update={"layout": layout})
 
 
 def study_protocol(config: StudyConfig) -> EpisodeProtocol:
