@@ -398,6 +398,14 @@ def cmd_ablate(args: argparse.Namespace) -> int:
                       str(r.losses), f"{r.mcnemar_p:.4f}", ci)
     console.print(table)
     console.print(f"wrote {root / 'ablation.json'}")
+    # A setting whose every case is unknown compared nothing: the ablation did not do its work.
+    from rescue.study.folder import study_outcome
+
+    for r in rows:
+        outcome = study_outcome(r.study)
+        if outcome.code:
+            print(f"rescue: setting {r.setting}: {outcome.message}", file=sys.stderr)
+            return outcome.code
     return 0
 
 

@@ -313,3 +313,18 @@ def test_rescue_ablate_runs_one_study_per_switch_and_pairs_them_against_all_on(t
         con.close()
     fired = {name: {f["rule"] for a in arms[name] for f in a["rule_firings"]} for name in arms}
     assert "chunk_compression" in fired["all_on"] and "chunk_compression" not in fired["no_chunk_compression"]
+
+
+@pytest.mark.sim
+@pytest.mark.e2e
+def test_an_ablation_whose_rules_cannot_read_their_input_does_not_exit_0(tmp_path):
+    from conftest import rescue_cli, write_cases
+
+    manifest = write_cases(tmp_path / "m.jsonl", 1, horizon=16)
+    config = tmp_path / "study.toml"
+    # The gripper opening at an index the state vector does not have: every arm with the rule is unknown.
+    config.write_text('[rules.layout]\nstate_key = "observation/state"\ngripper_state_dims = [99]\n')
+    out = rescue_cli("ablate", str(manifest), "--rules", "gripper_recovery", "--study", str(tmp_path / "a"),
+                     "--config", str(config), "--simulators", "1", check=False, timeout=600)
+    assert out.returncode == 4, out.stdout + out.stderr
+    assert "rescue: setting all_on: every one of the 1 cases is unknown" in out.stderr
