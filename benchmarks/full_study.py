@@ -111,14 +111,16 @@ def main() -> None:
     rescue("export", str(study), "--partial", "--out", str(out / "export.json"), capture_output=True)
     export = json.loads((out / "export.json").read_text())
     summary = export["summary"]
+    done = summary["n"]  # cases with a verdict: all of them unless the run was stopped (exit code 3)
     result = {
-        "exit_code": code, "episodes": 10 * episodes, "eval_wall_s": round(eval_s, 1), "cases": n,
-        "wall_s": round(wall, 1), "cpu_s_per_case": round(cpu / n, 2), "cases_per_hour": round(3600 * n / wall, 1),
-        "folder_mb_per_case": round(folder / n / 1e6, 3),
+        "exit_code": code, "episodes": 10 * episodes, "eval_wall_s": round(eval_s, 1), "cases": n, "cases_done": done,
+        "wall_s": round(wall, 1), "cpu_s_per_case": round(cpu / done, 2), "cases_per_hour": round(3600 * done / wall, 1),
+        "folder_mb_per_case": round(folder / done / 1e6, 3),
         "peak_rss_gb": {f"{pid} {cmd}": round(gb, 2) for pid, (cmd, gb) in sorted(peak.items(), key=lambda kv: -kv[1][1])},
         "rescued": summary["counts"].get("rescued"), "n": summary["n"],
         "sham_rescued": (summary.get("sham") or {}).get("r"),
-        "extrapolated_1004_cases_h": round(SEED_CASES * wall / n / 3600, 2),
+        "extrapolated_1004_cases_h": round(SEED_CASES * wall / done / 3600, 2),
+        "extrapolated_1004_cases_cpu_bound_h": round(SEED_CASES * cpu / done / os.cpu_count() / 3600, 2),
     }
     print(json.dumps(result, indent=2))
     (out / "full_study.json").write_text(json.dumps(result, indent=2) + "\n")
