@@ -12,6 +12,7 @@
    study's. Everything lands under OUT (default studies/robustness).
 
 Run: MUJOCO_GL=egl .venv/bin/python benchmarks/robustness.py [OUT] [--episodes 2] [--first 30] [--base EVAL_STUDY]
+     [--limit N]   (at most N failures of each perturbation suite in the rescue study)
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=2)
     ap.add_argument("--first", type=int, default=30)
     ap.add_argument("--base", help="an existing evaluation study of libero_object holding these episodes")
+    ap.add_argument("--limit", type=int, help="at most this many failures of each perturbation suite (manifest order)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -73,7 +75,8 @@ def main() -> None:
         rows.append((suite, kind, *success_of(data, inits)))
         if suite != BASE:
             manifest = out / f"failures-{suite}.jsonl"
-            rescue("manifest", "from-eval", str(study), "--out", str(manifest), "--inits", f"{inits[0]}-{inits[-1]}")
+            limit = ["--limit", str(args.limit)] if args.limit else []
+            rescue("manifest", "from-eval", str(study), "--out", str(manifest), "--inits", f"{inits[0]}-{inits[-1]}", *limit)
             manifests.append(manifest)
     eval_s = time.time() - started
     failures = out / "failures.jsonl"
