@@ -14,14 +14,13 @@ must be the same.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cli_env
+from conftest import ROOT, cli_env, descendants
 
 from rescue.env.libero import DEFAULT_MAX_RSS_GB
 from rescue.study.journal import Journal
@@ -58,21 +57,7 @@ class PeakSampler(threading.Thread):
                     self.cmdlines[pid] = cmdline
 
     def _descendants(self) -> set[int]:
-        parents = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    stat = Path(f"/proc/{entry}/stat").read_text()
-                except OSError:
-                    continue
-                parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-        found, frontier = {self.root}, [self.root]
-        while frontier:
-            parent = frontier.pop()
-            children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in found]
-            found.update(children)
-            frontier.extend(children)
-        return found
+        return {self.root, *descendants(self.root)}
 
     def stop(self) -> None:
         self._done.set()

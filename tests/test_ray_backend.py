@@ -17,33 +17,27 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, arm_rows, case_states, cli_env, ensure_stopped, events_of, export_of, rescue_cli, write_cases
+from conftest import (
+    ROOT,
+    arm_rows,
+    case_states,
+    cli_env,
+    descendants,
+    ensure_stopped,
+    events_of,
+    export_of,
+    rescue_cli,
+    write_cases,
+)
 from ray.cluster_utils import Cluster
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def _kill_node(node) -> None:
     raylet = node.all_processes["raylet"][0].process.pid
-    for pid in [raylet, *_descendants(raylet)]:
+    for pid in [raylet, *descendants(raylet)]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, case_states, cli_env, ensure_stopped, events_of, rescue_cli, write_cases
+from conftest import ROOT, case_states, cli_env, descendants, ensure_stopped, events_of, rescue_cli, write_cases
 from ray.cluster_utils import Cluster
 from test_interrupt import claimed, ctrl_c, group_members, start_foreground, wait_until
 
@@ -28,20 +28,7 @@ STORE = 80 * 1024 * 1024
 
 def _descendants(pid: int) -> dict[int, str]:
     """Every live process under `pid`, with its command line (the Ray processes a run started)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = {}, [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out[child] = _cmdline(child)
-            todo.append(child)
-    return out
+    return {child: _cmdline(child) for child in descendants(pid)}
 
 
 def _cmdline(pid: int) -> str:
