@@ -204,6 +204,21 @@ def _sham_source(arm: ArmResult, v: CaseView) -> str:
     return text + line + "</p>"
 
 
+def _vlm_call(who: str, views, views_note: str, prompt: str | None, response: str | None, receipt, size: int) -> str:
+    """One VLM call: the views it saw at q (by camera), its rendered prompt, its raw answer and its receipt."""
+    out = ""
+    if views:
+        out += f'<p class="note">what {who} saw at q{esc(views_note)}</p><div class="frames vlm-views">'
+        out += "".join(_img(href, caption, size) for caption, href in views) + "</div>"
+    if prompt is not None:
+        out += f"<details><summary>rendered prompt</summary><pre>{esc(prompt)}</pre></details>"
+    if response is not None:
+        out += f"<details><summary>raw answer</summary><pre>{esc(response)}</pre></details>"
+    if receipt is not None:
+        out += f'<p class="note">{_call(receipt)}</p>'
+    return out
+
+
 def _advisors(v: CaseView) -> str:
     """Every advisor side by side: its verdict against control, the subgoal it answered, what it saw, its prompt
     and raw answer, and its evidence."""
@@ -214,15 +229,7 @@ def _advisors(v: CaseView) -> str:
                f'<p><span class="{esc(label)}">{esc(label)}</span>' + (f", rule {esc(a.rule)}: {esc(a.reason)}" if a.rule else "") + "</p>")
         col += (f'<p><b>subgoal</b>: <code>{esc(a.subgoal)}</code></p>' if a.subgoal
                 else f'<p class="note">no subgoal applied ({esc(a.status or "no arm")})</p>')
-        if a.views:
-            col += f'<p class="note">what it saw at q{esc(a.views_note)}</p><div class="frames vlm-views">'
-            col += "".join(_img(href, caption, 120) for caption, href in a.views) + "</div>"
-        if a.prompt is not None:
-            col += f"<details><summary>rendered prompt</summary><pre>{esc(a.prompt)}</pre></details>"
-        if a.response is not None:
-            col += f"<details><summary>raw answer</summary><pre>{esc(a.response)}</pre></details>"
-        if a.receipt is not None:
-            col += f'<p class="note">{_call(a.receipt)}</p>'
+        col += _vlm_call("it", a.views, a.views_note, a.prompt, a.response, a.receipt, 120)
         if a.evidence is not None:
             col += "<ul>" + _check("evidence", a.evidence) + "</ul>"
         cols += col + "</div>"
@@ -280,15 +287,7 @@ def case_panel(v: CaseView, arm_order: Callable[[str], tuple[int, str]], video_n
     vlm = ""
     if subgoal:
         vlm += f"<p><b>subgoal</b>: <code>{esc(subgoal)}</code></p>"
-    if v.views:
-        vlm += f'<p class="note">what the VLM saw at q{esc(v.views_note)}</p><div class="frames vlm-views">'
-        vlm += "".join(_img(href, caption, 200) for caption, href in v.views) + "</div>"
-    if v.prompt is not None:
-        vlm += f"<details><summary>rendered prompt</summary><pre>{esc(v.prompt)}</pre></details>"
-    if v.response is not None:
-        vlm += f"<details><summary>raw answer</summary><pre>{esc(v.response)}</pre></details>"
-    if v.receipt is not None:
-        vlm += f'<p class="note">{_call(v.receipt)}</p>'
+    vlm += _vlm_call("the VLM", v.views, v.views_note, v.prompt, v.response, v.receipt, 200)
     if v.advisors:
         vlm = _advisors(v)
     order = sorted(v.arms, key=arm_order)
