@@ -131,6 +131,25 @@ def test_cases_without_both_subgoals_applied_stay_out_of_the_paired_comparison()
     assert s.k == 1 and s.pairs.assisted_only == 1 and s.e == 1 and s.m == 2
 
 
+def test_each_group_and_task_has_its_own_sham_comparison_not_the_studys():
+    # Group "language": the sham rescues one of two cases; group "swap": it rescues none and the VLM one.
+    rows = [("lan-1", "language", "t1", False, True), ("lan-2", "language", "t2", False, False),
+            ("swap-1", "swap", "t1", True, False), ("swap-2", "swap", "t2", False, False)]
+    records = []
+    for case_id, group, task, assisted, sham in rows:
+        rec = _fixed(case_id, assisted=assisted, sham=sham)
+        records.append(rec.model_copy(update={"group": group, "task": task}))
+    summary = summarize(records, [classify(r) for r in records])
+    whole, lan, swap = summary.sham, summary.per_group["language"].sham, summary.per_group["swap"].sham
+    assert (whole.r, whole.k, whole.pairs.assisted_only, whole.pairs.sham_only) == (1, 4, 1, 1)
+    assert (lan.r, lan.k, lan.pairs.assisted_only, lan.pairs.sham_only) == (1, 2, 0, 1)
+    assert (swap.r, swap.k, swap.pairs.assisted_only, swap.pairs.sham_only) == (0, 2, 1, 0)
+    assert lan.diff == pytest.approx(-0.5) and swap.diff == pytest.approx(0.5) and whole.diff == pytest.approx(0.0)
+    by_task = summary.per_task
+    assert (by_task["t1"].sham.r, by_task["t1"].sham.pairs.assisted_only) == (1, 1)
+    assert (by_task["t2"].sham.r, by_task["t2"].sham.k) == (0, 2)
+
+
 @pytest.mark.sim
 @pytest.mark.e2e
 def test_a_three_arm_study_killed_and_resumed_verifies_with_its_sham_table(tmp_path):
