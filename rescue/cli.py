@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -23,7 +24,9 @@ from rich.progress import (
 from rescue import __version__
 from rescue.study import layout
 
-console = Console(stderr=False)
+# Off a terminal (a log file, nohup, Slurm) rich would wrap tables at 80 columns and truncate the per-group
+# ones; COLUMNS still wins where it is set.
+console = Console(stderr=False, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 132)
 
 # `rescue export` of a study that is not finished, without --partial.
 EXIT_UNFINISHED = 5
@@ -65,9 +68,9 @@ class _Live:
     flight, arms waiting for the VLM, and the labels so far.
 
     On a terminal, a bar; elsewhere (nohup, Slurm, CI, `| tee`) a plain line every
-    RESCUE_PROGRESS_EVERY_S seconds (default 30), as soon as there is something to say. The ETA
-    comes from the env steps done against the steps the cases may take, so it exists before the
-    first case ends."""
+    RESCUE_PROGRESS_EVERY_S seconds (default 30), as soon as there is something to say. Once a case
+    has ended the ETA comes from the cases done; before, from the env steps done against the steps
+    the cases may take (an upper bound: forked arms skip their prefix, successes end early)."""
 
     def __init__(self, title: str):
         import os
@@ -132,10 +135,10 @@ class _Live:
 
     def _eta_s(self, elapsed: float) -> float | None:
         done = sum(self.counts.values())
+        if done and self.total:
+            return elapsed * max(0, self.total - done) / done
         if self.steps and self.steps_total:
             return elapsed * max(0, self.steps_total - self.steps) / self.steps
-        if done and self.total:
-            return elapsed * (self.total - done) / done
         return None
 
     def _refresh(self, force: bool = False) -> None:

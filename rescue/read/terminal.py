@@ -34,7 +34,7 @@ def summary_table(summary: Summary, title: str, n_fixed: int | None = None) -> T
         "2x2 of M",
         f"assisted-only {p.assisted_only}, control-only {p.control_only}, both success {p.both_success}, both fail {p.both_fail}",
     )
-    t.add_row("exact McNemar p (discordant pairs)", f"{summary.mcnemar_p:.4f}")
+    t.add_row("exact McNemar p (discordant pairs)", _p(summary.mcnemar_p))
     if summary.diff is not None and summary.diff_ci is not None:
         lo, hi = summary.diff_ci
         t.add_row(f"paired difference, {int(summary.confidence * 100)}% CI", f"{_pct(summary.diff)} [{_pct(lo)}, {_pct(hi)}]")
@@ -52,7 +52,7 @@ def sham_table(summary: Summary) -> Table:
         f"assisted vs sham, K = {sham.k} (both subgoals applied, three arms valid)",
         f"assisted-only {p.assisted_only}, sham-only {p.sham_only}, both success {p.both_success}, both fail {p.both_fail}",
     )
-    t.add_row("exact McNemar p (assisted vs sham)", f"{sham.mcnemar_p:.4f}")
+    t.add_row("exact McNemar p (assisted vs sham)", _p(sham.mcnemar_p))
     if sham.diff is not None and sham.diff_ci is not None:
         lo, hi = sham.diff_ci
         t.add_row("effect of the VLM's content, 95% CI", f"{_pct(sham.diff)} [{_pct(lo)}, {_pct(hi)}]")
@@ -125,7 +125,7 @@ def group_table(summary: Summary) -> Table:
         if shams:
             s = b.sham
             row += ["-"] * 4 if s is None else [str(s.r), str(s.k), f"{s.pairs.assisted_only}/{s.pairs.sham_only}",
-                                                f"{s.mcnemar_p:.4f}"]
+                                                _p(s.mcnemar_p)]
         t.add_row(*row)
     return t
 
@@ -205,7 +205,7 @@ def render_compare(comparison: Any) -> Group:
     t.add_row("excluded: unknown / unexecuted / unmatched", f"{k.unknown} / {k.unexecuted} / {k.unmatched}")
     t.add_row("success, paired episodes: A / B", f"{_pct(c.a_rate)} / {_pct(c.b_rate)}")
     t.add_row("success, all episodes: A / B", f"{_pct(c.a.overall.rate)} / {_pct(c.b.overall.rate)}")
-    t.add_row("exact McNemar p", f"{c.mcnemar_p:.4f}")
+    t.add_row("exact McNemar p", _p(c.mcnemar_p))
     t.add_row(f"B - A, Newcombe {conf} CI", f"{_pct(c.diff)} {_ci(c.newcombe_ci)}")
     t.add_row(f"B - A, task-bootstrap {conf} CI", _ci(c.bootstrap_ci))
     t.add_row("bootstrap seed, resamples", f"{c.bootstrap_seed}, {c.bootstrap_reps}")
