@@ -60,7 +60,7 @@ def test_three_advisors_and_a_sham_killed_resumed_verified_exported_and_reported
 
 
 def _study(tmp_path: Path, wrong_url: str, cont_url: str) -> None:
-    manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=64)
+    manifest = write_cases(tmp_path / "m.jsonl", 3, horizon=64)
     config = tmp_path / "advisors.toml"
     config.write_text(
         "fork_at_q = true\n\n"

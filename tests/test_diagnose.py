@@ -293,11 +293,11 @@ def test_rescue_ablate_runs_one_study_per_switch_and_pairs_them_against_all_on(t
     config = tmp_path / "study.toml"
     config.write_text("[policy]\nreplan_interval = 6\n")  # compression keeps 6 of 8 actions
     root = tmp_path / "ablation"
-    rescue_cli("ablate", str(manifest), "--rules", "stage_rollback,gripper_recovery,chunk_compression",
+    rescue_cli("ablate", str(manifest), "--rules", "gripper_recovery,chunk_compression",
                "--study", str(root), "--config", str(config), "--simulators", "2", timeout=900)
     rows = {r["setting"]: r for r in json.loads((root / "ablation.json").read_text())["rows"]}
-    assert set(rows) == {"all_on", "no_stage_rollback", "no_gripper_recovery", "no_chunk_compression", "all_off"}
-    assert sorted(rows["all_on"]["enabled"]) == ["chunk_compression", "gripper_recovery", "stage_rollback"]
+    assert set(rows) == {"all_on", "no_gripper_recovery", "no_chunk_compression", "all_off"}
+    assert sorted(rows["all_on"]["enabled"]) == ["chunk_compression", "gripper_recovery"]
     assert rows["all_off"]["enabled"] == [] and "chunk_compression" not in rows["no_chunk_compression"]["enabled"]
     for name, row in rows.items():
         cfg = json.loads((root / name / "config.json").read_text())

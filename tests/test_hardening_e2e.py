@@ -84,7 +84,7 @@ def test_a_broken_config_is_one_line_and_writes_nothing(tmp_path, toml, named):
 def test_a_dead_policy_server_stops_the_study_before_it_consumes_the_queue(tmp_path):
     """The server dies mid-study: no further case is claimed, the run exits 3, resume after a restart runs the rest."""
     port = _free_port()
-    manifest = write_cases(tmp_path / "m.jsonl", 6, horizon=48)
+    manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=48)
     study = tmp_path / "study"
     server = _serve(["serve-policy", "--policy", "rescue.embedded.scripted:make_policy"], port)
     url = f"ws://127.0.0.1:{port}"
@@ -108,7 +108,7 @@ def test_a_dead_policy_server_stops_the_study_before_it_consumes_the_queue(tmp_p
     assert "Traceback" not in out + err and "unreachable" in err
     states = list(case_states(study).values())
     # At most the case in flight when the server died is lost; the rest were never claimed.
-    assert states.count("pending") >= 3 and states.count("claimed") == 0
+    assert states.count("pending") >= 2 and states.count("claimed") == 0
     # The study is resumable once the server is back: the never-claimed cases run.
     server = _serve(["serve-policy", "--policy", "rescue.embedded.scripted:make_policy"], port)
     try:

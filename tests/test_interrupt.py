@@ -101,8 +101,8 @@ def vlm_call_in_flight(study: Path) -> bool:
 
 @pytest.fixture
 def slow_vlm():
-    """The local endpoint answering after 20 s: long enough to press Ctrl-C during the wait."""
-    proc = subprocess.Popen([sys.executable, "-m", "rescue.cli", "serve-vlm", "--port", "0", "--latency", "20"],
+    """The local endpoint answering after 12 s: long enough to press Ctrl-C twice during the wait."""
+    proc = subprocess.Popen([sys.executable, "-m", "rescue.cli", "serve-vlm", "--port", "0", "--latency", "12"],
                             cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         yield re.search(r"(http://\S+/v1)", proc.stdout.readline()).group(1)
@@ -138,7 +138,7 @@ def test_ctrl_c_mid_arm_lets_the_arms_in_flight_finish_then_resume_runs_the_rest
 
 
 def test_a_second_ctrl_c_during_the_vlm_wait_stops_now_and_says_so(tmp_path, slow_vlm):
-    manifest = write_cases(tmp_path / "m.jsonl", 3, horizon=64)
+    manifest = write_cases(tmp_path / "m.jsonl", 2, horizon=64)
     study = tmp_path / "study"
     proc = start_foreground("run", str(manifest), "--study", str(study), "--cases-in-flight", "1", "--vlm-url", slow_vlm)
     try:
