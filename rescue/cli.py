@@ -73,8 +73,6 @@ class _Live:
     the cases may take (an upper bound: forked arms skip their prefix, successes end early)."""
 
     def __init__(self, title: str):
-        import os
-
         self.title = title
         self.word = title.replace(",", " ").split()[0]  # "cases" or "episodes": what is counted
         self.counts: Counter[str] = Counter()
