@@ -22,6 +22,7 @@ import sys
 from collections import Counter
 
 from common import cases, timed_study
+from full_study import tree
 
 from rescue.core.config import StudyConfig
 
@@ -63,21 +64,18 @@ def threads(args: list[str], n_cases: int) -> None:
     seen: dict[tuple[int, int], tuple[str, str, float]] = {}
     proc = subprocess.Popen([sys.executable, "-m", "rescue.cli", *args])
     while proc.poll() is None:
-        for pid_dir in Path("/proc").iterdir():
-            if not pid_dir.name.isdigit():
-                continue
+        for pid in tree(proc.pid):
+            pid_dir = Path(f"/proc/{pid}")
             try:
                 cmd = (pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
                 if "rescue.cli" not in cmd and "spawn_main" not in cmd:
-                    continue
-                if not _descends(int(pid_dir.name), proc.pid):
                     continue
                 kind = "simulators" if "spawn_main" in cmd else "the command"
                 for task in (pid_dir / "task").iterdir():
                     fields = (task / "stat").read_text().rsplit(")", 1)
                     name = fields[0].split("(", 1)[1]
                     utime, stime = (int(x) for x in fields[1].split()[11:13])
-                    seen[(int(pid_dir.name), int(task.name))] = (kind, name, (utime + stime) / tick)
+                    seen[(pid, int(task.name))] = (kind, name, (utime + stime) / tick)
             except (OSError, ValueError, IndexError):
                 continue
         time.sleep(0.2)
@@ -87,19 +85,6 @@ def threads(args: list[str], n_cases: int) -> None:
     print(f"exit {proc.returncode}; {sum(total.values()):.1f} CPU-s in {len(seen)} threads, {n_cases} cases")
     for (kind, name), cpu in total.most_common(12):
         print(f"  {kind:12s} {name:16s} {cpu / n_cases:6.2f} CPU-s per case")
-
-
-def _descends(pid: int, root: int) -> bool:
-    from pathlib import Path
-
-    while pid > 1:
-        if pid == root:
-            return True
-        try:
-            pid = int((Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-    return False
 
 
 # (phase, markers): a sample belongs to the first phase any of whose markers is in one of its frames.
