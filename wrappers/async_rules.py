@@ -192,6 +192,11 @@ class AsyncRuleWrapper:
         return self._rules.last_query
 
     @property
+    def url(self) -> str | None:
+        """The inner connection's URL (how an arm's error names the policy)."""
+        return getattr(self._policy, "url", None)
+
+    @property
     def metadata(self) -> dict[str, Any]:
         """The inner connection's metadata frame."""
         return self._policy.metadata

@@ -11,6 +11,7 @@ never-claimed ones.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from rescue.core.records import ArmResult, is_assisted
@@ -21,6 +22,8 @@ SYSTEMATIC_VLM_ERRORS = frozenset({"auth", "permission", "not_found", "quota", "
 _FIXES = {
     "KeyError": "the policy reads an observation key the study's observation profile does not send: "
     "choose the profile it was trained with ([policy] observation = \"openpi-libero\", \"lerobot-libero\" or \"privileged\")",
+    "BadActionChunk": "the policy answers actions the simulator cannot run (rescue/core/actions.py says which): "
+    "check its output (un-normalisation, action dimensions) and that the URL serves the policy meant",
     "ConnectionRefusedError": "start the policy server, or fix [policy] url",
     "PolicyConnectionClosed": "check that the policy server is up and keeps connections open",
     "auth": "the VLM endpoint rejects the API key: set the variable named by [vlm] api_key_env",
@@ -54,10 +57,15 @@ def error_line(exc: BaseException) -> str:
     return f"{getattr(exc, 'arm_error_kind', type(exc).__name__)}: {one_line(str(exc))}"
 
 
+# The same failure at another step is the same cause: a policy that answers NaN does so wherever it is.
+_STEP = re.compile(r"\bstep \d+")
+
+
 def arm_cause(arm: ArmResult) -> str | None:
-    """The infrastructure error an arm ended in, as a comparable one-line signature (None: it ran)."""
+    """The infrastructure error an arm ended in, as a comparable one-line signature (None: it ran);
+    the step it happened at is left out (`step N`)."""
     if arm.status == "error" and arm.error:
-        return one_line(arm.error)
+        return _STEP.sub("step N", one_line(arm.error))
     return None
 
 

@@ -23,6 +23,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from rescue.core.actions import ActionSpace
 from rescue.core.catalog import OFFICIAL_HORIZON, libero_catalog
 from rescue.core.digest import digest_array, digest_json, digest_text
 from rescue.core.episode_protocol import EpisodeProtocol, get_protocol
@@ -631,6 +632,7 @@ class LiberoAdapter:
             fingerprint=digest_json(parts),
             fingerprint_parts=parts,
             info=process_info(),
+            action_space=ActionSpace(*(tuple(float(x) for x in bound) for bound in env.env.action_spec)),
         )
 
     def _restore_built_model(self, env) -> None:

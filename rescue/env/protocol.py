@@ -10,6 +10,7 @@ from typing import Any, Literal, NamedTuple, Protocol, Union
 
 import numpy as np
 
+from rescue.core.actions import ActionSpace
 from rescue.core.episode_protocol import EpisodeProtocol
 from rescue.core.manifest import Case
 from rescue.core.observation import PRIVILEGED, ObservationProfile, get_profile
@@ -68,6 +69,8 @@ class ResetResult:
     fingerprint_parts: dict[str, str] = field(default_factory=dict)
     # The simulator process's facts (pid, PYTHONHASHSEED); not part of the fingerprint.
     info: dict[str, Any] = field(default_factory=dict)
+    # The bounds and dimensions of the actions it runs (None: unknown, only finiteness is checked).
+    action_space: ActionSpace | None = None
 
 
 @dataclass

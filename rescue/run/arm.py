@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable
 import numpy as np
 import structlog
 
+from rescue.core.actions import checked_chunk
 from rescue.core.digest import digest_array, digest_obs, digest_text
 from rescue.core.episode_protocol import RESCUE, EpisodeProtocol
 from rescue.core.failfast import error_line, one_line
@@ -25,7 +26,7 @@ from rescue.core.manifest import Case
 from rescue.core.observation import PRIVILEGED, ObservationProfile
 from rescue.core.querypoint import query_point
 from rescue.core.records import ArmName, ArmResult, Assistance, TraceRow, chained
-from rescue.env.pool import SimLease, Simulator, as_float_chunk
+from rescue.env.pool import SimLease, Simulator
 from rescue.policy.protocol import PolicyConnection
 from rescue.run.diagnose import QueryRecord, query_record
 from wrappers.injection import inject
@@ -135,6 +136,7 @@ class ArmRun:
         self.query_records: list[QueryRecord] = []
         self.original = self.instruction = ""
         self.obs: dict = {}
+        self.action_space = None  # the simulator's, from the reset: every chunk is checked against it
 
     async def start(self) -> None:
         """Reset the case, check its instruction, reset the policy and its RNG."""
@@ -143,6 +145,7 @@ class ArmRun:
         self.fingerprint = reset.fingerprint
         self.fingerprint_parts = dict(reset.fingerprint_parts)
         self.python_hash_seed = reset.info.get("python_hash_seed")
+        self.action_space = reset.action_space
         self.original = self.instruction = reset.instruction
         if self.case.instruction not in (None, self.original):
             raise ValueError(f"manifest instruction {self.case.instruction!r} differs from the task's {self.original!r}")
@@ -196,11 +199,10 @@ class ArmRun:
             # Only the first C actions run; the rest of a longer chunk is dropped,
             # so nothing planned under an old instruction survives the next query.
             # The chunk is the one after any rules: the trace digests what runs.
-            chunk = as_float_chunk(reply["actions"])[: self.interval]
+            # Checked before the simulator sees it (rescue/core/actions.py): refused or clipped there.
             due = min(self.interval, self.horizon - self.step)
-            if len(chunk) < due:
-                # A short chunk would move the next query off the 0, C, 2C, ... grid.
-                raise ValueError(f"step {self.step}: action chunk has {len(chunk)} actions, fewer than the {due} steps to the next query")
+            chunk = checked_chunk(reply, interval=self.interval, due=due, space=self.action_space,
+                                  policy=getattr(self.policy, "url", type(self.policy).__name__), step=self.step)
             row = TraceRow(
                 step=self.step,
                 state=digest_obs({k: v for k, v in self.obs.items() if k not in self.image_keys}),
@@ -342,7 +344,7 @@ async def run_forked(
     # The followers start where the shared prefix ends (copied before the control arm goes on).
     for run, _ in runs:
         run.fingerprint, run.fingerprint_parts = ctrl.fingerprint, ctrl.fingerprint_parts
-        run.python_hash_seed = ctrl.python_hash_seed
+        run.python_hash_seed, run.action_space = ctrl.python_hash_seed, ctrl.action_space
         run.trace, run.step, run.obs = list(ctrl.trace), ctrl.step, ctrl.obs
         run.query_records = list(ctrl.query_records)
         run.original = run.instruction = ctrl.original
@@ -353,7 +355,8 @@ async def run_forked(
             await run.start_policy()
             for (step, policy_input), row in zip(ctrl.queries, run.trace):
                 reply = await _query(run.policy, policy_input, step, run.firings)
-                chunk = as_float_chunk(reply["actions"])[:interval]
+                chunk = checked_chunk(reply, interval=interval, due=min(interval, run.horizon - step), space=ctrl.action_space,
+                                      policy=getattr(run.policy, "url", type(run.policy).__name__), step=step)
                 if digest_array(chunk) != row.actions:
                     raise RuntimeError(f"fork replay: the policy answered step {step} differently (not deterministic under its seed)")
             run.queries = list(ctrl.queries)

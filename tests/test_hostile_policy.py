@@ -1,0 +1,100 @@
+"""A policy server that turns hostile mid-episode (NaN, Inf, the wrong action dimensions): its chunk is
+refused before the simulator runs any of it, the arm ends as an error naming the policy and the step, and
+the fail-fast stop counts it like any other policy error. Real `rescue serve-policy` servers, real runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, cli_env, rescue_cli, write_cases
+
+pytestmark = [pytest.mark.sim, pytest.mark.e2e]
+
+EXIT_STOPPED = 3
+# H = 48 and the scripted policy's C = 8: queries at steps 0, 8, 16, 24 (= q), 32, 40.
+HORIZON, Q = 48, 24
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(factory: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    env = cli_env()
+    env["PYTHONPATH"] = str(ROOT / "tests") + os.pathsep + env["PYTHONPATH"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rescue.cli", "serve-policy", "--policy", factory, "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    deadline = time.time() + 120  # bounds a server that never comes up, not its speed
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, f"ws://127.0.0.1:{port}"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError(f"{factory} never listened on {port}")
+
+
+def _run_against(factory: str, tmp_path, cases: int = 3) -> tuple[subprocess.CompletedProcess, list[dict], str]:
+    manifest = write_cases(tmp_path / "m.jsonl", cases, horizon=HORIZON)
+    study = tmp_path / "study"
+    server, url = _serve(factory)
+    try:
+        proc = rescue_cli("run", str(manifest), "--study", str(study), "--policy-url", url, "--simulators", "1",
+                          "--cases-in-flight", "1", check=False)
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    assert rescue_cli("export", str(study), "--partial", check=False).returncode == 0
+    exported = json.loads((study / "export.json").read_text())["cases"]
+    log = (study / "simulator.log").read_text(errors="replace") if (study / "simulator.log").exists() else ""
+    return proc, exported, url + "\n" + log
+
+
+def _assert_refused(proc, cases, url_and_log, step: int, what: str) -> None:
+    url, log = url_and_log.split("\n", 1)
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out, out
+    # The first 3 arms failed alike: the study stops claiming, naming the cause.
+    assert proc.returncode == EXIT_STOPPED, out
+    assert "first 3 arms" in out and "BadActionChunk" in out and url in out, out
+    finished = [c for c in cases if c["state"] == "finished"]
+    assert len(finished) == 2 and [c["state"] for c in cases].count("pending") == 1
+    for case in finished:
+        assert case["label"] == "unknown" and url in case["reason"], case
+        for arm in (case["control"], case["assisted"]):
+            assert arm["status"] == "error" and arm["success"] is None, arm
+            assert arm["error"].startswith("BadActionChunk: ") and f"policy {url}" in arm["error"], arm["error"]
+            assert f"at step {step}" in arm["error"] and what in arm["error"], arm["error"]
+            assert arm["steps"] == step  # nothing of the refused chunk ran
+    # MuJoCo never saw it.
+    assert "Nan, Inf or huge value" not in log
+
+
+def test_a_policy_answering_nan_before_q_is_refused_before_the_simulator(tmp_path):
+    proc, cases, url_and_log = _run_against("identity_policies:make_nan_from_second_query", tmp_path)
+    _assert_refused(proc, cases, url_and_log, step=8, what="NaN")
+    assert all(c["assisted"]["assistance"] == "not_reached" for c in cases if c["state"] == "finished")
+
+
+def test_a_policy_answering_inf_after_q_is_refused_before_the_simulator(tmp_path):
+    proc, cases, url_and_log = _run_against("identity_policies:make_inf_from_fifth_query", tmp_path)
+    _assert_refused(proc, cases, url_and_log, step=32, what="+Inf")
+    # The assisted arm got its subgoal at q; the policy's answer after it is what was refused.
+    assert all(c["assisted"]["query_step"] == Q for c in cases if c["state"] == "finished")
+
+
+def test_a_policy_answering_the_wrong_action_dimensions_is_refused(tmp_path):
+    proc, cases, url_and_log = _run_against("identity_policies:make_six_dims_from_fifth_query", tmp_path)
+    _assert_refused(proc, cases, url_and_log, step=32, what="actions of 6 dimensions")
