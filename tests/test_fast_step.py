@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from restore_probe import UNINITIALISED, _digest
 
-from rescue.env.libero import ROBOT_STATE, FastStep, LiberoAdapter
+from rescue.env.fast_step import FastStep
+from rescue.env.libero import ROBOT_STATE, LiberoAdapter
 
 pytestmark = pytest.mark.sim
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, cli_env, descendants
 
-from rescue.env.libero import DEFAULT_MAX_RSS_GB
+from rescue.env.memory import DEFAULT_MAX_RSS_GB
 from rescue.study.journal import Journal
 from rescue.study.layout import SIMULATOR_LOG
 
