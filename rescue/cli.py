@@ -329,6 +329,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_usage(args: argparse.Namespace) -> int:
+    from rescue.read.lab_usage import lab_usage
+    from rescue.read.terminal import render_lab_usage
+
+    # Folders named must exist; the defaults are searched when they do.
+    optional = ([] if args.folders else [layout.STUDIES]) + ([args.queue] if args.queue else [])
+    usage = lab_usage(args.folders, optional)
+    if args.json:
+        print(usage.model_dump_json())
+    else:
+        console.print(render_lab_usage(usage))
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from rescue.read.verify import verify_study
     from rescue.study.folder import open_journal
@@ -611,6 +625,13 @@ def _add_study_commands(sub) -> None:
     p.add_argument("--watch", type=float, nargs="?", const=2.0, default=None, metavar="SECONDS",
                    help="look again every SECONDS until interrupted")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("usage", help="VLM calls, tokens, declared cost and latency of every study under the folders, "
+                       "per model, endpoint, study and day")
+    p.add_argument("folders", nargs="*", metavar="DIR", help=f"folders searched for studies (default: {layout.STUDIES}/)")
+    p.add_argument("--queue", default="queue", help="the service's queue folder, searched too when it exists ('' for none)")
+    p.add_argument("--json", action="store_true", help="one JSON document (schema rescue-usage/1), for scripts")
+    p.set_defaults(func=cmd_usage)
 
     p = sub.add_parser("export", help="per-case JSON (versioned schema) and CSV")
     p.add_argument("study", help="study folder")

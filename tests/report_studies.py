@@ -123,15 +123,17 @@ def _queries(case_id: str, arm: str, end: int) -> list[QueryRecord]:
 class Builder:
     """Plays the engine over one study folder."""
 
-    def __init__(self, study: Path, n: int, sham: str, seed: int, pilots: int, batch_every: int):
+    def __init__(self, study: Path, n: int, sham: str, seed: int, pilots: int, batch_every: int, vlm: dict | None = None,
+                 call_every_s: float = 1.0):
         self.study, self.n, self.sham, self.batch_every = study, n, sham, batch_every
+        self.call_every_s = call_every_s
         self.rng = random.Random(seed)
         lines = manifest_lines(n, pilots)
         data = "".join(json.dumps(line) + "\n" for line in lines).encode()
         self.manifest = parse_manifest(data, "manifest.jsonl", catalog=None)
         fields = {} if sham == "off" else {"sham": ShamConfig(source=sham, text=FIXED_TEXT, seed=seed)}
         vlm = {"base_url": "https://vlm.example.org:8443/v1", "model": "qwen2.5-vl-7b", "temperature": 0.0,
-               "max_output_tokens": 256, "seed": 3}
+               "max_output_tokens": 256, "seed": 3, **(vlm or {})}
         self.config = resolved_config(C, vlm=vlm, **fields)
         create_study(study, self.manifest, self.config)
         self.layout = StudyLayout.of(study)
@@ -197,7 +199,8 @@ class Builder:
                 model_requested=self.config.vlm.model, model_reported=self.config.vlm.model if status == "ok" else None,
                 endpoint_kind="chat", prompt_template="subgoal_v1", prompt_template_sha256=digest_text("template"),
                 prompt_sha256=self.keep(prompt.encode(), ".txt"), image_sha256=views, sent_image_sha256=sent,
-                started_at=1000.0 + g, finished_at=1000.0 + g + 1.2 + (g % 7) * 0.3, latency_s=1.2 + (g % 7) * 0.3,
+                started_at=1000.0 + g * self.call_every_s, latency_s=1.2 + (g % 7) * 0.3,
+                finished_at=1000.0 + g * self.call_every_s + 1.2 + (g % 7) * 0.3,
                 status=status, error_kind=None if status == "ok" else "timeout",
                 usage=Usage(input_tokens=900 * len(cases), output_tokens=30 * len(cases)) if status == "ok" else Usage(),
                 response_sha256=self.keep(response.encode(), ".txt") if status == "ok" else None,
@@ -290,6 +293,8 @@ class Builder:
 
 
 def build_report_study(study: Path, n: int, *, sham: str = "permuted", seed: int = 0, pilots: int = 2,
-                       batch_every: int = 25) -> Path:
-    """A finished study of n cases (three arms with a `permuted` or `fixed` sham, or two with `off`)."""
-    return Builder(Path(study), n, sham, seed, pilots, batch_every).run()
+                       batch_every: int = 25, vlm: dict | None = None, call_every_s: float = 1.0) -> Path:
+    """A finished study of n cases (three arms with a `permuted` or `fixed` sham, or two with `off`); `vlm`:
+    settings over the study's default `[vlm]` (a price, another model or endpoint); calls start `call_every_s`
+    apart."""
+    return Builder(Path(study), n, sham, seed, pilots, batch_every, vlm, call_every_s).run()

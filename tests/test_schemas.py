@@ -16,6 +16,7 @@ from rescue.core.records import ArmResult, CaseRecord, Receipt, Verdict
 from rescue.core.stats import Summary
 from rescue.read import schemas
 from rescue.read.export import StudyExport
+from rescue.read.lab_usage import LabUsage
 from rescue.run.commands import Ablation
 from rescue.run.compare import ComparePlan, Comparison
 from rescue.service.queue import JobSpec, JobState
@@ -29,7 +30,7 @@ SCHEMA_DIR = Path(__file__).resolve().parent.parent / "docs" / "schemas"
 # a queue job or an export; every model they hold is reached through their field types.
 PERSISTED: tuple[type[BaseModel], ...] = (
     StudyConfig, Case, ArmResult, Verdict, Receipt, Summary, CaseRecord, StudyExport, UsageSummary, JobSpec, JobState,
-    ComparePlan, Comparison, Ablation,
+    ComparePlan, Comparison, Ablation, LabUsage,
 )
 
 

@@ -10,6 +10,7 @@ import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
@@ -50,6 +51,17 @@ class TokenPrice(BaseModel):
             return None
         fresh = input_tokens - cached_input_tokens
         return (fresh * self.input + cached_input_tokens * self.cached_input + output_tokens * self.output) / 1e6
+
+
+def endpoint_host(base_url: str) -> str:
+    """A VLM endpoint as a report names it: `local`, else its host and port (a URL's user, password and query
+    may carry a key)."""
+    if base_url == "local":
+        return "local"
+    parts = urlsplit(base_url)
+    if not parts.hostname:
+        return base_url
+    return f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname
 
 
 class VLMConfig(BaseModel):

@@ -14,12 +14,11 @@ import json
 import os
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rescue.core.classify import deviation_detail
-from rescue.core.config import StudyConfig
+from rescue.core.config import StudyConfig, endpoint_host
 from rescue.core.digest import digest_json
 from rescue.core.evaluation import EvalSummary
 from rescue.core.manifest import Case
@@ -409,17 +408,6 @@ def _advisor_info(config: StudyConfig) -> list[AdvisorInfo] | None:
         )
         for i, a in enumerate(config.advisors)
     ]
-
-
-def endpoint_host(base_url: str) -> str:
-    """A VLM endpoint as a report names it: `local`, else its host and port (a URL's user, password and query
-    may carry a key)."""
-    if base_url == "local":
-        return "local"
-    parts = urlsplit(base_url)
-    if not parts.hostname:
-        return base_url
-    return f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname
 
 
 def _episode_row(records: StudyRecords, case: Case, result_sha256: str | None) -> EpisodeRow:

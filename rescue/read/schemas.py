@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from rescue.core.config import StudyConfig
 from rescue.core.records import ArmResult, Receipt
 from rescue.read.export import StudyExport
+from rescue.read.lab_usage import LabUsage
 from rescue.study.files import write_atomic
 
 # File name -> the model of the records it describes. The queue's job files are in
@@ -27,6 +28,7 @@ SCHEMAS: dict[str, type[BaseModel]] = {
     "arm.schema.json": ArmResult,  # one arm record (the journal's arms.data)
     "receipt.schema.json": Receipt,  # one line of a receipts file
     "config.schema.json": StudyConfig,  # a study's resolved configuration
+    "usage.schema.json": LabUsage,  # what `rescue usage --json` prints
 }
 DEFAULT_OUT = Path("docs") / "schemas"
 COMMAND = "python -m rescue.read.schemas"

@@ -224,3 +224,46 @@ def render_compare(comparison: Any) -> Group:
     for status, ids in c.excluded.items():
         parts.append(Text(f"excluded ({status.replace('_', ' ')}): {', '.join(ids)}"))
     return Group(*parts)
+
+
+def _tokens(tally: Any) -> str:
+    return str(tally.total) if tally.total is not None else f"{tally.known_sum}+? ({tally.calls_without} unreported)"
+
+
+def _cost(g: Any) -> str:
+    if g.cost is not None:
+        return f"{g.cost:.4f}"
+    return "unknown" if not g.cost_known else f"{g.cost_known:.4f}+? ({g.calls_without_cost} unpriced)"
+
+
+def _seconds(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def lab_usage_table(title: str, first: str, groups: list[Any]) -> Table:
+    """One grouping of a lab's calls: calls, tokens by kind, declared cost, latency quantiles."""
+    t = Table(title=title)
+    t.add_column(first, overflow="fold")
+    for col in ("calls", "not ok", "input", "output", "reasoning", "cost", "p50 s", "p90 s", "p99 s", "max s"):
+        t.add_column(col, justify="right")
+    for g in groups:
+        lat = g.latency
+        t.add_row(g.key, str(g.calls), str(g.calls - g.by_status.get("ok", 0)), _tokens(g.tokens["input"]),
+                  _tokens(g.tokens["output"]), _tokens(g.tokens["reasoning"]), _cost(g), _seconds(lat.p50_s),
+                  _seconds(lat.p90_s), _seconds(lat.p99_s), _seconds(lat.max_s))
+    return t
+
+
+def render_lab_usage(usage: Any) -> Group:
+    """`rescue usage`: the lab's calls per model, endpoint, study and day, and their total."""
+    where = ", ".join(usage.folders) or "no folder (the default studies/ and queue/ do not exist here)"
+    parts: list[Any] = [Text(f"{len(usage.studies)} stud{'y' if len(usage.studies) == 1 else 'ies'} under {where}; "
+                             "cost in the unit each study declared its [vlm] price in")]
+    for title, first, groups in (("per model", "model", usage.by_model), ("per endpoint", "endpoint", usage.by_endpoint),
+                                 ("per study", "study", usage.by_study), ("per day (UTC)", "day", usage.by_day),
+                                 ("all calls", "", [usage.total])):
+        if usage.total.calls:
+            parts.append(lab_usage_table(title, first, groups))
+    for line in usage.skipped:
+        parts.append(Text(f"not read: {line}"))
+    return Group(*parts)
