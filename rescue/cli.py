@@ -224,7 +224,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from rescue.run import commands
 
     with _Live("cases") as live:
-        interrupted = commands.resume(Path(args.study), live, args.verbose, _backend(args))
+        interrupted = commands.resume(Path(args.study), live, args.verbose, _backend(args), args.lab_budget)
     if interrupted:
         console.print(f"{len(interrupted)} started-unfinished case(s) recorded as unknown (interrupted): {', '.join(interrupted)}")
     _summary_for(Path(args.study))
@@ -608,6 +608,8 @@ def _add_study_commands(sub) -> None:
 
     p = sub.add_parser("resume", help="record interrupted cases as unknown and run the never-started ones")
     p.add_argument("study", help="study folder")
+    p.add_argument("--lab-budget", type=float, metavar="CAP", help="a new cap for the lab budget the study declared "
+                   "([vlm] lab_budget), for this run")
     _add_backend_options(p)
     p.set_defaults(func=cmd_resume)
 

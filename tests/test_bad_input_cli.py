@@ -52,6 +52,12 @@ def test_task_ranges_are_ranges_and_bad_ones_are_named(tmp_path):
     assert not (tmp_path / "e").exists()
 
 
+def test_usage_of_a_folder_that_is_not_there_is_one_line(tmp_path):
+    out = rescue_cli("usage", str(tmp_path / "nowhere"), check=False)
+    assert out.returncode == 2 and out.stderr == f"rescue: {tmp_path / 'nowhere'}: no such folder\n"
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_report_on_a_wrong_path_creates_nothing(tmp_path):
     out = rescue_cli("report", str(tmp_path / "nowhere" / "study"), check=False)
     assert out.returncode == 2 and "is not a study folder" in out.stderr

@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 from report_studies import build_report_study
 
-from rescue.cli import main
+from rich.console import Console
+
 from rescue.read.export import export_study
 from rescue.read.lab_usage import lab_usage, quantile
+from rescue.read.terminal import render_lab_usage
+from rescue.study.folder import StudyError
 
 pytestmark = pytest.mark.fast
 
@@ -43,15 +46,15 @@ def _snapshot(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file() and not p.name.endswith(("-shm", "-wal"))}
 
 
-def _usage(capsys, *args: str) -> dict:
-    assert main(["usage", *args, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+def _usage(folders: list, optional: list = ()) -> dict:
+    # As `rescue usage --json` prints it.
+    return json.loads(lab_usage(folders, optional).model_dump_json())
 
 
-def test_usage_equals_the_sum_of_the_exports_and_writes_nothing(lab, capsys, monkeypatch):
+def test_usage_equals_the_sum_of_the_exports_and_writes_nothing(lab, monkeypatch):
     before = _snapshot(lab)
-    monkeypatch.chdir(lab)  # the defaults: studies/ and the service's queue/
-    out = _usage(capsys)
+    monkeypatch.chdir(lab)  # the command's defaults: studies/ and the service's queue/, searched when they exist
+    out = _usage([], ["studies", "queue"])
     assert _snapshot(lab) == before
     assert out["schema_version"] == "rescue-usage/1" and out["folders"] == ["studies", "queue"]
     paths = [s["path"] for s in out["studies"]]
@@ -88,8 +91,8 @@ def test_usage_equals_the_sum_of_the_exports_and_writes_nothing(lab, capsys, mon
     assert days == sorted(days) and days[0] == "1970-01-01" and len(days) >= 5
 
 
-def test_latency_quantiles_and_named_folders(lab, capsys):
-    out = _usage(capsys, str(lab / "queue"), "--queue", "")
+def test_latency_quantiles_and_named_folders(lab):
+    out = _usage([str(lab / "queue")])
     assert [s["path"] for s in out["studies"]] == [str(lab / "queue/jobs/job-1/study-x")]
     lat = out["total"]["latency"]
     # The builder's latencies: 1.2 + (g % 7) * 0.3 s for call g.
@@ -99,17 +102,17 @@ def test_latency_quantiles_and_named_folders(lab, capsys):
     assert quantile([0.0, 10.0], 90) == pytest.approx(9.0)
 
 
-def test_a_named_folder_that_does_not_exist_is_one_line(tmp_path, capsys):
-    assert main(["usage", str(tmp_path / "nowhere")]) == 2
-    err = capsys.readouterr().err
-    assert err.strip() == f"rescue: {tmp_path / 'nowhere'}: no such folder"
+def test_a_named_folder_must_exist(tmp_path):
+    with pytest.raises(StudyError, match=f"^{tmp_path / 'nowhere'}: no such folder$"):
+        lab_usage([tmp_path / "nowhere"])
+    assert lab_usage([], [tmp_path / "nowhere"]).studies == []  # a default that is not there: nothing to read
 
 
-def test_the_table_names_each_grouping(lab, capsys, monkeypatch):
+def test_the_table_names_each_grouping(lab, monkeypatch):
     monkeypatch.chdir(lab)
-    assert main(["usage"]) == 0
-    text = capsys.readouterr().out
+    console = Console(width=200, record=True)
+    console.print(render_lab_usage(lab_usage(["studies", "queue"])))
+    text = console.export_text()
     for title in ("per model", "per endpoint", "per study", "per day (UTC)", "all calls", "gpt-4.1-mini",
                   "not read: studies/broken"):
         assert title in text
-    assert lab_usage([lab / "studies"]).total.calls > 0

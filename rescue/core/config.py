@@ -140,6 +140,13 @@ class VLMConfig(BaseModel):
     price: TokenPrice | None = None
     """The declared price per million tokens of each kind (`{input = 2.0, output = 8.0}`); usage then has a cost.
     None: the cost is unknown (never guessed)."""
+    lab_budget: float | None = Field(default=None, gt=0)
+    """The lab's cap on the declared cost of VLM calls, shared by every study whose calls go into the same ledger
+    (rescue/study/ledger.py), in the unit of `price`: a case is claimed only when its calls' estimated cost fits
+    under it, else the study stops claiming (exit 3). Needs a declared price. None: no cap, no ledger."""
+    lab_ledger: str | None = None
+    """The folder of the lab's ledger (`ledger.sqlite`), made absolute when the study is created; None: `receipts/`
+    in the working directory then. Only with `lab_budget`."""
 
     @model_validator(mode="before")
     @classmethod
@@ -198,6 +205,12 @@ class AdvisorConfig(VLMConfig):
     endpoint: str | None = None
     """The service endpoint (`rescue serve`'s `[vlm.<name>]`) this advisor's URL and key came from; None: the
     configuration gave them (`base_url`, `api_key_env`)."""
+
+    @model_validator(mode="after")
+    def _lab_budget_in_vlm(self) -> "AdvisorConfig":
+        if self.lab_budget is not None or self.lab_ledger is not None:
+            raise ValueError("the lab budget is one for the study's calls: set lab_budget (and lab_ledger) in [vlm]")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -330,7 +343,8 @@ class StudyConfig(BaseModel):
                 raise ValueError("advisors: declare at least one [[advisor]] (or none, and a [vlm] table)")
             if len(set(names)) != len(names):
                 raise ValueError(f"advisors: two advisors named {sorted(n for n in names if names.count(n) > 1)[0]!r}")
-            if self.vlm.model_dump() != VLMConfig().model_dump() or self.vlm.api_key is not None:
+            mine, default = self.vlm.model_dump(exclude=set(LAB_KEYS)), VLMConfig().model_dump(exclude=set(LAB_KEYS))
+            if mine != default or self.vlm.api_key is not None:
                 raise ValueError("vlm: a study with [[advisor]] tables asks its advisors only; put every VLM setting "
                                  "in each [[advisor]] table (a [vlm] table is the one advisor of a study without them)")
             wanted = [advisor_arm(n) for n in names]
@@ -347,6 +361,17 @@ class StudyConfig(BaseModel):
                 raise ValueError("sham.advisor names the donors' advisor of a permuted sham; the source is not permuted")
             if self.sham.advisor not in [a.name for a in self.advisors or []]:
                 raise ValueError(f"sham.advisor: no [[advisor]] is named {self.sham.advisor!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _lab_budget_priced(self) -> "StudyConfig":
+        if self.vlm.lab_ledger is not None and self.vlm.lab_budget is None:
+            raise ValueError("vlm.lab_ledger is the lab budget's ledger: set vlm.lab_budget too")
+        if self.vlm.lab_budget is not None:
+            unpriced = [name or "[vlm]" for name, _, vlm in self.advisor_configs() if vlm.price is None]
+            if unpriced:
+                raise ValueError(f"vlm.lab_budget needs a declared price for every call: {', '.join(unpriced)} "
+                                 "declares none (price = {input = ..., output = ...})")
         return self
 
     @model_validator(mode="after")
@@ -430,7 +455,10 @@ class StudyConfig(BaseModel):
 # (section, key) of settings added after studies existed: in the digest only when not None (section None: top level).
 HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute"), ("sham", "by_task"),
                    ("vlm", "startup_check"), ("vlm", "server"), ("env", "episode_protocol"), ("env", "episode_protocol_sha256"),
-                   ("env", "max_simulator_rss_gb"), ("vlm", "price"), ("sham", "advisor"), (None, "advisors"))
+                   ("env", "max_simulator_rss_gb"), ("vlm", "price"), ("sham", "advisor"), (None, "advisors"),
+                   ("vlm", "lab_budget"), ("vlm", "lab_ledger"))
+# The [vlm] keys of the lab budget: one for a study's calls, also when its advisors are [[advisor]] tables.
+LAB_KEYS = ("lab_budget", "lab_ledger")
 
 
 class ConfigError(ValueError):

@@ -11,7 +11,6 @@ price needs has no cost, and a group's cost is then unknown (its known part is s
 
 from __future__ import annotations
 
-import datetime
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -19,39 +18,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rescue.core.config import StudyConfig, TokenPrice, endpoint_host
-from rescue.core.records import Receipt
-from rescue.study.folder import StudyError, load_study_config, open_journal, receipt_files
+from rescue.study.folder import StudyError
 from rescue.study.layout import StudyLayout
-from rescue.study.receipts import first_outcomes, read_receipts
-from rescue.study.usage import TOKEN_TYPES, TokenTally
+from rescue.study.ledger import LedgerTotals, read_ledger
+from rescue.study.usage import TOKEN_TYPES, CallCost, TokenTally, call_cost, study_calls
 
 USAGE_SCHEMA = "rescue-usage/1"
 # The quantiles of a call's latency each group reports.
 PERCENTILES = (50, 90, 99)
-
-
-class CallCost(BaseModel):
-    """One VLM call as the lab view counts it: where it went, what it used, what it cost."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    study: str
-    """The study's folder, as found under the folders given (two studies may share an id, never a folder)."""
-    model: str
-    """The model the call asked for."""
-    endpoint: str
-    """Where it was asked: `local` (the bundled endpoint), else the base URL's host and port."""
-    day: str
-    """The UTC date the call started, `YYYY-MM-DD`."""
-    status: str
-    """How the call ended (`ok`, `error`, `timeout`, ...)."""
-    tokens: dict[str, int | None]
-    """Token type (`input`, `cached_input`, `output`, `reasoning`) -> the call's count; None: not reported."""
-    latency_s: float | None
-    """Seconds from the call's start to its outcome, retries included."""
-    cost: float | None
-    """The call's cost under its declared price; None: no price declared, or a count the price needs is missing."""
 
 
 class LatencyQuantiles(BaseModel):
@@ -130,6 +104,8 @@ class LabUsage(BaseModel):
     """Per study folder, in the order found."""
     by_day: list[UsageGroup]
     """Per UTC day a call started, oldest first."""
+    ledgers: list[LedgerTotals] = Field(default_factory=list)
+    """The lab budget's ledgers the studies name (`[vlm] lab_ledger`), as they stand now."""
 
 
 def find_studies(folders: Iterable[str | os.PathLike[str]]) -> Iterator[Path]:
@@ -147,39 +123,6 @@ def find_studies(folders: Iterable[str | os.PathLike[str]]) -> Iterator[Path]:
                     yield here
                 continue
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-
-
-def _price_and_endpoint(config: StudyConfig, advisor: str | None) -> tuple[TokenPrice | None, str]:
-    if config.advisors:
-        for a in config.advisors:
-            if a.name == advisor:
-                return a.price, endpoint_host(a.base_url)
-        return None, "unknown"  # a receipt naming no declared advisor: its price is not known
-    return config.vlm.price, endpoint_host(config.vlm.base_url)
-
-
-def call_costs(study_dir: str | os.PathLike[str]) -> tuple[str, list[CallCost]]:
-    """A study's id and its calls (each its first outcome receipt, over every receipts file of the study, as its
-    export counts them); StudyError when the folder cannot be read as a study."""
-    config = load_study_config(study_dir)
-    layout = StudyLayout.of(study_dir)
-    with open_journal(study_dir) as journal:
-        study_id = str(journal.meta().get("study_id") or Path(study_dir).name)
-        receipts: list[Receipt] = []
-        for path in receipt_files(layout, journal).values():
-            if path.exists():
-                receipts.extend(read_receipts(path))
-    out = []
-    for r in first_outcomes(receipts).values():
-        price, endpoint = _price_and_endpoint(config, r.advisor)
-        tokens = {name: getattr(r.usage, field) for name, field in TOKEN_TYPES.items()}
-        cost = None if price is None else price.cost(tokens["input"], tokens["cached_input"], tokens["output"])
-        out.append(CallCost(
-            study=str(study_dir), model=r.model_requested, endpoint=endpoint,
-            day=datetime.datetime.fromtimestamp(r.started_at, datetime.UTC).date().isoformat(),
-            status=r.status, tokens=tokens, latency_s=r.latency_s, cost=cost,
-        ))
-    return study_id, out
 
 
 def quantile(values: list[float], p: float) -> float:
@@ -230,17 +173,21 @@ def lab_usage(folders: Iterable[str | os.PathLike[str]], optional: Iterable[str 
         if not Path(f).is_dir():
             raise StudyError(f"{f}: no such folder")
     searched = given + [str(f) for f in optional if Path(f).is_dir() and str(f) not in given]
-    studies, skipped, calls = [], [], []
+    studies, skipped, calls, ledgers = [], [], [], {}
     for study_dir in find_studies(searched):
         try:
-            study_id, mine = call_costs(study_dir)
+            study_id, config, receipts = study_calls(study_dir)
         except (StudyError, OSError, ValueError) as exc:
             skipped.append(f"{study_dir}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
             continue
+        mine = [call_cost(config, r, str(study_dir)) for r in receipts]
         studies.append(StudySeen(study=study_id, path=str(study_dir), calls=len(mine)))
         calls += mine
+        if config.vlm.lab_ledger is not None and config.vlm.lab_ledger not in ledgers:
+            ledgers[config.vlm.lab_ledger] = read_ledger(config.vlm.lab_ledger)
     return LabUsage(
         folders=searched, studies=studies, skipped=skipped, total=group("all", calls),
         by_model=_grouped(calls, "model"), by_endpoint=_grouped(calls, "endpoint"),
         by_study=_grouped(calls, "study", [s.path for s in studies]), by_day=_grouped(calls, "day"),
+        ledgers=[t for t in ledgers.values() if t is not None],
     )

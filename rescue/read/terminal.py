@@ -264,6 +264,10 @@ def render_lab_usage(usage: Any) -> Group:
                                  ("all calls", "", [usage.total])):
         if usage.total.calls:
             parts.append(lab_usage_table(title, first, groups))
+    for ledger in usage.ledgers:
+        parts.append(Text(f"lab budget ledger {ledger.path}: {ledger.calls} calls, {ledger.cost:.4f} spent, "
+                          f"{ledger.held:.4f} held by {ledger.holds} arm(s) in flight"
+                          + (f", {ledger.calls_without_cost} call(s) of unknown cost" if ledger.calls_without_cost else "")))
     for line in usage.skipped:
         parts.append(Text(f"not read: {line}"))
     return Group(*parts)

@@ -11,7 +11,7 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from rescue.core.config import StudyConfig
+from rescue.core.config import ConfigError, StudyConfig
 from rescue.core.episode_protocol import get_protocol
 from rescue.core.evaluation import EvalSummary, episode_cases, failure_cases, mark_pilot, summarize_eval
 from rescue.core.manifest import Case, Manifest, ManifestError, load_manifest, parse_manifest
@@ -92,15 +92,22 @@ def run_manifest(
     return study_dir
 
 
-def resume(study_dir: Path, on_case: OnCase = None, verbose: bool = False, backend: Backend = LOCAL) -> list[str]:
+def resume(
+    study_dir: Path, on_case: OnCase = None, verbose: bool = False, backend: Backend = LOCAL, lab_budget: float | None = None
+) -> list[str]:
     """Record started-unfinished cases as unknown (interrupted), then run the never-started ones.
 
     The policy server is checked against the study's identity first: a server
     announcing another action horizon or profile is refused with nothing written.
     A study owned by a live process is refused too (its in-flight cases are not interrupted).
+    `lab_budget`: a new cap for the lab budget the study declared (its `[vlm] lab_budget` otherwise).
     """
     study_dir = Path(study_dir)
     config = _ready_to_go_on(study_dir, "resume that study instead")
+    if lab_budget is not None and lab_budget <= 0:
+        raise ConfigError(f"--lab-budget {lab_budget:g}: a cap is a positive amount")
+    if lab_budget is not None and config.vlm.lab_budget is None:
+        raise ConfigError(f"{study_dir} declares no lab budget ([vlm] lab_budget); --lab-budget changes the cap of one")
     backend.connect(config.env.simulators)
     try:
         with own_study(study_dir):
@@ -110,7 +117,7 @@ def resume(study_dir: Path, on_case: OnCase = None, verbose: bool = False, backe
                 journal.delete_meta(STOPPED_NOW_KEY)
             logs.configure(StudyLayout.of(study_dir).events, verbose)
             interrupted = recover(study_dir)
-            asyncio.run(run_study(study_dir, on_case, backend=backend))
+            asyncio.run(run_study(study_dir, on_case, backend=backend, lab_budget=lab_budget))
     finally:
         backend.disconnect()
     return interrupted

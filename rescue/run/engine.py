@@ -35,6 +35,7 @@ from rescue.run.peers import Services, start_services
 from rescue.study.folder import SHAM_DONORS_KEY, classify_case, load_study_config, outcome_receipts, store_summary
 from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, Journal
 from rescue.study.layout import StudyLayout
+from rescue.study.ledger import BudgetReached, Hold
 from rescue.study.receipts import OutcomeIndex
 from rescue.vlm.answers import SubgoalRequest
 from rescue.vlm.client import VLMClient
@@ -225,7 +226,7 @@ class Engine:
                 return
             if lease is None:  # a signal came while it waited for a simulator (a Ray cluster still busy)
                 return
-            policy = None
+            policy = hold = None
             try:
                 if self._stopping():
                     return
@@ -237,11 +238,14 @@ class Engine:
                         f"{one_line(str(exc))}); start it, then `rescue resume` runs the cases never started"
                     )
                     return
+                hold = await self._hold(services)
                 if self._stopping():
                     return
                 case = self.journal.claim_next(name)
                 if case is None:
                     return
+                if hold is not None:
+                    hold.bind(case.case_id)
                 log.info("case.claimed", case_id=case.case_id, worker=name)
                 held, lease, policy = (lease, policy), None, None  # the case's first arm owns them now
                 # A permuted sham arm waits for its donor's answer: the donor group starts together.
@@ -253,10 +257,23 @@ class Engine:
                 await self._run_case(case, services, held)
                 await asyncio.gather(*partners)
             finally:
+                if hold is not None:
+                    hold.release()
                 if policy is not None:
                     await policy.close()
                 if lease is not None:
                     lease.release()
+
+    async def _hold(self, services: Services) -> Hold | None:
+        """Hold the next case's VLM calls on the lab budget (None: no budget, or the run stops claiming); when
+        they would pass the cap the study stops claiming, with the reason."""
+        if services.budget is None:
+            return None
+        try:
+            return await services.budget.hold(self._stopping)
+        except BudgetReached as exc:
+            self.stop_study(str(exc))
+            return None
 
     async def _unless_stopped(self, wait: Awaitable[Any]) -> Any:
         """What `wait` gives, or None when the run stops claiming first (a signal, a stop_study)."""
@@ -279,17 +296,22 @@ class Engine:
             return
         # Urgent: a sham arm of a started case waits for this donor's answer.
         lease = await SimLease(services.pool).acquire()
-        policy = None
+        policy = hold = None
         try:
             policy = await self._connect(services)
+            hold = await self._hold(services)
             if self._stopping() or not self.journal.claim(case_id, worker):
                 return
+            if hold is not None:
+                hold.bind(case_id)
             log.info("case.claimed", case_id=case_id, worker=worker, with_donor_group=True)
             held, lease, policy = (lease, policy), None, None
             await self._run_case(self.journal.case(case_id), services, held)
         except Exception as exc:  # the member stays pending (never claimed); its waiters learn it when the study stops
             log.warning("case.partner_not_started", case_id=case_id, error=one_line(str(exc)))
         finally:
+            if hold is not None:
+                hold.release()
             if policy is not None:
                 await policy.close()
             if lease is not None:
@@ -535,12 +557,14 @@ async def run_study(
     on_case: RunObserver | Callable[[Verdict], None] | None = None,
     vlm_api_key: Any = None,
     backend: Backend = LOCAL,
+    lab_budget: float | None = None,
 ) -> None:
     """Run (or go on with) every never-claimed case of a study; then store its summary for verify.
 
     vlm_api_key: keys given in the configuration the study was created from (never stored), by advisor arm
     (`StudyConfig.given_keys`), or the primary advisor's one key.
     backend: where the simulators run (local processes, or Ray actors); the journal stays here.
+    lab_budget: the lab budget's cap for this run instead of the study's `[vlm] lab_budget`.
     """
     layout = StudyLayout.of(study_dir)
     config = load_study_config(layout.root)
@@ -549,7 +573,7 @@ async def run_study(
     elif vlm_api_key is not None:
         config = config.with_keys({config.primary_arm: vlm_api_key})
     log.info("study.backend", backend=backend.describe())
-    async with start_services(config, layout, backend) as services:
+    async with start_services(config, layout, backend, lab_budget) as services:
         engine = Engine(layout.root, config, services, on_case)
         try:
             await engine.run()

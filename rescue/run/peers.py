@@ -28,6 +28,7 @@ from rescue.env.backend import LOCAL, Backend
 from rescue.env.pool import SimPool
 from rescue.policy.client import PolicyServerError, WebsocketPolicyClient
 from rescue.study.layout import RECEIPTS, StudyLayout
+from rescue.study.ledger import LabBudget
 from rescue.study.receipts import ReceiptLog
 from rescue.vlm.client import VLMClient
 from wrappers.async_rules import LIBERO_LAYOUT, RulesConfig
@@ -204,13 +205,18 @@ class Services:
     closers: list[Callable[[], Any]] = field(default_factory=list)
     # Every advisor's client by its arm (`assisted`, or `assisted:<name>`); `vlm` is the primary's.
     advisors: dict[str, VLMClient] = field(default_factory=dict)
+    # The lab budget a case's calls are held against before it is claimed; None: the study declares none.
+    budget: LabBudget | None = None
 
 
 @contextlib.asynccontextmanager
-async def start_services(config: StudyConfig, layout: StudyLayout, backend: Backend = LOCAL) -> AsyncIterator[Services]:
+async def start_services(
+    config: StudyConfig, layout: StudyLayout, backend: Backend = LOCAL, lab_budget: float | None = None
+) -> AsyncIterator[Services]:
     """Start what a created study's config asks for, after checking the policy server's identity.
 
-    The simulators come from `backend`: local processes, or actors on a Ray cluster."""
+    The simulators come from `backend`: local processes, or actors on a Ray cluster. `lab_budget`: the lab
+    budget's cap for this run instead of the study's `[vlm] lab_budget`."""
     closers: list[Callable[[], Any]] = []
     try:
         policy_url = config.policy.url
@@ -226,6 +232,10 @@ async def start_services(config: StudyConfig, layout: StudyLayout, backend: Back
         await probe.close()
         check_identity(config, metadata)
         advisors: dict[str, VLMClient] = {}
+        budget = None
+        if config.advisor_configs() and (lab_budget is not None or config.vlm.lab_budget is not None):
+            budget = LabBudget(config, layout.root, lab_budget)
+            closers.append(budget.close)
         local_url = None
         # One receipts log for every advisor: each receipt names its advisor (DESIGN §11).
         receipts = ReceiptLog(layout.receipts, name=RECEIPTS)
@@ -238,12 +248,13 @@ async def start_services(config: StudyConfig, layout: StudyLayout, backend: Back
                     closers.append(runner.cleanup)
                 vlm_config = vlm_config.model_copy(update={"base_url": local_url})
             # Each advisor its own client: its settings, its prompt, its limiter and batches.
-            advisors[arm] = VLMClient(vlm_config, receipts, artifacts_dir=layout.vlm_artifacts, advisor=name)
+            advisors[arm] = VLMClient(vlm_config, receipts, artifacts_dir=layout.vlm_artifacts, advisor=name, budget=budget)
             closers.append(advisors[arm].aclose)
         pool = backend.pool(config.env.simulators, config.env.adapter, log_path=str(layout.simulator_log),
                             max_rss_gb=config.env.max_simulator_rss_gb)
         closers.append(pool.close)
-        yield Services(policy_url, api_key, config.interval, pool, advisors.get(config.primary_arm), closers, advisors)
+        yield Services(policy_url, api_key, config.interval, pool, advisors.get(config.primary_arm), closers, advisors,
+                       budget)
     finally:
         for close in reversed(closers):
             result = close()

@@ -108,6 +108,8 @@ _REFUSED_WHY: dict[str, str] = {
     "policy.factory": _POLICY_HINT,
     "policy.api_key_env": _POLICY_HINT,
     "env.adapter": "code: the service runs its own simulator adapter",
+    "vlm.lab_budget": "the lab's budget and its ledger are the lab's, not one job's",
+    "vlm.lab_ledger": "the lab's budget and its ledger are the lab's, not one job's",
 }
 
 

@@ -29,7 +29,7 @@ from rescue.core.sham import ShamConfig, sham_donors
 from rescue.core.stats import Summary, summarize
 from rescue.study.files import fsync_dir, write_atomic, write_manifest
 from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, CaseState, Journal
-from rescue.study.layout import RECEIPTS, STUDIES, StudyLayout
+from rescue.study.layout import LAB_RECEIPTS, RECEIPTS, STUDIES, StudyLayout
 from rescue.study.receipts import outcomes_by_call, read_receipt_file
 
 # Journal meta key: the sham arm's donor of each case (permuted source), fixed at creation.
@@ -65,6 +65,10 @@ def create_study(study_dir: Path, manifest: Manifest, config: StudyConfig, extra
         raise StudyError("a study's configuration must have its identity resolved before it is created")
     if StudyLayout.of(study_dir).is_study() or (study_dir.exists() and any(study_dir.iterdir())):
         raise StudyError(f"{study_dir} already exists and is not empty; use `rescue resume {study_dir}` for a study")
+    if config.vlm.lab_budget is not None:
+        # The lab's ledger is the same whatever folder a later resume runs from.
+        ledger = Path(config.vlm.lab_ledger or LAB_RECEIPTS).resolve()
+        config = config.model_copy(update={"vlm": config.vlm.model_copy(update={"lab_ledger": str(ledger)})})
     study_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = study_dir.parent / f".{study_dir.name}.creating-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     try:

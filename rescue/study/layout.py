@@ -17,6 +17,10 @@ from pathlib import Path
 # the service's queue (`rescue serve --queue`, default `queue/`) keeps its jobs' studies itself.
 STUDIES = "studies"
 
+# The lab's receipts folder (beside `studies/`): the ledger of budgeted studies' VLM calls (rescue/study/ledger.py).
+LAB_RECEIPTS = "receipts"
+LAB_LEDGER = "ledger.sqlite"
+
 JOURNAL = "journal.sqlite"
 MANIFEST = "manifest.jsonl"
 CONFIG = "config.json"

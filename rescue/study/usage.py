@@ -9,15 +9,20 @@ sum is shown beside how many calls lacked it.
 
 from __future__ import annotations
 
+import datetime
+import os
 import statistics
 from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rescue.core.config import StudyConfig, TokenPrice
+from rescue.core.config import StudyConfig, TokenPrice, VLMConfig, endpoint_host
 from rescue.core.records import Receipt
-from rescue.study.receipts import ReceiptLine, first_outcomes
+from rescue.study.folder import load_study_config, open_journal, receipt_files
+from rescue.study.layout import StudyLayout
+from rescue.study.receipts import ReceiptLine, first_outcomes, read_receipts
 
 TOKEN_TYPES = {
     "input": "input_tokens",
@@ -153,3 +158,76 @@ def study_usage(receipts: Iterable[Receipt | ReceiptLine], config: StudyConfig) 
         costs = [u.cost for u in by_advisor.values()]
         total.cost = sum(costs) if costs and all(c is not None for c in costs) else None
     return total, by_advisor
+
+
+class CallCost(BaseModel):
+    """One VLM call as a lab counts it: where it went, what it used, what it cost under its declared price."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    call_id: str
+    """Our id of the call (its receipts')."""
+    study: str
+    """The study's folder (two studies may share an id, never a folder)."""
+    advisor: str | None = None
+    """The advisor the call was made for; None: a study of one `[vlm]`."""
+    model: str
+    """The model the call asked for."""
+    endpoint: str
+    """Where it was asked: `local` (the bundled endpoint), else the base URL's host and port."""
+    started_at: float
+    """When the call started, Unix time in seconds."""
+    day: str
+    """The UTC date the call started, `YYYY-MM-DD`."""
+    status: str
+    """How the call ended (`ok`, `error`, `timeout`, ...)."""
+    cases: int
+    """The cases the call asked for (more than one only when batched)."""
+    tokens: dict[str, int | None]
+    """Token type (`input`, `cached_input`, `output`, `reasoning`) -> the call's count; None: not reported."""
+    latency_s: float | None
+    """Seconds from the call's start to its outcome, retries included."""
+    cost: float | None
+    """The call's cost under its declared price; None: no price declared, or a count the price needs is missing."""
+
+
+def advisor_config(config: StudyConfig, advisor: str | None) -> VLMConfig | None:
+    """The VLM configuration a receipt's calls were made under: its advisor's, or the study's `[vlm]`; None: the
+    receipt names an advisor the study does not declare."""
+    if not config.advisors:
+        return config.vlm
+    return next((a for a in config.advisors if a.name == advisor), None)
+
+
+def call_cost(config: StudyConfig, receipt: Receipt, study: str) -> CallCost:
+    """One outcome receipt as a priced call of `study` (a folder)."""
+    vlm = advisor_config(config, receipt.advisor)
+    price = vlm.price if vlm is not None else None
+    tokens = {name: getattr(receipt.usage, field) for name, field in TOKEN_TYPES.items()}
+    return CallCost(
+        call_id=receipt.call_id, study=study, advisor=receipt.advisor, model=receipt.model_requested,
+        endpoint=endpoint_host(vlm.base_url) if vlm is not None else "unknown", started_at=receipt.started_at,
+        day=datetime.datetime.fromtimestamp(receipt.started_at, datetime.UTC).date().isoformat(),
+        status=receipt.status, cases=len(receipt.case_ids), tokens=tokens, latency_s=receipt.latency_s,
+        cost=None if price is None else price.cost(tokens["input"], tokens["cached_input"], tokens["output"]),
+    )
+
+
+def study_calls(study_dir: str | os.PathLike[str]) -> tuple[str, StudyConfig, list[Receipt]]:
+    """A study's id, configuration and calls: each its first outcome receipt over every receipts file of the
+    study, as its export counts them. StudyError when the folder cannot be read as a study."""
+    config = load_study_config(study_dir)
+    layout = StudyLayout.of(study_dir)
+    with open_journal(study_dir) as journal:
+        study_id = str(journal.meta().get("study_id") or Path(study_dir).name)
+        receipts: list[Receipt] = []
+        for path in receipt_files(layout, journal).values():
+            if path.exists():
+                receipts.extend(read_receipts(path))
+    return study_id, config, list(first_outcomes(receipts).values())
+
+
+def call_costs(study_dir: str | os.PathLike[str]) -> tuple[str, list[CallCost]]:
+    """A study's id and its calls, priced (see `study_calls`)."""
+    study_id, config, calls = study_calls(study_dir)
+    return study_id, [call_cost(config, r, str(study_dir)) for r in calls]

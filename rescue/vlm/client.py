@@ -44,6 +44,7 @@ from rescue.core.images import VLM_VIEWS, contact_sheet, encode_png
 from rescue.core.prompts import Template, load_template, prompt_sha256, render
 from rescue.core.records import Receipt, ReceiptRef
 from rescue.study.files import fsync_dir, write_atomic
+from rescue.study.ledger import LabBudget
 from rescue.study.receipts import ReceiptLog, artifact_path
 from rescue.vlm.answers import InvalidResponse, SubgoalAnswer, SubgoalRequest, check_answers, parse_answers
 from rescue.vlm.limits import RequestLimiter
@@ -90,16 +91,19 @@ class VLMClient:
     """Asks the VLM for subgoals; every attempt and every outcome leaves a receipt."""
 
     def __init__(
-        self, config: VLMConfig, receipts: ReceiptLog, artifacts_dir: Path | str | None = None, advisor: str | None = None
+        self, config: VLMConfig, receipts: ReceiptLog, artifacts_dir: Path | str | None = None, advisor: str | None = None,
+        budget: LabBudget | None = None,
     ) -> None:
         """`artifacts_dir` (e.g. `<study>/vlm/`): where the images sent, prompts and raw responses are kept.
         `advisor`: the advisor this client asks for (DESIGN §11), named in every receipt; None: a study's one `[vlm]`.
+        `budget`: the lab budget every call is counted against once its outcome line is written (None: none).
 
         Raises `MissingAPIKey` when the study's key came from its config file and was not supplied again.
         """
         self.config = config
         self.advisor = advisor
         self.receipts = receipts
+        self.budget = budget
         self.artifacts_dir = Path(artifacts_dir) if artifacts_dir is not None else None
         self.template: Template = load_template(config.prompt_template, config.prompt_root)
         self._key = config.resolved_api_key()
@@ -263,6 +267,10 @@ class VLMClient:
         ref = self.receipts.write(receipt)
         if receipt.kind != "outcome":
             call.attempt_refs.append(ref)
+        elif self.budget is not None:
+            # The receipt first (the evidence), then the lab's ledger; a crash between them is found again
+            # in the receipts when the ledger is next opened for this study.
+            self.budget.record(receipt)
         return ref
 
     def _receipt(self, call: _Call, kind: str, started: float, **fields: Any) -> Receipt:
