@@ -185,6 +185,16 @@ def test_openpi_and_lerobot_results_become_manifests_whose_episodes_replay_their
     assert [(c.case_id, c.env_seed, c.init_state_index, c.tags["episode_protocol"]) for c in l] == [
         ("object-3-ep0", 1000, 0, "lerobot")]
     assert all(c.fingerprint and len(c.fingerprint) == 64 for c in o + l)
+    # Each names the results file it came from (rescue.core.baseline): its name, sha256, episodes and successes.
+    import hashlib
+
+    from rescue.core.baseline import baseline_of
+
+    (src,) = baseline_of(o).sources
+    assert (src.kind, src.cases, src.results_file, src.episodes, src.successes, src.failures, src.inits) == (
+        "openpi", 2, "results.jsonl", 3, 1, 2, "0-2")
+    assert src.results_sha256 == hashlib.sha256(openpi.read_bytes()).hexdigest()
+    assert baseline_of(l).sources[0].kind == "lerobot" and baseline_of(l).sources[0].successes == 1
     # openpi's episode 1 and 2 of a task seeded once differ from each other and from LeRobot's episode 0.
     assert len({c.fingerprint for c in o + l}) == 3
     # A study of the openpi failures under that protocol starts from the fingerprinted states: no deviation.

@@ -26,6 +26,7 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -61,6 +62,22 @@ def parse_ids(text: str) -> list[int]:
             raise ValueError(f"{part.strip()!r} is not an id or a range like 0-3")
         ids += range(int(lo), int(hi) + 1) if sep else [int(lo)]
     return ids
+
+
+def format_ids(ids: Iterable[int]) -> str:
+    """Ids in the form `parse_ids` reads, runs as ranges: [0, 1, 2, 5] is `0-2,5`."""
+    out: list[str] = []
+    run: list[int] = []
+    for i in sorted(set(ids)):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [i]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
 
 
 def classify(name: str) -> tuple[str | None, str]:

@@ -53,6 +53,14 @@ class TokenPrice(BaseModel):
         return (fresh * self.input + cached_input_tokens * self.cached_input + output_tokens * self.output) / 1e6
 
 
+def url_without_secrets(url: str) -> str:
+    """A URL as text: no user or password, no query string (either may carry a key)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else url
+
+
 def endpoint_host(base_url: str) -> str:
     """A VLM endpoint as a report names it: `local`, else its host and port (a URL's user, password and query
     may carry a key)."""
@@ -258,6 +266,10 @@ class PolicyConfig(BaseModel):
     announced: dict[str, Any] | None = None
     """What the server announced about itself when the study was created (identity.IDENTITY_KEYS);
     a later start against a server announcing otherwise is refused. None before a study is created."""
+
+    def name(self) -> str:
+        """The policy as a record names it: its server's URL without secrets, or the factory served on loopback."""
+        return url_without_secrets(self.url) if self.url else self.factory
 
 
 class EnvConfig(BaseModel):

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from rescue.core.config import ConfigError, StudyConfig
 from rescue.core.episode_protocol import get_protocol
+from rescue.core.catalog import format_ids
 from rescue.core.evaluation import EvalSummary, episode_cases, failure_cases, mark_pilot, summarize_eval
 from rescue.core.manifest import Case, Manifest, ManifestError, load_manifest, parse_manifest
 from rescue.core.records import Verdict
@@ -198,18 +199,27 @@ def manifest_from_eval(
 ) -> list[Case]:
     """Write the failure manifest of an evaluation study, with fingerprints and provenance
     (only failures of the initial states `inits`, when given; then at most `limit`)."""
-    if not load_study_config(eval_dir).is_evaluation:
+    config = load_study_config(eval_dir)
+    if not config.is_evaluation:
         raise StudyError(f"{eval_dir} is not an evaluation study")
     with open_journal(eval_dir) as journal:
         meta = journal.meta()
+        episodes = journal.cases()
+        overall = summarize_eval(episodes, journal.verdicts()).overall
+        # Where the failures came from travels with each case (rescue.core.baseline reads it back).
         provenance = {
             "eval_study": meta.get("study_id"),
             "eval_config_sha256": meta.get("config_sha256"),
             "eval_manifest_sha256": meta.get("manifest_sha256"),
             # The failures are episodes of this protocol: a study must replay them under it.
-            PROTOCOL_TAG: load_study_config(eval_dir).env.episode_protocol or "rescue",
+            PROTOCOL_TAG: config.env.episode_protocol or "rescue",
+            "eval_policy": config.policy.name(),
+            "eval_episodes": overall.n, "eval_successes": overall.success, "eval_failures": overall.failure,
+            **_episode_tags([(c.suite, c.task_id, c.init_state_index) for c in episodes]),
+            "taken_inits": format_ids(inits) if inits is not None else None,
+            "taken_limit": limit,
         }
-        cases = failure_cases(journal.cases(), journal.verdicts(), journal.all_arms(), provenance)
+        cases = failure_cases(episodes, journal.verdicts(), journal.all_arms(), provenance)
     if inits is not None:
         cases = [c for c in cases if c.init_state_index in inits]
     if limit is not None:
@@ -218,6 +228,12 @@ def manifest_from_eval(
         cases = mark_pilot(cases, pilot_tasks)
     write_manifest(cases, out)
     return cases
+
+
+def _episode_tags(episodes: list[tuple[str, int, int]]) -> dict[str, str]:
+    """The suites, task ids and initial states an evaluation ran, as provenance tags."""
+    return {"eval_suites": ",".join(sorted({s for s, _, _ in episodes})),
+            "eval_tasks": format_ids(t for _, t, _ in episodes), "eval_inits": format_ids(i for _, _, i in episodes)}
 
 
 def manifest_from_results(
@@ -235,8 +251,10 @@ def manifest_from_results(
     read = lerobot_episodes if kind == "lerobot" else openpi_episodes
     episodes = read(data, str(results), libero_catalog(), **({"seed": seed} if seed is not None else {}))
     failures = [e for e in episodes if not e.success]
-    source = {"source": f"{kind} results {results.name}", "results_sha256": hashlib.sha256(data).hexdigest(),
-              PROTOCOL_TAG: protocol.name}
+    source = {"source": f"{kind} results {results.name}", "results_file": results.name,
+              "results_sha256": hashlib.sha256(data).hexdigest(), PROTOCOL_TAG: protocol.name,
+              "eval_episodes": len(episodes), "eval_successes": len(episodes) - len(failures), "eval_failures": len(failures),
+              **_episode_tags([(e.suite, e.task_id, e.init_state_index) for e in episodes])}
     cases = [
         Case(case_id=f"{e.suite.removeprefix('libero_')}-{e.task_id}-ep{e.episode}", suite=e.suite, task_id=e.task_id, init_state_index=e.init_state_index, env_seed=e.env_seed,
              horizon=protocol.horizon(e.suite), group=e.suite.removeprefix("libero_"), tags=source)

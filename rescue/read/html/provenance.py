@@ -15,7 +15,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rescue import __version__
-from rescue.core.config import StudyConfig
+from rescue.core.baseline import Baseline, BaselineSource
+from rescue.core.config import StudyConfig, url_without_secrets
 from rescue.core.episode_protocol import PROTOCOLS
 from rescue.core.records import Receipt
 from rescue.read.html.page import esc
@@ -23,14 +24,6 @@ from rescue.read.html.page import esc
 # Meta keys under which a study may record the tool that created it (see the report's note on this).
 VERSION_KEYS = ("rescue_version", "version")
 COMMIT_KEYS = ("git_commit", "commit")
-
-
-def url_without_secrets(url: str) -> str:
-    """A URL as text: no user or password, no query string (either may carry a key)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else url
 
 
 def vlm_host(base_url: str) -> str:
@@ -165,3 +158,45 @@ def provenance_block(config: StudyConfig, meta: dict[str, Any], receipts: Iterab
         for key, head, text in provenance_rows(config, meta, receipts, protocols)
     )
     return f'<details class="prov" open><summary>What produced it</summary><table class="prov">{rows}</table></details>'
+
+
+def _source_text(s: BaselineSource, n: int) -> str:
+    if s.kind == "evaluation":
+        where = f"evaluation study {s.eval_study}" + (f" (config sha256 {s.eval_config_sha256[:12]}…)" if s.eval_config_sha256 else "")
+    else:
+        name = {"lerobot": "LeRobot", "openpi": "openpi"}.get(s.kind, "imported")
+        where = f"{name} results file {s.results_file or 'of unrecorded name'}" + (
+            f" (sha256 {s.results_sha256[:12]}…)" if s.results_sha256 else "")
+    parts = [f"policy {s.policy}" if s.policy else "policy not recorded"]
+    if s.episodes is not None and s.successes is not None:
+        rate = f" ({100 * s.success_rate:.1f}%)" if s.success_rate is not None else ""
+        parts.append(f"{s.successes} of {s.episodes} episodes succeeded{rate}"
+                     + (f", {s.failures} failed" if s.failures is not None else ""))
+    else:
+        parts.append("its success rate not recorded")
+    parts.append(f"episode protocol {s.episode_protocol or 'not recorded'}")
+    if s.suites or s.tasks or s.inits:
+        parts.append(f"{s.suites or 'suite not recorded'}, tasks {s.tasks or '?'}, initial states {s.inits or '?'}")
+    taken = f"failures of initial states {s.taken_inits} only" if s.taken_inits else "every failure taken"
+    if s.taken_limit is not None:
+        taken += f", at most {s.taken_limit}"
+    parts.append(taken if s.kind == "evaluation" else "every failure taken")
+    share = "" if s.cases == n else f" ({s.cases} of the {n} cases)"
+    return f"{where}{share}: " + "; ".join(parts)
+
+
+def baseline_sentences(baseline: Baseline, n: int) -> list[str]:
+    """Where the failures came from, one sentence per source (and one for cases no source names)."""
+    out = [f"The failures come from {_source_text(s, n)}." for s in baseline.sources]
+    if baseline.by_hand:
+        whose = "The manifest" if not baseline.sources else f"For {baseline.by_hand} of the {n} cases the manifest"
+        out.append(f"{whose} names no baseline evaluation: written by hand (no case carries an eval_study or "
+                   "results_sha256 tag, as `rescue manifest from-eval`, `from-lerobot` and `from-openpi` write them).")
+    return out
+
+
+def baseline_block(baseline: Baseline, n: int) -> str:
+    """The page's paragraph naming the baseline the failures came from."""
+    kind = "hand" if baseline.written_by_hand else ",".join(s.kind for s in baseline.sources)
+    return (f'<p class="baseline" data-baseline="{esc(kind)}"><b>Where the failures came from.</b> '
+            + " ".join(esc(t) for t in baseline_sentences(baseline, n)) + "</p>")

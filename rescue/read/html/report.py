@@ -21,6 +21,7 @@ import os
 import shutil
 from pathlib import Path
 
+from rescue.core.baseline import baseline_of
 from rescue.core.images import VLM_VIEWS
 from rescue.core.manifest import Case
 from rescue.core.proofs import check_evidence, prefix_match
@@ -40,7 +41,7 @@ from rescue.read.html.page import (
     summary_block,
     usage_block,
 )
-from rescue.read.html.provenance import created_text, episode_protocol, provenance_block
+from rescue.read.html.provenance import baseline_block, created_text, episode_protocol, provenance_block
 from rescue.study.files import write_atomic
 from rescue.study.folder import StudyRecords, open_journal, read_study
 from rescue.study.layout import LayoutError, StudyLayout, report_files, safe_part
@@ -353,6 +354,7 @@ def _header(study: Path, export: StudyExport, records: StudyRecords) -> str:
         f"replanning interval C = {esc(info.replan_interval)} · observation profile {esc(info.observation or 'unknown')} · "
         f"episode protocol {esc(episode_protocol(records.config, protocols))}<br>"
         f"config sha256 <code>{esc((info.config_sha256 or '')[:16])}</code> · manifest sha256 <code>{esc((info.manifest_sha256 or '')[:16])}</code></p>"
+        + (baseline_block(baseline_of(records.cases), len(records.cases)) if info.kind == "rescue" else "")
         + provenance_block(records.config, records.meta, records.receipts.values(), protocols)
         + '<p class="toc"><a href="#sec-summary">summary</a>'
         + ('<a href="#sec-advisors">advisors</a>' if records.config.advisors else "")
