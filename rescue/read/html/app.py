@@ -31,7 +31,7 @@ table.prov th{width:16em;font-weight:normal;color:#444}table.prov td{font-family
 #case-list td[data-col=id]{white-space:nowrap}
 #case-list{width:100%;table-layout:auto}#case-list th[data-sort]{cursor:pointer;user-select:none}
 #case-list th[aria-sort]::after{content:" \\25B2"}#case-list th[aria-sort=descending]::after{content:" \\25BC"}
-td.clip{max-width:12em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+td.text{min-width:6em;max-width:30em;white-space:normal;overflow-wrap:anywhere}
 .pager{margin:.3em 0}.pager button{margin-right:.5em}
 .case .panel-body{color:#888}.case[data-loaded="0"]{min-height:36em}  /* about a panel's height: few load at once */
 svg.ee-path{background:#fff;display:block}
@@ -42,7 +42,7 @@ SCRIPT = """
 (function(){
   'use strict';
   var D=null, F={}, byId={}, hay=[], cache={}, asked={}, observer=null, timer=null, jump=null;
-  var st={f:{}, q:'', terms:[], sort:'', page:1, go:''};
+  var st={f:{}, q:'', terms:[], sort:'', page:1, go:'', at:''};  // go: a case to open; at: the case opened
   function $(id){return document.getElementById(id);}
   function txt(x){return x===null||x===undefined?'':String(x);}
   function cell(r,k){return r[F[k]];}
@@ -63,6 +63,7 @@ SCRIPT = """
     var p=new URLSearchParams();
     Object.keys(st.f).forEach(function(k){if(st.f[k])p.set(k,st.f[k]);});
     if(st.q)p.set('q',st.q);if(st.sort)p.set('sort',st.sort);if(st.page>1)p.set('page',String(st.page));
+    if(st.at)p.set('case',st.at);  // the address keeps the case opened: it can be copied, shared, reloaded
     try{history.replaceState(null,'','#'+p.toString());}catch(e){}
   }
   function sync(){
@@ -105,7 +106,7 @@ SCRIPT = """
       if(F.pilot!==undefined&&cell(r,'pilot'))td.appendChild(document.createTextNode(' (pilot)'));
     }else if(kind==='ok'){td.textContent=v===true?'\\u2714':v===false?'\\u2718':'';}
     else if(kind==='href'){if(v){var l=document.createElement('a');l.href=v;l.textContent='panel';td.appendChild(l);}}
-    else{td.textContent=txt(v);if(kind==='num')td.className='num';if(kind==='label')td.className=txt(v);if(kind==='text'){td.className='clip';td.title=txt(v);}}
+    else{td.textContent=txt(v);if(kind==='num')td.className='num';if(kind==='label')td.className=txt(v);if(kind==='text')td.className='text';}
   }
   function renderList(page){
     var frag=document.createDocumentFragment();
@@ -132,6 +133,7 @@ SCRIPT = """
     document.head.appendChild(s);
   }
   window.PANEL_CALLBACK=function(id,html){cache[id]=html;var sec=$('case-'+id);if(sec)fill(sec,html);};
+  function loadAll(){Array.prototype.forEach.call(document.querySelectorAll('#panels section.case'),function(s){load(s.dataset.case);});}
   function renderPanels(page){
     var box=$('panels');if(!D.panels||!box)return;
     if(observer)observer.disconnect();
@@ -158,7 +160,7 @@ SCRIPT = """
     if(st.go&&byId[st.go]!==undefined){
       var at=idx.indexOf(byId[st.go]);
       if(at<0){st.f={};st.q='';st.terms=[];sync();idx=matching();at=idx.indexOf(byId[st.go]);}  // filtered out: show it anyway
-      st.page=Math.floor(at/size)+1;
+      st.page=Math.floor(at/size)+1;st.at=st.go;
     }
     var pages=Math.max(1,Math.ceil(idx.length/size));
     st.page=Math.min(Math.max(1,st.page),pages);
@@ -182,23 +184,25 @@ SCRIPT = """
       sel.id='f-'+f[0];label.textContent=f[1]+' ';
       var all=document.createElement('option');all.value='';all.textContent='all';sel.appendChild(all);
       order.forEach(function(v){var o=document.createElement('option');o.value=v;o.textContent=v+' ('+counts[v]+')';sel.appendChild(o);});
-      sel.addEventListener('change',function(){st.f[f[0]]=sel.value;st.page=1;apply();});
+      sel.addEventListener('change',function(){st.f[f[0]]=sel.value;st.page=1;st.at='';apply();});
       label.appendChild(sel);bar.appendChild(label);
     });
     var head=$('case-list').tHead.rows[0];
     D.columns.forEach(function(col){
       var th=document.createElement('th');th.textContent=col[1];th.dataset.sort=col[0];th.title='sort by '+col[1];
       if(col[2]==='num')th.className='num';
-      th.addEventListener('click',function(){st.sort=st.sort===col[0]?'-'+col[0]:(st.sort==='-'+col[0]?'':col[0]);st.page=1;apply();});
+      th.addEventListener('click',function(){st.sort=st.sort===col[0]?'-'+col[0]:(st.sort==='-'+col[0]?'':col[0]);st.page=1;st.at='';apply();});
       head.appendChild(th);
     });
-    $('search').addEventListener('input',function(){clearTimeout(timer);timer=setTimeout(function(){st.q=$('search').value;st.page=1;apply();},120);});
-    $('prev').addEventListener('click',function(){st.page--;apply();});
-    $('next').addEventListener('click',function(){st.page++;apply();});
+    $('search').addEventListener('input',function(){clearTimeout(timer);timer=setTimeout(function(){st.q=$('search').value;st.page=1;st.at='';apply();},120);});
+    $('prev').addEventListener('click',function(){st.page--;st.at='';apply();});
+    $('next').addEventListener('click',function(){st.page++;st.at='';apply();});
+    var all=$('load-all');if(all)all.addEventListener('click',loadAll);
+    window.addEventListener('beforeprint',loadAll);  // a printout shows the panels, not their placeholders
     document.addEventListener('click',function(e){
       var a=e.target.closest?e.target.closest('a[data-go]'):null;if(!a)return;
       e.preventDefault();var id=a.dataset.go;
-      if(!goTo(id)){st.go=id;apply();}
+      if(goTo(id)){st.at=id;writeHash();}else{st.go=id;apply();}
     });
     window.addEventListener('hashchange',function(){if(readHash(false)){sync();apply();}});
   }
@@ -252,7 +256,8 @@ def list_shell(files: str, panels: bool, what: str = "case") -> str:
         '<div class="scroll"><table id="case-list"><thead><tr></tr></thead><tbody></tbody></table></div>'
     )
     if panels:
-        out += '<h2 id="sec-panels">Case panels</h2><p class="note" id="panels-note"></p><div id="panels"></div>'
+        out += ('<h2 id="sec-panels">Case panels</h2><p class="note"><span id="panels-note"></span> '
+                '<button id="load-all" type="button">load every panel of this page</button></p><div id="panels"></div>')
     missing = f"the case index {files}/cases.js is missing: the page was moved without its folder"
     out += (f'<script src="{files}/cases.js" defer '
             f"onerror=\"document.getElementById('shown').textContent='{missing}'\"></script>")

@@ -286,7 +286,7 @@ def case_panel(v: CaseView, arm_order: Callable[[str], tuple[int, str]], video_n
     subgoal = v.entry.assisted.subgoal if v.entry.assisted is not None else None
     vlm = ""
     if subgoal:
-        vlm += f"<p><b>subgoal</b>: <code>{esc(subgoal)}</code></p>"
+        vlm += f'<p class="subgoal"><b>subgoal</b>: <code>{esc(subgoal)}</code></p>'
     vlm += _vlm_call("the VLM", v.views, v.views_note, v.prompt, v.response, v.receipt, 200)
     if v.advisors:
         vlm = _advisors(v)
