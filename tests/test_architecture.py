@@ -15,6 +15,8 @@ pytestmark = pytest.mark.fast
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "rescue"
+# The policy wrappers beside the package: numpy-only, they import nothing of it.
+WRAPPERS = ROOT / "wrappers"
 
 # What a read-side command must not load: SDKs, servers, processes, the simulator, torch.
 RUNTIME = ("openai", "aiohttp", "multiprocessing", "torch", "robosuite", "mujoco", "libero", "websockets", "tenacity", "ray")
@@ -26,15 +28,17 @@ READ_SIDE = tuple(sorted(
 # The floors: what each folder of the package may import (besides itself). The read side may
 # import core and study only, so `status`, `export`, `verify` and `report` never load the runtime;
 # nothing imports a floor above its own; the embedded default is imported only by what starts it.
+# The wrappers are the ground floor: they import nothing of the package.
 FLOORS: dict[str, set[str]] = {
-    "core": set(),
+    "wrappers": set(),
+    "core": {"wrappers"},
     "study": {"core"},
-    "read": {"core", "study"},
+    "read": {"core", "study", "wrappers"},
     "env": {"core"},
     "policy": {"core"},
     "vlm": {"core", "study"},
-    "embedded": {"core", "env", "policy"},
-    "run": {"core", "study", "env", "policy", "vlm", "embedded"},
+    "embedded": {"core", "env", "policy", "wrappers"},
+    "run": {"core", "study", "env", "policy", "vlm", "embedded", "wrappers"},
     "service": {"core", "study", "read", "run"},
     "cli": {"core", "study", "read", "env", "run", "service"},
 }
@@ -49,21 +53,25 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _ours(module: str) -> bool:
+    return module.split(".")[0] in ("rescue", "wrappers")
+
+
 def _imports(path: Path) -> set[str]:
-    """Every rescue module a file imports, at top level or inside a function."""
+    """Every rescue or wrappers module a file imports, at top level or inside a function."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     me = _module_name(path)
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names if a.name.startswith("rescue"))
+            out.update(a.name for a in node.names if _ours(a.name))
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = me.split(".")[: -node.level] if path.name != "__init__.py" else me.split(".")[: len(me.split(".")) - node.level + 1]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            if module.startswith("rescue"):
+            if _ours(module):
                 out.add(module)
                 # `from rescue.x import y` may name a submodule y.
                 out.update(f"{module}.{a.name}" for a in node.names)
@@ -71,8 +79,8 @@ def _imports(path: Path) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the rescue modules it imports (only edges to modules that exist)."""
-    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    """Module -> the rescue and wrappers modules it imports (only edges to modules that exist)."""
+    files = {_module_name(p): p for p in [*PACKAGE.rglob("*.py"), *WRAPPERS.rglob("*.py")]}
     return {name: {m for m in _imports(path) if m in files and m != name} for name, path in files.items()}
 
 
@@ -110,8 +118,11 @@ def test_no_import_cycles_in_the_package():
 
 
 def floor_of(module: str) -> str:
-    """The floor of a rescue module: its folder under rescue/, or its own name for a top-level module."""
+    """The floor of a rescue module: its folder under rescue/, or its own name for a top-level module;
+    every wrappers module stands on the wrappers floor."""
     parts = module.split(".")
+    if parts[0] == "wrappers":
+        return "wrappers"
     return parts[1] if len(parts) > 1 else "rescue"
 
 
@@ -139,6 +150,11 @@ def test_every_import_goes_to_a_floor_it_may_use():
 def test_the_floor_rule_would_see_a_read_module_importing_the_engine():
     graph = {"rescue.read.export": {"rescue.run.engine", "rescue.core.stats"}, "rescue.core.stats": {"rescue.study.layout"}}
     assert floor_violations(graph) == ["rescue.core.stats -> rescue.study.layout", "rescue.read.export -> rescue.run.engine"]
+
+
+def test_the_floor_rule_would_see_the_wrappers_importing_the_package():
+    graph = {"wrappers.rules": {"rescue.core.digest", "wrappers.injection"}, "rescue.core.config": {"wrappers.async_rules"}}
+    assert floor_violations(graph) == ["wrappers.rules -> rescue.core.digest"]
 
 
 def test_the_package_root_holds_few_modules():

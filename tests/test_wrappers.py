@@ -14,6 +14,7 @@ from wrappers.rules import (
     RuleSet,
     RuleWrapper,
     StageRollback,
+    chunk_digest,
 )
 
 pytestmark = pytest.mark.fast
@@ -96,6 +97,16 @@ def _assert_firing(firing: dict, rule: str, step: int, before: np.ndarray, after
         "before": digest_array(before),
         "after": digest_array(after),
     }
+
+
+def test_a_firing_digests_a_chunk_as_the_trace_does():
+    # The wrappers spell the digest themselves (they import nothing of rescue): byte for byte the trace's.
+    chunks = [_smooth_chunk(), np.arange(12.0).reshape(3, 4).T, np.float64(3.5), np.zeros((0, 7)),
+              np.array([[1, 2]], dtype=">i4"), np.ones((8, 7), dtype=np.float16)]
+    for chunk in chunks:
+        assert chunk_digest(chunk) == digest_array(chunk)
+    with pytest.raises(TypeError):
+        chunk_digest(np.array([1, "a"], dtype=object))
 
 
 def test_rules_are_all_off_by_default():

@@ -29,13 +29,24 @@ inference runs under the modified stage. Here:
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from rescue.core.digest import digest_array
+
+def chunk_digest(chunk: Any) -> str:
+    """Hex sha256 over a chunk's dtype, shape and C-order bytes: the digest the trace gives an array
+    (`rescue.core.digest.digest_array`, byte for byte), spelled here so the wrappers import nothing of rescue."""
+    a = np.asarray(chunk)
+    if a.dtype.hasobject:
+        raise TypeError("cannot digest an object array")
+    a = np.ascontiguousarray(a)
+    header = json.dumps([a.dtype.str, list(a.shape)], separators=(",", ":"))
+    return hashlib.sha256(header.encode("utf-8") + b"\n" + a.tobytes(order="C")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -290,17 +301,17 @@ class RuleWrapper:
             chunk=chunk,
         )
         seen_stage = self.stage
-        before_all = digest_array(chunk)
+        before_all = chunk_digest(chunk)
         fired: list[str] = []
         for rule in self.rules:
             ctx.chunk = chunk
             if not rule.enabled or not rule.trigger(ctx):
                 continue
-            before = digest_array(chunk)
+            before = chunk_digest(chunk)
             chunk = rule.effect(chunk, ctx)
             fired.append(rule.name)
             self.firings.append(
-                {"step": ctx.step, "rule": rule.name, "before": before, "after": digest_array(chunk)}
+                {"step": ctx.step, "rule": rule.name, "before": before, "after": chunk_digest(chunk)}
             )
         self.stage, self.votes = ctx.stage, ctx.votes
         self.last_query = {
@@ -310,7 +321,7 @@ class RuleWrapper:
             "stage_after": self.stage,  # the stage in force for the next query (after any rollback)
             "fired": fired,
             "before": before_all,
-            "after": digest_array(chunk) if fired else before_all,
+            "after": chunk_digest(chunk) if fired else before_all,
             "length": len(chunk),
         }
         self.queries += 1
