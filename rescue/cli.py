@@ -7,21 +7,13 @@ import json
 import os
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from rescue import __version__
+from rescue.run.progress import LiveProgress
 from rescue.study import layout
 
 # Off a terminal (a log file, nohup, Slurm) rich would wrap tables at 80 columns and truncate the per-group
@@ -63,115 +55,6 @@ def _config(args: argparse.Namespace):
     return load_config(getattr(args, "config", None), _overrides(args))
 
 
-class _Live:
-    """A live view of a running study: cases (or episodes) done of the total, rate and ETA, arms in
-    flight, arms waiting for the VLM, and the labels so far.
-
-    On a terminal, a bar; elsewhere (nohup, Slurm, CI, `| tee`) a plain line every
-    RESCUE_PROGRESS_EVERY_S seconds (default 30), as soon as there is something to say. Once a case
-    has ended the ETA comes from the cases done; before, from the env steps done against the steps
-    the cases may take (an upper bound: forked arms skip their prefix, successes end early)."""
-
-    def __init__(self, title: str):
-        self.title = title
-        self.word = title.replace(",", " ").split()[0]  # "cases" or "episodes": what is counted
-        self.counts: Counter[str] = Counter()
-        self.arms = self.waiting = 0
-        self.total: int | None = None
-        self.steps_total = self.steps = 0
-        self.plain = not console.is_terminal
-        self.every_s = float(os.environ.get("RESCUE_PROGRESS_EVERY_S", "30"))
-        self.printed_at = 0.0
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"),
-            TextColumn("{task.fields[flight]}"), TextColumn("{task.fields[labels]}"),
-            console=console, transient=False,
-        )
-        self.task = self.progress.add_task(title, total=None, labels="", flight="", rate="")
-        self.started = time.monotonic()
-        self.shown = False
-
-    def study_started(self, pending: int, arms_per_case: int, steps: int | None = None) -> None:
-        # Shown from the first study start on: a command refused before it shows no empty bar.
-        if not self.shown and not self.plain:
-            self.progress.start()
-        self.shown = True
-        self.total, self.steps_total, self.steps = pending, steps or 0, 0
-        self.counts.clear()
-        self.started = time.monotonic()
-        self.progress.update(self.task, total=pending, completed=0)
-        self.per_case = arms_per_case
-        self._refresh(force=True)
-
-    def arm_started(self, arm: str) -> None:
-        self.arms += 1
-        self._refresh()
-
-    def arm_finished(self, arm: str) -> None:
-        self.arms -= 1
-        self._refresh()
-
-    def vlm_waiting(self, delta: int) -> None:
-        self.waiting += delta
-        self._refresh()
-
-    def steps_done(self, steps: int) -> None:
-        self.steps += steps
-        self._refresh()
-
-    def case_finished(self, verdict) -> None:
-        self.counts[verdict.label] += 1
-        self.progress.update(self.task, advance=1)
-        self._refresh()
-
-    __call__ = case_finished
-
-    def stopping(self, message: str) -> None:
-        # Printed above the bar, at once: the person who pressed Ctrl-C learns what it does.
-        self.progress.console.print(f"rescue: {message}") if not self.plain else print(f"rescue: {message}", flush=True)
-
-    def _eta_s(self, elapsed: float) -> float | None:
-        done = sum(self.counts.values())
-        if done and self.total:
-            return elapsed * max(0, self.total - done) / done
-        if self.steps and self.steps_total:
-            return elapsed * max(0, self.steps_total - self.steps) / self.steps
-        return None
-
-    def _refresh(self, force: bool = False) -> None:
-        done = sum(self.counts.values())
-        elapsed = time.monotonic() - self.started
-        hours = elapsed / 3600
-        rate = f"{done / hours:.0f} {self.word}/h" if done and hours > 0 else ""
-        flight = f"arms {self.arms} (VLM {self.waiting})"
-        labels = " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
-        if not self.plain:
-            self.progress.update(self.task, rate=rate, flight=flight, labels=labels)
-            return
-        if not self.shown or (not force and elapsed - self.printed_at < self.every_s):
-            return
-        self.printed_at = elapsed
-        eta = self._eta_s(elapsed)
-        parts = [f"{done}/{self.total} {self.word}", flight, rate or f"0 {self.word} done",
-                 f"eta {_clock(eta)}" if eta is not None else "eta unknown", f"elapsed {_clock(elapsed)}", labels]
-        print("rescue: " + ", ".join(p for p in parts if p), flush=True)
-
-    def __enter__(self) -> "_Live":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.shown and not self.plain:
-            self.progress.stop()
-        elif self.shown:
-            self._refresh(force=True)
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
 def _print_rescue_summary(study: Path) -> None:
     from rescue.read.export import export_study
     from rescue.read.terminal import render_summary
@@ -205,7 +88,7 @@ def _outcome(study: Path) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from rescue.run import commands
 
-    with _Live("cases") as live:
+    with LiveProgress("cases", console) as live:
         if args.continue_from:
             study = commands.continue_from(Path(args.continue_from), Path(args.target), live, args.verbose, _backend(args))
         else:
@@ -223,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     from rescue.run import commands
 
-    with _Live("cases") as live:
+    with LiveProgress("cases", console) as live:
         interrupted = commands.resume(Path(args.study), live, args.verbose, _backend(args), args.lab_budget)
     if interrupted:
         console.print(f"{len(interrupted)} started-unfinished case(s) recorded as unknown (interrupted): {', '.join(interrupted)}")
@@ -235,7 +118,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rescue.run import commands
 
     tasks = _ids(args.tasks, "--tasks")
-    with _Live("episodes") as live:
+    with LiveProgress("episodes", console) as live:
         study = commands.evaluate(args.suite, tasks, args.episodes, args.horizon, args.study and Path(args.study),
                                  _config(args), live, args.verbose, args.first_init, _backend(args))
     console.print(f"study: {study}")
@@ -248,7 +131,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rescue.run import commands
 
     tasks = tuple(_ids(args.tasks, "--tasks"))
-    with _Live("episodes, then cases") as live:
+    with LiveProgress("episodes, then cases", console) as live:
         paths = commands.demo(Path(args.root), tasks, args.episodes, args.max_cases, live, args.verbose)
     console.print(f"baseline evaluation: {paths['baseline']}")
     _print_eval_summary(paths["baseline"])
@@ -401,7 +284,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
     from rescue.run import commands
 
-    with _Live("episodes, setting by setting") as live:
+    with LiveProgress("episodes, setting by setting", console) as live:
         root, rows = commands.ablate(Path(args.manifest), args.rules.split(","), args.study and Path(args.study),
                                     _config(args), live, args.verbose)
     table = Table(title=f"ablation: {root}")
@@ -456,7 +339,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     interrupted: dict[str, list[str]] = {}
     if args.resume:
         study = Path(args.resume)
-        with _Live("episodes (A, then B)") as live:
+        with LiveProgress("episodes (A, then B)", console) as live:
             interrupted = compare.resume_compare(study, live, args.verbose)
         result = compare.compare_studies(study)
     else:
@@ -468,7 +351,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         config_b, name_b = compare.side_config(args.b, args.policy_b, shared)
         study = Path(args.study) if args.study else compare.new_compare_dir()
         tasks = _ids(args.tasks, "--tasks")
-        with _Live("episodes (A, then B)") as live:
+        with LiveProgress("episodes (A, then B)", console) as live:
             request = compare.CompareRequest(suite=args.suite, tasks=tasks, episodes=args.episodes, horizon=args.horizon,
                                              first_init=args.first_init, seed=args.seed, reps=args.reps)
             result = compare.compare_policies(study, request, (config_a, config_b), (name_a, name_b), live, args.verbose)

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from io import StringIO
 from types import SimpleNamespace
 
 import pytest
+from rich.console import Console
 
-from rescue.cli import _Live
 from rescue.read.terminal import _p
+from rescue.run.progress import LiveProgress
 
 pytestmark = pytest.mark.fast
 
 
-def _live(pending: int, arms: int, horizon: int) -> _Live:
-    live = _Live("cases")
+def _live(pending: int, arms: int, horizon: int) -> LiveProgress:
+    live = LiveProgress("cases", Console(file=StringIO()))
     live.study_started(pending, arms, pending * arms * horizon)
     return live
 
@@ -43,9 +45,6 @@ def test_small_p_values_keep_their_magnitude():
 
 
 def test_the_summary_tables_print_a_tiny_p_value_as_such():
-    from io import StringIO
-
-    from rich.console import Console
     from test_core import make_case
 
     from rescue.core.classify import classify
