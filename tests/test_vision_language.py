@@ -141,9 +141,10 @@ def test_a_subgoal_naming_another_object_redirects_the_gripper(adapter, policy):
 
 
 def test_bundled_server_announces_the_contract():
+    from rescue.core.names import EMBEDDED_POLICY
     from rescue.policy.server import load_factory, policy_metadata
 
-    spec = "rescue.embedded.vision_language:make_policy"
+    spec = EMBEDDED_POLICY
     meta = policy_metadata(load_factory(spec), spec)
     assert meta["observation"] == "openpi-libero"
     assert meta["action_horizon"] == 8

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from rescue.core.digest import canonical_json, digest_text
+from rescue.core.names import EMBEDDED_POLICY
 from rescue.core.prompts import DEFAULT_ROOT
 from rescue.core.records import ADVISOR_NAME, advisor_arm, arm_advisor, is_assisted
 from rescue.core.sham import ShamConfig
@@ -249,7 +250,7 @@ class PolicyConfig(BaseModel):
 
     url: str | None = None
     """The policy server's websocket URL (ws://host:port); None serves `factory` on loopback."""
-    factory: str = "rescue.embedded.vision_language:make_policy"
+    factory: str = EMBEDDED_POLICY
     """`module:attr` of the policy served on loopback when `url` is None (default: the embedded vision-language policy,
     which reads the openpi-libero contract as a VLA does; studies made before it keep the factory they name)."""
     api_key_env: str | None = None

@@ -12,6 +12,10 @@ from __future__ import annotations
 import pkgutil
 from typing import Any
 
+# The policy served on loopback when none is named (`[policy] factory`, `rescue serve-policy`, the demo):
+# the embedded vision-language policy.
+EMBEDDED_POLICY = "rescue.embedded.vision_language:make_policy"
+
 # Where each module lived before the package was laid out in floors -> where it lives now.
 MOVED: dict[str, str] = {
     "rescue.querypoint": "rescue.core.querypoint",

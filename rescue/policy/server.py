@@ -23,7 +23,7 @@ from typing import Any
 import structlog
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from rescue.core.names import resolve
+from rescue.core.names import EMBEDDED_POLICY, resolve
 from rescue.policy import msgpack_numpy
 from rescue.policy.protocol import (
     CONTROL_EXTENSION,
@@ -287,7 +287,6 @@ async def run_forever(server: PolicyServer) -> None:
 
 # openpi's servers listen on 8000; the local VLM endpoint's default is 8001.
 DEFAULT_PORT = 8000
-EMBEDDED_POLICY = "rescue.embedded.vision_language:make_policy"
 
 
 def serve_main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from rescue.core.episode_protocol import get_protocol
 from rescue.core.catalog import format_ids
 from rescue.core.evaluation import EvalSummary, episode_cases, failure_cases, mark_pilot, summarize_eval
 from rescue.core.manifest import Case, Manifest, ManifestError, load_manifest, parse_manifest
+from rescue.core.names import EMBEDDED_POLICY
 from rescue.core.records import Verdict
 from rescue.core.sham import ShamConfig
 from rescue.env.backend import LOCAL, Backend
@@ -270,9 +271,6 @@ def manifest_from_results(
     return cases
 
 
-DEMO_POLICY = "rescue.embedded.vision_language:make_policy"
-
-
 def demo(
     root: Path = Path(STUDIES),
     tasks: tuple[int, ...] = (0, 1, 2, 3),
@@ -285,7 +283,7 @@ def demo(
     base = Path(root) / f"demo-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     # The policy reads the openpi-libero contract (images, 8-float state, prompt), as a VLA does.
     # The rescue study runs the sham arm too: each case's subgoal is also tried on another case.
-    config = StudyConfig(keyframes=True, sham={"source": "permuted"}, policy={"factory": DEMO_POLICY})
+    config = StudyConfig(keyframes=True, sham={"source": "permuted"}, policy={"factory": EMBEDDED_POLICY})
     baseline = evaluate("libero_object", list(tasks), episodes, None, base / "baseline", config, on_case, verbose)
     manifest = base / "failures.jsonl"
     cases = manifest_from_eval(baseline, manifest, limit=max_cases)
