@@ -123,6 +123,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                  _config(args), live, args.verbose, args.first_init, _backend(args))
     console.print(f"study: {study}")
     _print_eval_summary(study)
+    _print_pairings([args.suite])
     return _outcome(study)
 
 
@@ -252,6 +253,30 @@ def cmd_manifest_check(args: argparse.Namespace) -> int:
     if not args.pilot_run:
         manifest.require_main_cohort()
     console.print(f"{args.file}: {len(manifest.cases)} cases ({len(manifest.pilot_cases)} pilot), sha256 {manifest.sha256}")
+    if not args.no_env:
+        _print_pairings(dict.fromkeys(case.suite for case in manifest.cases))
+    return 0
+
+
+def _print_pairings(suites) -> None:
+    """For each LIBERO-PRO suite named: whether its episodes pair with its base suite's by identical episode."""
+    from rescue.core.catalog import libero_catalog
+
+    for suite in suites:
+        line = libero_catalog().pairing(suite)
+        if line:
+            console.print(line, soft_wrap=True)
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from rescue.core.catalog import libero_catalog
+    from rescue.core.config import ConfigError
+    from rescue.read.terminal import render_catalog
+
+    catalog = libero_catalog()
+    if args.suite is not None and catalog.suite(args.suite) is None:
+        raise ConfigError(catalog.refusal(args.suite) or f"unknown suite {args.suite!r}; {catalog.hint(args.suite)}")
+    console.print(render_catalog(catalog, args.suite))
     return 0
 
 
@@ -276,6 +301,11 @@ def cmd_manifest_from_results(args: argparse.Namespace) -> int:
             print(problem, file=sys.stderr)
         return EXIT_BAD_INPUT
     console.print(f"wrote {len(cases)} failure case(s) to {args.out} ({args.kind} episode protocol, each fingerprinted)")
+    told_otherwise = [c.case_id for c in cases if "prompt" in c.tags]
+    if told_otherwise:
+        console.print(f"{len(told_otherwise)} of them were told other words than the {args.kind} protocol sends (tag "
+                      f"`prompt`; e.g. {told_otherwise[0]}): their arms will be initial_state_deviation unless [env] "
+                      "instruction tells those words")
     return 0
 
 
@@ -543,7 +573,11 @@ def _add_study_commands(sub) -> None:
 
 
 def _add_manifest_commands(sub) -> None:
-    """`rescue manifest check | from-eval`."""
+    """`rescue catalog`, `rescue manifest check | from-eval | from-lerobot | from-openpi`."""
+    p = sub.add_parser("catalog", help="the suites a manifest may name, and what each LIBERO-PRO suite changes in its "
+                       "base (initial states, model, wording), measured from the installed benchmark")
+    p.add_argument("suite", nargs="?", help="one suite (or SUITE@base-inits): how it pairs with its base, task by task")
+    p.set_defaults(func=cmd_catalog)
     p = sub.add_parser("manifest", help="check or produce failure manifests")
     msub = p.add_subparsers(dest="manifest_command", required=True)
     m = msub.add_parser("check", help="validate a manifest; every error names its line and field")

@@ -13,8 +13,8 @@ server's control message (plain openpi has none; without it two runs of one epis
 differently), so the comparison is of the episodes, not of the sampler.
 
 `python tests/openpi_client_loop.py URL SUITE TASKS EPISODES MAX_STEPS OUT.json` writes, per
-episode, every query's step and the digests of the images and the state it sent, as a study's
-trace rows digest them.
+episode, every query's step and the digests of the images, the state and the prompt it sent, as a
+study's trace rows digest them.
 """
 
 from __future__ import annotations
@@ -47,13 +47,13 @@ def main() -> None:
     from openpi_client import image_tools
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
-    from rescue.core.digest import digest_array, digest_obs
+    from rescue.core.digest import digest_array, digest_obs, digest_text
+    from rescue.core.evaluation import case_id_of
     from rescue.core.manifest import derive_policy_seed
 
     host, port = url.removeprefix("ws://").rsplit(":", 1)
     client = WebsocketClientPolicy(host, int(port))
     suite = benchmark.get_benchmark_dict()[suite_name]()
-    group = suite_name.removeprefix("libero_")
     result: dict[str, list[dict]] = {}
     for task_id in (int(t) for t in tasks.split(",")):
         task = suite.get_task(task_id)
@@ -87,13 +87,14 @@ def main() -> None:
                         "step": t - 10,
                         "images": {key: digest_array(element[key]) for key in ("observation/image", "observation/wrist_image")},
                         "state": digest_obs({"observation/state": element["observation/state"]}),
+                        "prompt": digest_text(element["prompt"]),
                     })
                     plan = list(client.infer(element)["actions"][:5])
                 obs, _, done, _ = env.step(plan.pop(0).tolist())
                 t += 1
                 if done:
                     break
-            result[f"{group}-{task_id}-ep{k}"] = rows
+            result[case_id_of(suite_name, task_id, k)] = rows
         env.close()
     with open(out, "w") as f:
         json.dump(result, f)

@@ -6,7 +6,8 @@ the suite's env gives (the perturbed wording for `_lan` and `_task`), the openpi
 its cameras and state layout, a distractor's new object appears in the privileged profile only in the
 suite that adds it; then a manifest mixing a standard suite and perturbation suites is checked, made
 from evaluations (`rescue eval`, `manifest from-eval`), run with a sham arm, verified, and reported by
-perturbation kind (the case's group).
+perturbation kind (the case's group). `libero_object_lan@base-inits` starts libero_object's own episodes,
+fingerprint for fingerprint but for the instruction, with the perturbed words told under any protocol.
 """
 
 from __future__ import annotations
@@ -56,28 +57,68 @@ def test_each_perturbation_kind_resets_alike_in_any_process_with_its_own_instruc
         b.stop()
 
 
+def test_base_inits_is_the_base_episode_told_the_perturbed_words_in_any_process_and_protocol():
+    catalog = libero_catalog()
+    a = SimProcess("rescue.env.libero:LiberoAdapter", name="pro-base", hash_seed=0)
+    b = SimProcess("rescue.env.libero:LiberoAdapter", name="pro-variant", hash_seed=1)
+    try:
+        for protocol in ("rescue", "openpi"):
+            for task_id, index in ((0, 30), (7, 3)):
+                def reset(sim, suite):
+                    case = {"suite": suite, "task_id": task_id, "init_state_index": index,
+                            "env_seed": 7 if protocol == "openpi" else index}
+                    return sim._call("reset", case, "openpi-libero", protocol)
+
+                base, variant = reset(a, "libero_object"), reset(b, "libero_object_lan@base-inits")
+                lan = reset(a, "libero_object_lan")
+                where = (protocol, task_id, index)
+                # Physics, proprioception, scene and compiled model are the base episode's: only the words differ.
+                differ = {k for k, v in base.fingerprint_parts.items() if variant.fingerprint_parts[k] != v}
+                assert differ == {"instruction"} and base.fingerprint != variant.fingerprint, where
+                assert variant.instruction == catalog.task("libero_object_lan", task_id).instruction, where
+                assert variant.instruction != base.instruction, where
+                for key in ("observation/image", "observation/wrist_image", "observation/state"):
+                    assert np.array_equal(variant.obs[key], base.obs[key]), (where, key)
+                # The suite as shipped starts elsewhere (its initial states are its own) ...
+                assert lan.fingerprint_parts["physics"] != base.fingerprint_parts["physics"], where
+                assert lan.fingerprint_parts["model"] == base.fingerprint_parts["model"], where  # the same model
+                # ... and is told what the protocol's client sends: openpi's loop, task.language (the base's words).
+                told = base.instruction if protocol == "openpi" else variant.instruction
+                assert lan.instruction == told, where
+    finally:
+        a.stop()
+        b.stop()
+
+
 def test_a_manifest_mixing_standard_and_perturbation_suites_runs_verifies_and_reports_by_kind(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text('keyframes = false\n[policy]\nfactory = "rescue.embedded.scripted:make_policy"\n'
                       '[sham]\nsource = "permuted"\n')
     lines = []
-    for suite in ("libero_object", "libero_object_lan", "libero_object_swap"):
+    for suite in ("libero_object", "libero_object_lan", "libero_object_lan@base-inits", "libero_object_swap"):
         study = tmp_path / f"eval-{suite}"
         rescue_cli("eval", "--suite", suite, "--tasks", "0", "--episodes", "1", "--horizon", "24", "--study", str(study),
                    "--config", str(config), "--simulators", "1")
         out = tmp_path / f"{suite}.jsonl"
-        rescue_cli("manifest", "from-eval", str(study), "--out", str(out))
+        made = rescue_cli("manifest", "from-eval", str(study), "--out", str(out))
+        assert made.returncode == 0
         lines += out.read_text().splitlines()
     manifest = tmp_path / "mixed.jsonl"
     manifest.write_text("\n".join(lines) + "\n")
-    assert "3 cases" in " ".join(rescue_cli("manifest", "check", str(manifest)).stdout.split())
+    checked = " ".join(rescue_cli("manifest", "check", str(manifest)).stdout.split())
+    assert "4 cases" in checked
+    # Each perturbed suite says how it pairs with its base: by identical episode only on base inits.
+    assert "libero_object_lan pairs with libero_object only by (task, initial-state index), not by episode" in checked
+    assert "libero_object_lan@base-inits pairs with libero_object by identical episode" in checked
+    assert "libero_object_swap pairs with libero_object only by" in checked
     study = tmp_path / "rescue"
     rescue_cli("run", str(manifest), "--study", str(study), "--config", str(config))
     assert rescue_cli("verify", str(study)).returncode == 0
     export = export_of(study)
     by_id = {c["case_id"]: c for c in export["cases"]}
-    assert {c["group"] for c in export["cases"]} == {"object", "language", "swap"}
-    assert set(export["summary"]["per_group"]) == {"object", "language", "swap"}
+    groups = {"object", "language", "language@base-inits", "swap"}
+    assert {c["group"] for c in export["cases"]} == groups and set(export["summary"]["per_group"]) == groups
+    assert "object_lan.base-inits-0-ep0" in by_id
     assert all(c["label"] in ("rescued", "not_rescued") and c["sham_label"] is not None for c in export["cases"])
     # The language perturbation's assisted arm was injected into the words its policy was told.
     lan = next(c for c in by_id.values() if c["group"] == "language")

@@ -1,12 +1,13 @@
 """The user's own episodes, bit for bit: rescue's control arms against the peer's own evaluation loop.
 
 openpi: a loop written the way openpi's LIBERO example runs (tests/openpi_client_loop.py: hard
-resets, `env.seed(7)` once per task, episodes in order, openpi-client on the wire) queries the bundled
-vision-language policy server; `rescue eval` queries the same server under the `openpi` protocol
-(the default for a policy server). Every query of every episode must carry the same image and state
-digests, on two tasks (each seeded once) and episode indices 0, 1, 2 of two suites (libero_spatial places its fixtures
-from the random stream, so episode k > 0 depends on the k resets before it). They are failures all:
-20 steps is too short to succeed.
+resets, `env.seed(7)` once per task, episodes in order, `task.language` as the prompt, openpi-client
+on the wire) queries the bundled vision-language policy server; `rescue eval` queries the same server
+under the `openpi` protocol (the default for a policy server). Every query of every episode must carry
+the same image, state and prompt digests, on two tasks (each seeded once) and episode indices 0, 1, 2
+of three suites (libero_spatial places its fixtures from the random stream, so episode k > 0 depends on
+the k resets before it; libero_object_lan's BDDL says other words than its task.language, and openpi's
+loop sends the latter, which the policy acts on). They are failures all: 20 steps is too short to succeed.
 
 LeRobot: its LIBERO env seeds `1000 + j` before episode j's (hard) reset; a loop written that way
 and rescue's simulator under the `lerobot` protocol and `lerobot-libero` profile, given the same
@@ -25,7 +26,8 @@ import numpy as np
 import pytest
 from conftest import ROOT, cli_env, ensure_stopped, export_of, rescue_cli
 
-from rescue.core.digest import digest_array, digest_obs
+from rescue.core.catalog import libero_catalog
+from rescue.core.digest import digest_array, digest_obs, digest_text
 from rescue.core.episode_protocol import get_protocol
 from rescue.core.evaluation import episode_cases
 from rescue.core.manifest import load_manifest
@@ -35,7 +37,7 @@ from rescue.study.journal import Journal
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
 TASKS, EPISODES, MAX_STEPS, C = "0,1", 3, 20, 5
-SUITES = ("libero_object", "libero_spatial")
+SUITES = ("libero_object", "libero_spatial", "libero_object_lan")
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +82,18 @@ def test_control_arms_under_the_openpi_protocol_are_openpis_episodes_query_by_qu
         assert arm.episode_protocol == "openpi" and arm.episode_markers is False  # openpi's client sends none
         assert cases[case_id].env_seed == 7  # openpi seeds each task once, with 7
         assert arm.status == "complete" and arm.success is False, (case_id, arm.error)
-        ours = [{"step": r.step, "images": r.images, "state": r.state} for r in arm.trace]
+        ours = [{"step": r.step, "images": r.images, "state": r.state, "prompt": r.instruction} for r in arm.trace]
         assert len(ours) == MAX_STEPS // C
         assert ours == theirs[case_id], case_id
     # Not one episode repeated: the initial states differ, and so do the queries.
     assert len({arm.trace[0].images["observation/image"] for arm in arms.values()}) == len(arms)
+    if suite == "libero_object_lan":
+        # openpi's loop told task.language, the base suite's words, not the BDDL's rewritten ones.
+        catalog = libero_catalog()
+        for case_id, arm in arms.items():
+            task = catalog.task(suite, cases[case_id].task_id)
+            assert task.task_language != task.instruction
+            assert {r.instruction for r in arm.trace} == {digest_text(task.task_language)}, case_id
 
 
 def _lerobot_info(successes_by_task: dict[int, list[bool]]) -> bytes:

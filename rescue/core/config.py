@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from rescue.core.digest import canonical_json, digest_text
+from rescue.core.episode_protocol import EpisodeProtocol, InstructionChoice, get_protocol
 from rescue.core.names import EMBEDDED_POLICY
 from rescue.core.prompts import DEFAULT_ROOT
 from rescue.core.records import ADVISOR_NAME, advisor_arm, arm_advisor, is_assisted
@@ -289,11 +290,22 @@ class EnvConfig(BaseModel):
     study is created: then `openpi` for an external policy server, `rescue` for the bundled policies; a
     study made before protocols holds None, which is `rescue`."""
     episode_protocol_sha256: str | None = None
-    """The sha256 of that protocol's definition, fixed at creation (a changed built-in is refused on resume)."""
+    """The sha256 of that protocol's definition, `instruction` applied, fixed at creation (a changed built-in is
+    refused on resume)."""
+    instruction: InstructionChoice | None = None
+    """What the policy is told, when not what the episode protocol's own client sends: `perturbed`, a LIBERO-PRO
+    suite's rewritten words (`_lan`, `_task`), which openpi's and LeRobot's loops never send (they send
+    `task.language`, for those suites their base's words); `task.language` under the `rescue` protocol. None
+    before a study is created: the protocol's own (rescue: perturbed; openpi, lerobot: task.language); fixed then."""
     max_simulator_rss_gb: float | None = Field(default=None, gt=0)
     """Resident memory one simulator process (or Ray actor) may hold, in GB of 1e9 bytes: before it builds a
     task's env it closes the envs it used least recently (DESIGN §12). None: 2.5. A resource setting, like
     `simulators`: results do not depend on it (an env built again replays bit for bit)."""
+
+
+    def protocol(self) -> EpisodeProtocol:
+        """The episode protocol arms start by: `episode_protocol` (None: rescue), telling what `instruction` says."""
+        return get_protocol(self.episode_protocol, self.instruction)
 
 
 class StudyConfig(BaseModel):

@@ -13,17 +13,25 @@ solver's warm start is what two forward passes of a fresh model leave, and the g
 action starts at zero. Episode k of a task seeded once is reproduced by replaying the random draws
 of the k resets before it (a reset draws only from numpy's global stream: fixture placement, robot
 noise), without their physics.
+
+What the policy is told is part of the protocol too. openpi's and LeRobot's loops send LIBERO's
+`task.language`, the words of the BDDL file's name; a LIBERO-PRO language or task perturbation
+rewrites only the BDDL's `(:language ...)`, so under their loops a `_lan` suite's policy hears its
+base suite's words. This tool's own protocol tells the rewritten words. A study may choose the other
+(`[env] instruction`); the choice is in the protocol's digest, so in the study's identity.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.catalog import OFFICIAL_HORIZON, libero_catalog
 from rescue.core.digest import canonical_json
+
+InstructionChoice = Literal["perturbed", "task.language"]
 
 
 class EpisodeProtocol(BaseModel):
@@ -59,13 +67,31 @@ class EpisodeProtocol(BaseModel):
     camera_size: int = 256
     """The cameras' render size the evaluation built its env with (an observation profile resizes from it)."""
     episode_markers: Literal["announced", "never"] = "announced"
-    """Whether an arm sends openpi's `episode_start`/`episode_end` frames: `announced`, to a server whose
-    metadata announces them (the bundled one); `never`, as openpi's own LIBERO client (which sends none: the
-    frames exist only in an unmerged change of openpi) and LeRobot (its policies run in process)."""
+    """Whether an arm sends `episode_start`/`episode_end` frames: `announced`, to a server whose metadata
+    announces them (the bundled one); `never`, as openpi's own LIBERO client and LeRobot (its policies run in
+    process). openpi's `examples/libero/main.py` on its main branch (unchanged from 2025-02-03 to commit 15a9616
+    of 2026-06-16, the newest read) and `openpi-client` 0.1.2 (which has no such methods) send none; only an
+    unmerged pull request (#919) adds them."""
+    instruction: InstructionChoice = "perturbed"
+    """What the policy is told: `task.language`, LIBERO's task name in words, as openpi's and LeRobot's loops
+    send it for every suite (for a LIBERO-PRO `_lan` or `_task` suite, its base suite's words); `perturbed`, the
+    suite's own wording (the catalog's `instruction`: the BDDL's rewritten `(:language ...)` where the suite
+    rewrote its base's, else `task.language`). A `<suite>@base-inits` is told the perturbed words under either."""
 
     def sha256(self) -> str:
-        """Digest of the definition (a study records it; a changed built-in is refused on resume)."""
-        return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode("utf-8")).hexdigest()
+        """Digest of the definition (a study records it; a changed built-in is refused on resume).
+
+        `instruction` counts only when it is `task.language`: every protocol told the perturbed words before the
+        field existed, so a definition that still does keeps the digest its studies recorded."""
+        data = self.model_dump(mode="json", exclude={"instruction"} if self.instruction == "perturbed" else None)
+        return hashlib.sha256(canonical_json(data).encode("utf-8")).hexdigest()
+
+    def told(self, suite: str, task_id: int) -> str:
+        """The instruction an episode of (`suite`, `task_id`) gives the policy under this protocol."""
+        task = libero_catalog().task(suite, task_id)
+        if task is None:
+            raise ValueError(f"{suite} has no task {task_id} in the catalog")
+        return task.told(self.instruction)
 
     def horizon(self, suite: str) -> int:
         """H of a suite under this protocol: its own, else its base suite's (`libero_object_swap` -> `libero_object`)."""
@@ -95,22 +121,25 @@ RESCUE = EpisodeProtocol(
 )
 # openpi's examples/libero/main.py: OffScreenRenderEnv(bddl, camera_heights=256, camera_widths=256) (hard_reset
 # default True), env.seed(7) once per task right after building it, episodes in order, env.reset() then
-# set_init_state(initial_states[k]), 10 steps of [0]*6 + [-1], then max_steps per suite.
+# set_init_state(initial_states[k]), 10 steps of [0]*6 + [-1], then max_steps per suite; "prompt" is
+# str(task.language). LIBERO-PRO's own repository ships no policy loop of its own: its README has the user
+# rename the suite in such a loop, so its users' policies hear task.language too.
 OPENPI = EpisodeProtocol(
     name="openpi",
     description="openpi's LIBERO client (examples/libero/main.py): hard resets, env.seed(7) once per task, episodes in order",
     reset="hard", seeding="per_task", settle_steps=10, settle_action=NOOP_GRIPPER_OPEN,
     horizons=dict(OFFICIAL_HORIZON), episode_seeds="task_seed", seed_base=7, episode_markers="never",
+    instruction="task.language",
 )
 # LeRobot's LIBERO env (src/lerobot/envs/libero.py): hard resets, env.seed(seed) before each reset with
 # seed = 1000 + episode (lerobot-eval's start seed), init state j for episode j, 10 settle steps inside the
-# reset, TASK_SUITE_MAX_STEPS (libero_spatial 280, where openpi has 220).
+# reset, TASK_SUITE_MAX_STEPS (libero_spatial 280, where openpi has 220); task_description = task.language.
 LEROBOT = EpisodeProtocol(
     name="lerobot",
     description="LeRobot's LIBERO evaluation (lerobot-eval): hard resets, env.seed(1000 + episode) before each",
     reset="hard", seeding="per_episode", settle_steps=10, settle_action=NOOP_GRIPPER_OPEN,
     horizons={**OFFICIAL_HORIZON, "libero_spatial": 280}, episode_seeds="seed_plus_index", seed_base=1000,
-    episode_markers="never",
+    episode_markers="never", instruction="task.language",
 )
 PROTOCOLS: dict[str, EpisodeProtocol] = {p.name: p for p in (RESCUE, OPENPI, LEROBOT)}
 # The protocol of a study that names none: an external policy server is evaluated the way openpi's
@@ -120,9 +149,14 @@ EXTERNAL_DEFAULT = "openpi"
 BUNDLED_DEFAULT = "rescue"
 
 
-def get_protocol(name: str | None) -> EpisodeProtocol:
-    """A built-in protocol by name (None: `rescue`, the protocol of studies made before there were others)."""
+def get_protocol(name: str | None, instruction: str | None = None) -> EpisodeProtocol:
+    """A built-in protocol by name (None: `rescue`, the protocol of studies made before there were others),
+    telling the policy `instruction` (`[env] instruction`) instead of its own choice when that is given."""
     protocol = PROTOCOLS.get(name or BUNDLED_DEFAULT)
     if protocol is None:
         raise ValueError(f"unknown episode protocol {name!r}; built in: {', '.join(PROTOCOLS)}")
-    return protocol
+    if instruction is None or instruction == protocol.instruction:
+        return protocol
+    if instruction not in get_args(InstructionChoice):
+        raise ValueError(f"unknown instruction choice {instruction!r}; one of {', '.join(get_args(InstructionChoice))}")
+    return protocol.model_copy(update={"instruction": instruction})

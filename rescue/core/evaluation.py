@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict
 
-from rescue.core.catalog import libero_catalog
+from rescue.core.catalog import VARIANT_MARK, libero_catalog, split_variant
 from rescue.core.episode_protocol import RESCUE, EpisodeProtocol
 from rescue.core.manifest import Case
 from rescue.core.records import ArmResult, Verdict
@@ -115,11 +115,18 @@ def mark_pilot(cases: list[Case], first_tasks: int) -> list[Case]:
 
 
 def suite_group(suite: str) -> str:
-    """The group an evaluation gives a suite's episodes: its short name, or its perturbation kind."""
+    """The group an evaluation gives a suite's episodes: its short name, or its perturbation kind (with its
+    variant: `language@base-inits`, so a study of both never pools them)."""
     known = libero_catalog().suite(suite)
+    _, variant = split_variant(suite)
     if known is not None and known.perturbation != "none":
-        return known.perturbation
+        return known.perturbation + (f"{VARIANT_MARK}{variant}" if variant else "")
     return suite.removeprefix("libero_")
+
+
+def case_id_of(suite: str, task_id: int, index: int) -> str:
+    """An episode's case id: `object-3-ep7`, `object_lan.base-inits-3-ep7` (case ids take no `@`)."""
+    return f"{suite.removeprefix('libero_').replace(VARIANT_MARK, '.')}-{task_id}-ep{index}"
 
 
 def episode_cases(
@@ -132,7 +139,7 @@ def episode_cases(
     group = suite_group(suite)
     return [
         Case(
-            case_id=f"{suite.removeprefix('libero_')}-{task}-ep{idx}",
+            case_id=case_id_of(suite, task, idx),
             suite=suite,
             task_id=task,
             init_state_index=idx,

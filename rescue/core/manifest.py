@@ -137,7 +137,8 @@ class Case(BaseModel):
     group: str = Field(min_length=1)
     """The group the case is reported under (e.g. Atomic-Seen); absent from the manifest: the suite."""
     instruction: str | None = Field(default=None, min_length=1)
-    """The task's instruction, which must equal the task's own; None: not given (the task's is used)."""
+    """The task's instruction, one of its own wordings (the catalog's `instruction`, or its `task_language`), and
+    the arm's must equal it; None: not given (the one the episode protocol tells is used)."""
     fingerprint: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]+$")
     """The historical initial-state fingerprint (hex, stored lowercase); None: not given (the arms are then
     compared with each other)."""
@@ -411,10 +412,13 @@ def _benchmark_problems(obj: dict[str, Any], catalog: Catalog, max_horizon_facto
         instruction = obj.get("instruction")
         # Exact equality: the instruction is part of the initial-state
         # fingerprint, so "almost the same" would replay a different case.
-        if isinstance(instruction, str) and instruction and instruction != task.instruction:
+        # Either of the task's wordings: the suite's own, or LIBERO's task.language where that differs (what
+        # openpi's and LeRobot's loops send); the arm refuses the one its episode protocol does not send.
+        if isinstance(instruction, str) and instruction and instruction not in (task.instruction, task.task_language):
+            also = f" (nor its task.language {task.task_language!r})" if task.task_language else ""
             out.append((
                 "instruction",
-                f"{_show(instruction)} is not {name} task {task_id}'s own instruction {task.instruction!r}",
+                f"{_show(instruction)} is not {name} task {task_id}'s own instruction {task.instruction!r}{also}",
             ))
     horizon = obj.get("horizon")
     if max_horizon_factor is not None and _is_int(horizon):

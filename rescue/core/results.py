@@ -11,7 +11,9 @@ Two shapes are read:
 - openpi-style results, one JSON object per line: `{"suite": "libero_spatial", "task_id": 0,
   "episode": 3, "success": false}` (openpi's LIBERO example logs its results but writes no such file;
   write one line per episode from its loop). Episode k of a task under openpi's protocol starts from
-  initial state k with the task seeded once with 7 (`"seed"` may say otherwise).
+  initial state k with the task seeded once with 7 (`"seed"` may say otherwise). `"prompt"`, when given,
+  is the instruction the loop sent; it is part of the episode's fingerprint, so an arm told other words
+  is an `initial_state_deviation`, not that episode.
 
 Every entry that cannot be mapped is named with its line or path and field; nothing is kept then.
 """
@@ -36,6 +38,8 @@ class Episode:
     env_seed: int
     success: bool
     where: str
+    prompt: str | None = None
+    """The instruction the evaluation's loop sent, when its results say (openpi-style `"prompt"`)."""
 
 
 class ResultsError(ValueError):
@@ -125,12 +129,14 @@ def openpi_episodes(data: bytes, source: str, catalog: Catalog, seed: int = 7) -
             continue
         bad = [f for f, ok in (("suite", isinstance(row.get("suite"), str)), ("task_id", _int(row.get("task_id"))),
                                ("episode", _int(row.get("episode"))), ("success", isinstance(row.get("success"), bool)),
-                               ("seed", "seed" not in row or _int(row.get("seed")))) if not ok]
+                               ("seed", "seed" not in row or _int(row.get("seed"))),
+                               ("prompt", "prompt" not in row or (isinstance(row.get("prompt"), str) and row["prompt"])))
+               if not ok]
         if bad:
             problems += [f"{where}: {field}: missing or of the wrong type" for field in bad]
             continue
         episode = Episode(row["suite"], row["task_id"], row["episode"], row["episode"], row.get("seed", seed), row["success"],
-                          where)
+                          where, row.get("prompt"))
         if _check(episode, catalog, problems, "episode"):
             out.append(episode)
     if problems:

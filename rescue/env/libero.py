@@ -21,7 +21,7 @@ from collections import OrderedDict
 import numpy as np
 
 from rescue.core.actions import ActionSpace
-from rescue.core.catalog import OFFICIAL_HORIZON, libero_catalog
+from rescue.core.catalog import OFFICIAL_HORIZON, libero_catalog, split_variant
 from rescue.core.digest import digest_array, digest_json, digest_text
 from rescue.core.episode_protocol import EpisodeProtocol, get_protocol
 from rescue.core.observation import PRIVILEGED, ObservationProfile, shape_observation
@@ -167,6 +167,19 @@ class LiberoAdapter:
         self._model_digests: dict[tuple[str, int], str] = {}  # task -> its env's static model digest
         self._built_model: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}  # task -> compiled body_pos, body_quat
 
+    def _episode_task(self, suite: str, task_id: int) -> tuple[str, int]:
+        """The registered suite and task whose env and initial states an episode of (suite, task_id) uses: the
+        same, or for `<suite>@base-inits` its base suite's task (a variant that cannot be is refused here too)."""
+        catalog = libero_catalog()
+        if split_variant(suite)[1] is None:
+            return suite, task_id
+        problem = catalog.variant_problem(suite)
+        if problem is not None:
+            raise ValueError(problem)
+        if catalog.task(suite, task_id) is None:
+            raise ValueError(f"{suite} has no task {task_id} (it has {len(catalog.suite(suite).tasks)})")
+        return catalog.episode_task(suite, task_id)
+
     def _suite(self, name: str):
         if name not in self._suites:
             bench = self._benchmark.get_benchmark_dict()
@@ -176,18 +189,20 @@ class LiberoAdapter:
         return self._suites[name]
 
     def task_instruction(self, case: CaseLike) -> str:
-        """The task's own language instruction: the one its env gives the policy (the catalog's)."""
+        """The task's own words (the catalog's `instruction`), as the `rescue` protocol tells them."""
         c = case_fields(case)
-        suite = self._suite(c.suite)
-        if not 0 <= c.task_id < suite.n_tasks:
+        name, task_id = self._episode_task(c.suite, c.task_id)
+        suite = self._suite(name)
+        if not 0 <= task_id < suite.n_tasks:
             raise ValueError(f"{c.suite} has no task {c.task_id} (it has {suite.n_tasks})")
-        return self._instruction(c.suite, c.task_id)
+        return self._instruction(c.suite, c.task_id, get_protocol(None))
 
-    def _instruction(self, suite_name: str, task_id: int) -> str:
+    def _instruction(self, suite_name: str, task_id: int, episode: EpisodeProtocol) -> str:
         # LIBERO names a task by its file (`task.language`); a LIBERO-PRO language or task perturbation
-        # rewrites the BDDL's (:language) only, which the env tells the policy. The catalog says which.
-        task = libero_catalog().task(suite_name, task_id)
-        return task.instruction if task is not None else self._suite(suite_name).get_task(task_id).language
+        # rewrites the BDDL's (:language) only. The protocol says which one its client tells the policy.
+        if libero_catalog().task(suite_name, task_id) is not None:
+            return episode.told(suite_name, task_id)
+        return self._suite(suite_name).get_task(task_id).language
 
     def _env_for(self, suite_name: str, task_id: int):
         key = (suite_name, task_id)
@@ -260,16 +275,18 @@ class LiberoAdapter:
         c = case_fields(case)
         self._profile = resolve_profile(profile)
         episode = get_protocol(protocol) if not isinstance(protocol, EpisodeProtocol) else protocol
-        suite = self._suite(c.suite)
-        if not 0 <= c.task_id < suite.n_tasks:
+        # `<suite>@base-inits` runs its base suite's task: env, initial states and scene are the base episode's.
+        name, task_id = self._episode_task(c.suite, c.task_id)
+        suite = self._suite(name)
+        if not 0 <= task_id < suite.n_tasks:
             raise ValueError(f"{c.suite} has no task {c.task_id} (it has {suite.n_tasks})")
-        init_states = suite.get_task_init_states(c.task_id)
+        init_states = suite.get_task_init_states(task_id)
         if not 0 <= c.init_state_index < len(init_states):
             raise ValueError(
                 f"{c.suite}/{c.task_id} has no initial state {c.init_state_index} (it has {len(init_states)})"
             )
-        env = self._env_for(c.suite, c.task_id)
-        self._env, self._key = env, (c.suite, c.task_id)
+        env = self._env_for(name, task_id)
+        self._env, self._key = env, (name, task_id)
         # Views are registered before the reset so their sampling clocks start with the others'.
         for cam in self._profile.cameras:
             self._view(cam.camera, cam.size)
@@ -294,7 +311,7 @@ class LiberoAdapter:
             env.step(settle)
         goal = env.env.parsed_problem["goal_state"]
         self._goal = tuple(goal[0]) if len(goal) == 1 and len(goal[0]) == 3 else None
-        instruction = self._instruction(c.suite, c.task_id)
+        instruction = self._instruction(c.suite, c.task_id, episode)
         raw = env.env._get_observations()
         parts = {
             "physics": digest_array(self._physics_state()),
@@ -303,7 +320,7 @@ class LiberoAdapter:
             ),
             "instruction": digest_text(instruction),
             "scene": digest_json(
-                {"suite": c.suite, "task_id": c.task_id, "init_state_index": c.init_state_index, "env_seed": c.env_seed}
+                {"suite": name, "task_id": task_id, "init_state_index": c.init_state_index, "env_seed": c.env_seed}
             ),
             # The model as the physics runs it: the compiled model (MuJoCo's binary form), after the
             # reset. Not the XML text: `get_xml` returns the last XML MuJoCo loaded in the process,

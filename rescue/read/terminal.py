@@ -271,3 +271,46 @@ def render_lab_usage(usage: Any) -> Group:
     for line in usage.skipped:
         parts.append(Text(f"not read: {line}"))
     return Group(*parts)
+
+
+def render_catalog(catalog: Any, suite: str | None = None) -> Group | Table:
+    """The suites that run here with what each changes in its base (measured), or one suite's tasks."""
+    if suite is not None:
+        return _suite_tasks(catalog, suite)
+    t = Table(title=f"{catalog.benchmark} suites that run here ({catalog.source})")
+    for column in ("suite", "kind", "tasks", "H", "initial states = base's", "model vs base", "wording vs base",
+                   "@base-inits"):
+        t.add_column(column)
+    for name, entry in catalog.suites.items():
+        summary = entry.versus_base()
+        if summary is None:
+            t.add_row(name, "none", str(len(entry.tasks)), str(entry.horizon), "", "", "", "")
+            continue
+        variant = "yes" if catalog.variant_problem(f"{name}@base-inits") is None else "no"
+        model = "same" if not summary.model_differs else ", ".join(summary.model_differs)
+        wording = "same" if not summary.wording_differs else f"differs ({summary.wording_differs}/{summary.tasks})"
+        t.add_row(name, entry.perturbation, str(len(entry.tasks)), str(entry.horizon),
+                  f"{summary.init_states_equal}/{summary.init_states_compared}", model, wording, variant)
+    note = Text(f"{len(catalog.unavailable)} more suites and task folders cannot run here "
+                "(`rescue catalog SUITE` says why for one; catalog_libero.json lists them).")
+    return Group(t, note)
+
+
+def _suite_tasks(catalog: Any, name: str) -> Group:
+    """One suite: how it pairs with its base, then per task its base task, initial states, model and words."""
+    entry = catalog.suite(name)
+    if entry is None:
+        return Group(Text(catalog.refusal(name) or f"unknown suite {name!r}; {catalog.hint(name)}"))
+    pairing = catalog.pairing(name)
+    head = Text(f"{name}: base {entry.base}, perturbation {entry.perturbation}, H {entry.horizon}, "
+                f"instruction from {entry.instruction_source}" + (f"\n{pairing}" if pairing else ""))
+    t = Table(title=f"{name} tasks")
+    for column in ("task", "base task", "initial states = base's", "model vs base", "instruction", "task.language"):
+        t.add_column(column)
+    for i, task in enumerate(entry.tasks):
+        v = task.versus_base
+        t.add_row(str(i), "" if v is None else f"{v.base_task} ({v.matched_by})",
+                  f"{task.init_states}" if v is None else f"{v.init_states_equal}/{v.init_states_compared}",
+                  "" if v is None else ("same" if not v.model_differs else ", ".join(v.model_differs)),
+                  task.instruction, task.task_language or "")
+    return Group(head, t)

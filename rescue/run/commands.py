@@ -11,10 +11,11 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from rescue.core.config import ConfigError, StudyConfig
-from rescue.core.episode_protocol import get_protocol
 from rescue.core.catalog import format_ids
-from rescue.core.evaluation import EvalSummary, episode_cases, failure_cases, mark_pilot, summarize_eval
+from rescue.core.config import ConfigError, StudyConfig
+from rescue.core.digest import digest_json, digest_text
+from rescue.core.episode_protocol import get_protocol
+from rescue.core.evaluation import EvalSummary, case_id_of, episode_cases, failure_cases, mark_pilot, summarize_eval
 from rescue.core.manifest import Case, Manifest, ManifestError, load_manifest, parse_manifest
 from rescue.core.names import EMBEDDED_POLICY
 from rescue.core.records import Verdict
@@ -257,18 +258,29 @@ def manifest_from_results(
               "eval_episodes": len(episodes), "eval_successes": len(episodes) - len(failures), "eval_failures": len(failures),
               **_episode_tags([(e.suite, e.task_id, e.init_state_index) for e in episodes])}
     cases = [
-        Case(case_id=f"{e.suite.removeprefix('libero_')}-{e.task_id}-ep{e.episode}", suite=e.suite, task_id=e.task_id, init_state_index=e.init_state_index, env_seed=e.env_seed,
+        Case(case_id=case_id_of(e.suite, e.task_id, e.episode), suite=e.suite, task_id=e.task_id, init_state_index=e.init_state_index, env_seed=e.env_seed,
              horizon=protocol.horizon(e.suite), group=e.suite.removeprefix("libero_"), tags=source)
         for e in failures
     ]
-    # The historical fingerprint: the episode's reset replayed under its protocol, in a simulator process.
+    # The historical fingerprint: the episode's reset replayed under its protocol, in a simulator process,
+    # with the words the results say the loop sent (an arm told others is not that episode: a deviation).
     sim = SimProcess(adapter, name="sim-fingerprint")
     try:
-        cases = [c.model_copy(update={"fingerprint": sim._call("reset", c, None, protocol).fingerprint}) for c in cases]
+        cases = [_historical(c, e.prompt, sim._call("reset", c, None, protocol)) for c, e in zip(cases, failures)]
     finally:
         sim.stop()
     write_manifest(cases, out)
     return cases
+
+
+def _historical(case: Case, prompt: str | None, reset) -> Case:
+    """The case with its historical fingerprint: the replayed reset's, its instruction part the results' prompt
+    when they give one (then a `prompt` tag too where it is not what the protocol tells)."""
+    parts = dict(reset.fingerprint_parts)
+    if prompt is None or digest_text(prompt) == parts.get("instruction"):
+        return case.model_copy(update={"fingerprint": reset.fingerprint})
+    parts["instruction"] = digest_text(prompt)
+    return case.model_copy(update={"fingerprint": digest_json(parts), "tags": {**case.tags, "prompt": prompt}})
 
 
 def demo(

@@ -23,7 +23,6 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.config import StudyConfig, load_config
-from rescue.core.episode_protocol import get_protocol
 from rescue.core.evaluation import EvalSummary, episode_cases, summarize_labels
 from rescue.core.manifest import parse_manifest
 from rescue.core.records import EpisodeLabel, Verdict
@@ -390,11 +389,13 @@ def create_compare(
         # Each side's identity (C, observation, what its server announces) is fixed in the plan.
         config = asyncio.run(resolved_config(config.model_copy(update={"arms": ("control",)})))
         sides.append(Side(name=name, config_sha256=config.sha256(), config=config.model_dump(mode="json")))
-    protocols = {StudyConfig.model_validate(side.config).env.episode_protocol for side in sides}
-    if len(protocols) > 1:
-        raise StudyError(f"the two sides would start their episodes by different protocols ({', '.join(sorted(map(str, protocols)))}); "
-                         "a paired comparison needs the same episodes: set the same [env] episode_protocol on both")
-    horizon = request.horizon or get_protocol(protocols.pop()).horizon(request.suite)
+    protocols = {StudyConfig.model_validate(side.config).env.protocol() for side in sides}
+    if len({p.sha256() for p in protocols}) > 1:
+        names = sorted(f"{p.name} telling {p.instruction}" for p in protocols)
+        raise StudyError(f"the two sides would start their episodes by different protocols ({', '.join(names)}); "
+                         "a paired comparison needs the same episodes: set the same [env] episode_protocol (and "
+                         "[env] instruction) on both")
+    horizon = request.horizon or protocols.pop().horizon(request.suite)
     plan = ComparePlan(**request.model_dump(exclude={"horizon"}), horizon=horizon, a=sides[0], b=sides[1])
     study_dir.mkdir(parents=True, exist_ok=True)
     write_json(study_dir / PLAN_FILE, plan.model_dump(mode="json"))
@@ -404,7 +405,7 @@ def create_compare(
 
 def _create_sides(study_dir: Path, plan: ComparePlan) -> None:
     """Create each side's evaluation study that does not exist yet, all on one episode manifest."""
-    protocol = get_protocol(StudyConfig.model_validate(plan.a.config).env.episode_protocol)
+    protocol = StudyConfig.model_validate(plan.a.config).env.protocol()
     cases = episode_cases(plan.suite, plan.tasks, plan.episodes, plan.horizon, plan.first_init, protocol)
     body = "".join(c.model_dump_json(exclude_none=True) + "\n" for c in cases)
     manifest = parse_manifest(body.encode(), f"{plan.suite} x{plan.episodes}")

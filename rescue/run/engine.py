@@ -21,7 +21,6 @@ import structlog
 
 from rescue.core.config import StudyConfig
 from rescue.core.digest import digest_bytes, digest_text
-from rescue.core.episode_protocol import get_protocol
 from rescue.core.failfast import FailFast, error_line, one_line
 from rescue.core.manifest import Case
 from rescue.core.observation import get_profile
@@ -125,7 +124,7 @@ class Engine:
         self.journal = Journal.open(self.layout.root)
         self.observer = as_observer(on_case)
         self.profile = get_profile(config.policy.observation or "privileged")
-        self.protocol = get_protocol(config.env.episode_protocol)
+        self.protocol = config.env.protocol()
         self.study_id = str(self.journal.meta().get("study_id") or "rescue")
         self._failfast = FailFast(config.fail_fast_arms)
         # The sham arm's declared donors, and the VLM answers of this run by case (for donors' waiters).

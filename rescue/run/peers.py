@@ -137,7 +137,8 @@ def resolve_config(config: StudyConfig, metadata: dict[str, Any]) -> StudyConfig
         }
     )
     episode = study_protocol(config)
-    env = config.env.model_copy(update={"episode_protocol": episode.name, "episode_protocol_sha256": episode.sha256()})
+    env = config.env.model_copy(update={"episode_protocol": episode.name, "episode_protocol_sha256": episode.sha256(),
+                                        "instruction": episode.instruction})
     return config.model_copy(update={"policy": policy, "env": env, "rules": _rules_for(config.rules, profile)})
 
 
@@ -154,10 +155,10 @@ def _rules_for(rules: RulesConfig, profile: ObservationProfile) -> RulesConfig:
 
 def study_protocol(config: StudyConfig) -> EpisodeProtocol:
     """The study's episode protocol: the configured one, else `openpi` for an external server and `rescue`
-    for the bundled policies (IdentityError for an unknown name)."""
+    for the bundled policies, telling what `[env] instruction` says (IdentityError for an unknown name)."""
     name = config.env.episode_protocol or (EXTERNAL_DEFAULT_PROTOCOL if config.policy.url else BUNDLED_DEFAULT_PROTOCOL)
     try:
-        return get_protocol(name)
+        return get_protocol(name, config.env.instruction)
     except ValueError as exc:
         raise IdentityError(f"env.episode_protocol: {exc}") from None
 
@@ -181,7 +182,7 @@ def check_identity(config: StudyConfig, metadata: dict[str, Any]) -> None:
         )
     if changes:
         raise IdentityError("the policy server is not the one this study was created with: " + "; ".join(changes))
-    episode = get_protocol(config.env.episode_protocol)
+    episode = config.env.protocol()
     if config.env.episode_protocol_sha256 not in (None, episode.sha256()):
         raise IdentityError(f"episode protocol {episode.name!r}: the study was created with definition "
                             f"{config.env.episode_protocol_sha256[:12]}…, this version defines {episode.sha256()[:12]}…")

@@ -106,7 +106,7 @@ async def _one_arm(case: Case, config: StudyConfig, services: Services) -> ArmRe
     """A control arm as the engine runs it: own simulator, own connection, the configured rules."""
     spec = ArmSpec(
         arm="control", interval=services.interval, image_size=config.env.image_size, keepalive_s=config.keepalive_s,
-        profile=get_profile(config.policy.observation or "privileged"), protocol=get_protocol(config.env.episode_protocol),
+        profile=get_profile(config.policy.observation or "privileged"), protocol=config.env.protocol(),
     )
     sim = await services.pool.acquire()
     try:
@@ -194,7 +194,7 @@ async def _vlm_views(case: Case, config: StudyConfig, services: Services) -> tup
     profile = get_profile(config.policy.observation or "privileged")
     sim = await services.pool.acquire()
     try:
-        reset = await sim.reset(case, profile, config.env.episode_protocol)
+        reset = await sim.reset(case, profile, config.env.protocol())
         views = await sim.render(list(VLM_VIEWS), config.env.image_size)
     finally:
         services.pool.release(sim)
@@ -258,7 +258,7 @@ async def _first_obs(case: Case, config: StudyConfig, services: Services) -> dic
     profile = get_profile(config.policy.observation or "privileged")
     sim = await services.pool.acquire()
     try:
-        reset = await sim.reset(case, profile, config.env.episode_protocol)
+        reset = await sim.reset(case, profile, config.env.protocol())
     finally:
         services.pool.release(sim)
     return profile.policy_input(reset.obs, reset.instruction)

@@ -78,7 +78,7 @@ _TEMPLATE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 JOB_KEYS: frozenset[str] = frozenset({
     "cases_in_flight", "release_simulator_while_waiting", "fork_at_q", "keyframes", "keepalive_s",
     "fail_fast_arms", "arms", "allow_idle_rules", "query_rule", "rules", "sham",
-    "env.simulators", "env.image_size", "env.episode_protocol", "env.max_simulator_rss_gb",
+    "env.simulators", "env.image_size", "env.episode_protocol", "env.instruction", "env.max_simulator_rss_gb",
     "policy.replan_interval", "policy.observation",
     "vlm.model", "vlm.api", "vlm.structured", "vlm.deadline_s", "vlm.request_timeout_s", "vlm.max_attempts",
     "vlm.backoff_initial_s", "vlm.backoff_max_s", "vlm.backoff_jitter_s", "vlm.max_subgoal_chars",

@@ -50,6 +50,11 @@ def _protocol_text(config: StudyConfig, recorded: list[str | None]) -> str:
     name = episode_protocol(config, recorded)
     known = PROTOCOLS.get(name)
     text = f"{name} ({known.description})" if known is not None else name
+    told = getattr(config.env, "instruction", None)
+    if told is not None and known is not None:
+        words = "the suite's own (perturbed) words" if told == "perturbed" else "task.language"
+        chosen = "" if told == known.instruction else ", chosen by [env] instruction instead of the protocol's own"
+        text += f"; the policy is told {words}{chosen}"
     others = sorted({p for p in recorded if p and p != name})
     if others:
         text += f"; arms recorded another: {', '.join(others)}"
