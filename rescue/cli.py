@@ -199,7 +199,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rescue.read.html.compare import write_comparison_report
+    from rescue.read.html.side_by_side import write_comparison_report
     from rescue.read.html.report import write_report
 
     if len(args.studies) == 1:
@@ -395,7 +395,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from rescue.core.config import config_data
-    from rescue.service.config import job_request, load_service_config
+    from rescue.service.settings import job_request, load_service_config
     from rescue.service.queue import submit_file
 
     # A job chooses among the service's named endpoints and policies; its other settings are checked

@@ -300,7 +300,7 @@ def test_an_export_of_the_previous_schema_still_reads(tmp_path):
 
 
 def test_a_service_job_names_an_endpoint_per_advisor_and_nothing_else():
-    from rescue.service.config import ServiceConfig, job_request, resolve_job, study_problems
+    from rescue.service.settings import ServiceConfig, job_request, resolve_job, study_problems
 
     service = ServiceConfig.model_validate({
         "vlm": {"local": {"base_url": "local"},

@@ -36,6 +36,12 @@ def test_every_moved_module_exists_and_its_old_name_is_gone():
         assert hasattr(stale, "__path__"), f"{old} is still a module beside {new}"
 
 
+def test_a_renamed_module_resolves_under_its_old_name():
+    assert resolve("rescue.service.config:job_request") is resolve("rescue.service.settings:job_request")
+    assert resolve("rescue.read.html.compare:write_comparison_report") is resolve(
+        "rescue.read.html.side_by_side:write_comparison_report")
+
+
 def test_current_module_rewrites_a_prefix_only_at_a_dot():
     assert current_module("rescue.study") == "rescue.study.folder"
     assert current_module("rescue.studies") == "rescue.run.commands"

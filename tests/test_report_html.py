@@ -463,7 +463,7 @@ def test_the_page_weight_does_not_grow_with_the_cases(sham_report, tmp_path):
 
 
 def test_studies_of_one_manifest_compare_case_by_case(sham_study, fixed_study, sham_report, tmp_path):
-    from rescue.read.html.compare import holm, write_comparison_report
+    from rescue.read.html.side_by_side import holm, write_comparison_report
 
     out = write_comparison_report([sham_study, fixed_study], tmp_path / "cmp" / "compare.html")
     html = out.read_text(encoding="utf-8")
@@ -508,7 +508,7 @@ def test_studies_of_one_manifest_compare_case_by_case(sham_study, fixed_study, s
 
 
 def test_studies_of_different_manifests_are_refused_in_one_line(sham_study, synthetic, tmp_path):
-    from rescue.read.html.compare import ComparisonError, write_comparison_report
+    from rescue.read.html.side_by_side import ComparisonError, write_comparison_report
 
     out = tmp_path / "cmp" / "compare.html"
     with pytest.raises(ComparisonError) as err:

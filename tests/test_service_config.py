@@ -10,7 +10,7 @@ import pytest
 
 from rescue.core.config import ConfigError, StudyConfig, load_config
 from rescue.service import api
-from rescue.service.config import (
+from rescue.service.settings import (
     JOB_KEYS,
     NO_KEY_ENV,
     ServiceConfig,

@@ -30,7 +30,7 @@ from rescue.env.backend import LOCAL, Backend
 from rescue.env.pool import SimLease, SimulatorError
 from rescue.policy.client import WebsocketPolicyClient
 from rescue.run.arm import ArmSpec, run_arm, run_forked
-from rescue.run.peers import Services, start_services
+from rescue.run.peers import Peers, start_services
 from rescue.study.folder import SHAM_DONORS_KEY, classify_case, load_study_config, outcome_receipts, store_summary
 from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, Journal
 from rescue.study.layout import StudyLayout
@@ -115,7 +115,7 @@ class Engine:
         self,
         study_dir: Path,
         config: StudyConfig,
-        services: Services,
+        services: Peers,
         on_case: RunObserver | Callable[[Verdict], None] | None = None,
     ):
         self.layout = StudyLayout.of(study_dir)
@@ -213,7 +213,7 @@ class Engine:
             self.journal.request_drain()
         self.drain()
 
-    async def _worker(self, name: str, services: Services) -> None:
+    async def _worker(self, name: str, services: Peers) -> None:
         # A case is claimed only with a simulator and a policy connection in hand, immediately
         # before its first reset: a crash never leaves a case that had not begun marked started,
         # and an unreachable policy server stops the study instead of consuming its queue.
@@ -263,7 +263,7 @@ class Engine:
                 if lease is not None:
                     lease.release()
 
-    async def _hold(self, services: Services) -> Hold | None:
+    async def _hold(self, services: Peers) -> Hold | None:
         """Hold the next case's VLM calls on the lab budget (None: no budget, or the run stops claiming); when
         they would pass the cap the study stops claiming, with the reason."""
         if services.budget is None:
@@ -289,7 +289,7 @@ class Engine:
             return None
         return task.result()
 
-    async def _run_partner(self, case_id: str, worker: str, services: Services) -> None:
+    async def _run_partner(self, case_id: str, worker: str, services: Peers) -> None:
         """Claim and run a donor-group member if nobody has: a simulator and a connection in hand first."""
         if self.journal.state(case_id) != "pending":
             return
@@ -316,7 +316,7 @@ class Engine:
             if lease is not None:
                 lease.release()
 
-    async def _run_case(self, case: Case, services: Services, held: tuple[SimLease, AsyncRuleWrapper]) -> None:
+    async def _run_case(self, case: Case, services: Peers, held: tuple[SimLease, AsyncRuleWrapper]) -> None:
         if self.config.fork_at_q and not self.config.is_evaluation:
             arms = list(await self._run_forked(case, services, held))
         else:
@@ -377,13 +377,13 @@ class Engine:
         path.write_bytes(data)
         return digest_bytes(data)
 
-    async def _connect(self, services: Services) -> AsyncRuleWrapper:
+    async def _connect(self, services: Peers) -> AsyncRuleWrapper:
         client = await WebsocketPolicyClient.connect(services.policy_url, api_key=services.policy_api_key)
         # The configured correction rules sit between the policy and the simulator; firings go to the arm record.
         return AsyncRuleWrapper(client, self.config.rules, self.config.interval, strict=not self.config.allow_idle_rules)
 
     async def _run_one_arm(
-        self, case: Case, arm: str, services: Services, held: tuple[SimLease, AsyncRuleWrapper] | None
+        self, case: Case, arm: str, services: Peers, held: tuple[SimLease, AsyncRuleWrapper] | None
     ) -> ArmResult:
         spec = ArmSpec(arm=arm, interval=services.interval, **self._spec_kwargs())
         lease, policy = held if held is not None else (None, None)
@@ -407,7 +407,7 @@ class Engine:
                 lease.release()
 
     async def _run_forked(
-        self, case: Case, services: Services, held: tuple[SimLease, AsyncRuleWrapper]
+        self, case: Case, services: Peers, held: tuple[SimLease, AsyncRuleWrapper]
     ) -> list[ArmResult]:
         leases: list[SimLease] = [held[0]]
         policies: list[AsyncRuleWrapper] = [held[1]]
@@ -439,7 +439,7 @@ class Engine:
             for lease in leases:
                 lease.release()
 
-    def _advisor_for(self, arm: str, services: Services, case: Case):
+    def _advisor_for(self, arm: str, services: Peers, case: Case):
         """Who answers an arm at q: its advisor's VLM (assisted, assisted:<name>), the sham's declared source
         (sham), nobody (control)."""
         if is_assisted(arm):

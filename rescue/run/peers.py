@@ -195,7 +195,7 @@ async def check_live_identity(config: StudyConfig) -> None:
 
 
 @dataclass
-class Services:
+class Peers:
     """The running peers of a study: policy URL, VLM clients (one per advisor), simulator pool."""
 
     policy_url: str
@@ -213,7 +213,7 @@ class Services:
 @contextlib.asynccontextmanager
 async def start_services(
     config: StudyConfig, layout: StudyLayout, backend: Backend = LOCAL, lab_budget: float | None = None
-) -> AsyncIterator[Services]:
+) -> AsyncIterator[Peers]:
     """Start what a created study's config asks for, after checking the policy server's identity.
 
     The simulators come from `backend`: local processes, or actors on a Ray cluster. `lab_budget`: the lab
@@ -254,7 +254,7 @@ async def start_services(
         pool = backend.pool(config.env.simulators, config.env.adapter, log_path=str(layout.simulator_log),
                             max_rss_gb=config.env.max_simulator_rss_gb)
         closers.append(pool.close)
-        yield Services(policy_url, api_key, config.interval, pool, advisors.get(config.primary_arm), closers, advisors,
+        yield Peers(policy_url, api_key, config.interval, pool, advisors.get(config.primary_arm), closers, advisors,
                        budget)
     finally:
         for close in reversed(closers):

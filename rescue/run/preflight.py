@@ -35,7 +35,7 @@ from rescue.core.observation import get_profile
 from rescue.core.records import ArmResult
 from rescue.policy.client import PolicyConnectionClosed, PolicyServerError, WebsocketPolicyClient
 from rescue.run.arm import ArmSpec, KeepaliveError, run_arm, wait_with_keepalive
-from rescue.run.peers import Services, resolved_config, start_services
+from rescue.run.peers import Peers, resolved_config, start_services
 from rescue.study.layout import StudyLayout
 from rescue.study.receipts import ReceiptLog
 from rescue.vlm.answers import SubgoalRequest
@@ -98,32 +98,32 @@ def agreement(results: list[ArmResult]) -> str | None:
     return None
 
 
-async def _connect(services: Services) -> WebsocketPolicyClient:
-    return await WebsocketPolicyClient.connect(services.policy_url, api_key=services.policy_api_key)
+async def _connect(peers: Peers) -> WebsocketPolicyClient:
+    return await WebsocketPolicyClient.connect(peers.policy_url, api_key=peers.policy_api_key)
 
 
-async def _one_arm(case: Case, config: StudyConfig, services: Services) -> ArmResult:
+async def _one_arm(case: Case, config: StudyConfig, peers: Peers) -> ArmResult:
     """A control arm as the engine runs it: own simulator, own connection, the configured rules."""
     spec = ArmSpec(
-        arm="control", interval=services.interval, image_size=config.env.image_size, keepalive_s=config.keepalive_s,
+        arm="control", interval=peers.interval, image_size=config.env.image_size, keepalive_s=config.keepalive_s,
         profile=get_profile(config.policy.observation or "privileged"), protocol=config.env.protocol(),
     )
-    sim = await services.pool.acquire()
+    sim = await peers.pool.acquire()
     try:
-        policy = AsyncRuleWrapper(await _connect(services), config.rules)
+        policy = AsyncRuleWrapper(await _connect(peers), config.rules)
         try:
             return await run_arm(case, spec, sim, policy)
         finally:
             await policy.close()
     finally:
-        services.pool.release(sim)
+        peers.pool.release(sim)
 
 
-async def check_determinism(case: Case, config: StudyConfig, services: Services, clients: int) -> Check:
+async def check_determinism(case: Case, config: StudyConfig, peers: Peers, clients: int) -> Check:
     """Run the case's control arm on `clients` clients at once; their traces must agree to the last row."""
     name = f"determinism {case.case_id}"
     # Every arm finishes (and frees its simulator) before the verdict, even when one fails.
-    results = await asyncio.gather(*(_one_arm(case, config, services) for _ in range(clients)), return_exceptions=True)
+    results = await asyncio.gather(*(_one_arm(case, config, peers) for _ in range(clients)), return_exceptions=True)
     for i, r in enumerate(results):
         if isinstance(r, BaseException):  # the simulator or the connection failed before the arm could record it
             return Check(name=name, verdict="fail", detail=f"client {i}: {type(r).__name__}: {r}")
@@ -148,14 +148,14 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else str(text)
 
 
-async def check_policy_query(case: Case, config: StudyConfig, services: Services) -> Check:
+async def check_policy_query(case: Case, config: StudyConfig, peers: Peers) -> Check:
     """One policy query with the study's observation profile; the chunk must cover C steps."""
     name = "policy query"
     profile = config.policy.observation or "privileged"
     obs: dict = {}
     try:
-        obs = await _first_obs(case, config, services)
-        client = await _connect(services)
+        obs = await _first_obs(case, config, peers)
+        client = await _connect(peers)
         try:
             await client.reset()
             reply = await client.infer(obs)
@@ -172,7 +172,7 @@ async def check_policy_query(case: Case, config: StudyConfig, services: Services
         )
     except Exception as exc:
         return Check(name=name, verdict="fail", detail=f"{type(exc).__name__}: {_last_line(exc)}")
-    interval = services.interval
+    interval = peers.interval
     if actions.ndim != 2 or actions.shape[0] < interval:
         return Check(
             name=name,
@@ -190,14 +190,14 @@ async def check_policy_query(case: Case, config: StudyConfig, services: Services
     )
 
 
-async def _vlm_views(case: Case, config: StudyConfig, services: Services) -> tuple[str, dict]:
+async def _vlm_views(case: Case, config: StudyConfig, peers: Peers) -> tuple[str, dict]:
     profile = get_profile(config.policy.observation or "privileged")
-    sim = await services.pool.acquire()
+    sim = await peers.pool.acquire()
     try:
         reset = await sim.reset(case, profile, config.env.protocol())
         views = await sim.render(list(VLM_VIEWS), config.env.image_size)
     finally:
-        services.pool.release(sim)
+        peers.pool.release(sim)
     return reset.instruction, views
 
 
@@ -214,7 +214,7 @@ def _vlm_hint(kind: str | None, error: str, key_env: str) -> str:
     return "fix the VLM settings before running the study"
 
 
-async def check_vlm_call(case: Case, config: StudyConfig, services: Services, workdir: Path,
+async def check_vlm_call(case: Case, config: StudyConfig, peers: Peers, workdir: Path,
                          advisor: str | None = None, settings: VLMConfig | None = None) -> Check:
     """One real VLM call with the study's settings (an advisor's: `settings`) on a reset simulator's views;
     any failure fails it."""
@@ -232,7 +232,7 @@ async def check_vlm_call(case: Case, config: StudyConfig, services: Services, wo
             closers.append(runner.cleanup)
             vlm = vlm.model_copy(update={"base_url": base_url})
         key = vlm.resolved_api_key()
-        instruction, views = await _vlm_views(case, config, services)
+        instruction, views = await _vlm_views(case, config, peers)
         client = VLMClient(vlm, ReceiptLog(workdir / "preflight-receipts.jsonl"), artifacts_dir=workdir / "vlm")
         answer = await client.ask(SubgoalRequest(case.case_id, instruction, case.horizon // 2, views))
     except MissingAPIKey as exc:
@@ -254,19 +254,19 @@ async def check_vlm_call(case: Case, config: StudyConfig, services: Services, wo
     return Check(name=name, verdict="pass", detail=f"{where} answered a subgoal of {len(answer.subgoal or '')} characters")
 
 
-async def _first_obs(case: Case, config: StudyConfig, services: Services) -> dict:
+async def _first_obs(case: Case, config: StudyConfig, peers: Peers) -> dict:
     profile = get_profile(config.policy.observation or "privileged")
-    sim = await services.pool.acquire()
+    sim = await peers.pool.acquire()
     try:
         reset = await sim.reset(case, profile, config.env.protocol())
     finally:
-        services.pool.release(sim)
+        peers.pool.release(sim)
     return profile.policy_input(reset.obs, reset.instruction)
 
 
-async def _fresh_second_chunk(services: Services, obs: dict, seed: int) -> np.ndarray:
+async def _fresh_second_chunk(peers: Peers, obs: dict, seed: int) -> np.ndarray:
     """What a new connection answers to its second query after reset_rng(seed)."""
-    ref = await _connect(services)
+    ref = await _connect(peers)
     try:
         await ref.reset()
         await ref.reset_rng(seed)
@@ -276,20 +276,20 @@ async def _fresh_second_chunk(services: Services, obs: dict, seed: int) -> np.nd
         await ref.close()
 
 
-async def check_idle_hold(case: Case, config: StudyConfig, services: Services, idle_s: float) -> Check:
+async def check_idle_hold(case: Case, config: StudyConfig, peers: Peers, idle_s: float) -> Check:
     """Hold a connection idle for idle_s with the study's keepalive; its connection and RNG must survive."""
     try:
-        return await _idle_hold(case, config, services, idle_s)
+        return await _idle_hold(case, config, peers, idle_s)
     except Exception as exc:  # the simulator or the connection failed outside the hold itself
         return Check(name="idle hold", verdict="fail", detail=f"{type(exc).__name__}: {exc}")
 
 
-async def _idle_hold(case: Case, config: StudyConfig, services: Services, idle_s: float) -> Check:
+async def _idle_hold(case: Case, config: StudyConfig, peers: Peers, idle_s: float) -> Check:
     name = "idle hold"
     every = config.keepalive_s
-    obs = await _first_obs(case, config, services)
+    obs = await _first_obs(case, config, peers)
     seed = case.policy_seed
-    client = await _connect(services)
+    client = await _connect(peers)
     try:
         await client.reset()
         if client.supports_rng:
@@ -326,7 +326,7 @@ async def _idle_hold(case: Case, config: StudyConfig, services: Services, idle_s
             detail=f"connection held idle {idle_s:g} s with ping keepalive every {every:g} s and answered afterwards; "
             "its RNG state cannot be read (no RNG extension)",
         )
-    reference = await _fresh_second_chunk(services, obs, seed)
+    reference = await _fresh_second_chunk(peers, obs, seed)
     if reference.shape != chunk.shape or not np.array_equal(reference, chunk):
         return Check(
             name=name,
@@ -342,9 +342,9 @@ async def _idle_hold(case: Case, config: StudyConfig, services: Services, idle_s
     )
 
 
-async def check_rng_extension(services: Services) -> tuple[Check, bool]:
+async def check_rng_extension(peers: Peers) -> tuple[Check, bool]:
     """Whether the server resets and reports the policy RNG per connection."""
-    client = await _connect(services)
+    client = await _connect(peers)
     try:
         supported = client.supports_rng
     finally:
@@ -356,14 +356,14 @@ async def check_rng_extension(services: Services) -> tuple[Check, bool]:
     return Check(name="rng extension", verdict="warn", detail=detail), False
 
 
-async def check_episode_markers(config: StudyConfig, services: Services) -> Check:
+async def check_episode_markers(config: StudyConfig, peers: Peers) -> Check:
     """Whether arms will send openpi's episode_start/episode_end frames, and why (DESIGN §10).
 
     A server that does not know the frames passes them to its policy as an observation (openpi's own
     websocket server does: it answers every frame with `policy.infer`), so they go only to a server whose
     metadata announces them, and never under a protocol whose own client sends none."""
     protocol = get_protocol(config.env.episode_protocol)
-    client = await _connect(services)
+    client = await _connect(peers)
     try:
         announced = client.supports_episode_control
     finally:
@@ -401,7 +401,7 @@ async def run_preflight(
     idle_s: float = 30.0,
     workdir: Path | None = None,
 ) -> PreflightReport:
-    """Start the study's services with `clients` simulators and run every check; never raises for a failed check.
+    """Start the study's peers with `clients` simulators and run every check; never raises for a failed check.
 
     k=0 skips the determinism check (the idle hold alone, e.g. for a long hold).
     """
@@ -420,24 +420,24 @@ async def run_preflight(
             run_config = await resolved_config(run_config)
             # The checks run under the resolved identity (C, observation profile) a study would get.
             config = config.model_copy(update={"policy": run_config.policy})
-            async with start_services(run_config, StudyLayout.of(workdir or tmp)) as services:
-                url = services.policy_url
+            async with start_services(run_config, StudyLayout.of(workdir or tmp)) as peers:
+                url = peers.policy_url
                 # The real calls first: a wrong profile or VLM key ends the preflight in one line.
-                calls = [await check_policy_query(cases[0], config, services)]
+                calls = [await check_policy_query(cases[0], config, peers)]
                 for advisor, _, settings in config.advisor_configs():
-                    calls.append(await check_vlm_call(cases[0], config, services, Path(tmp), advisor, settings))
+                    calls.append(await check_vlm_call(cases[0], config, peers, Path(tmp), advisor, settings))
                 checks.extend(calls)
                 for check in calls:
                     log.info("preflight.check", **check.model_dump())
                 if any(c.verdict == "fail" for c in calls):
                     return PreflightReport(checks=checks, policy_url=url, policy_rng_control=rng_control)
-                rng_check, rng_control = await check_rng_extension(services)
+                rng_check, rng_control = await check_rng_extension(peers)
                 checks.append(rng_check)
-                checks.append(await check_episode_markers(run_config, services))
+                checks.append(await check_episode_markers(run_config, peers))
                 for case in cases[:k]:
-                    checks.append(await check_determinism(case, config, services, clients))
+                    checks.append(await check_determinism(case, config, peers, clients))
                     log.info("preflight.check", **checks[-1].model_dump())
-                checks.append(await check_idle_hold(cases[0], config, services, idle_s))
+                checks.append(await check_idle_hold(cases[0], config, peers, idle_s))
                 log.info("preflight.check", **checks[-1].model_dump())
         except Exception as exc:  # a service that does not start is a failed preflight, not a crash
             checks.append(Check(name="services", verdict="fail", detail=f"{type(exc).__name__}: {exc}"))

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rescue.core.config import ConfigError
 from rescue.core.manifest import ManifestError
-from rescue.service.config import ServiceConfig, job_request
+from rescue.service.settings import ServiceConfig, job_request
 from rescue.service.queue import (
     MAX_NAME_CHARS,
     QueueError,

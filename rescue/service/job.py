@@ -7,7 +7,7 @@ input, 1 internal). A job whose study exists is resumed exactly as
 `rescue resume` does (claimed-unfinished cases become unknown, interrupted);
 otherwise the study is created (its identity resolved now) and run, with the
 study configuration the worker resolved from the job's choices and gives on
-stdin (rescue.service.config.resolve_job), never the job folder's as written.
+stdin (rescue.service.settings.resolve_job), never the job folder's as written.
 Paths it prints are relative to the job folder.
 """
 

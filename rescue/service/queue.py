@@ -1,7 +1,7 @@
 """The job queue: one folder per submitted study under `QUEUE/jobs/<job-id>/`.
 
 A job folder holds the manifest as submitted (`manifest.jsonl`), the job's
-settings as given (`config.json`: job-settable keys only, see service.config; the
+settings as given (`config.json`: job-settable keys only, see service.settings; the
 service's endpoint and policy are added when the job starts) and the sha256 of
 their study configuration, `job.json` (who, when, what, the endpoint and policy it
 named), `state.json` (queued, running, finished,
@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rescue.core.config import ConfigError, StudyConfig
 from rescue.core.manifest import Manifest, parse_manifest, read_manifest_bytes
-from rescue.service.config import (
+from rescue.service.settings import (
     JobRequest,
     ServiceConfig,
     request_of,
@@ -225,7 +225,7 @@ def submit_job(
 ) -> JobSpec:
     """Validate a manifest and a job's settings and place a queued job; nothing is written when either is bad.
 
-    `config` is a job request (`service.config.job_request`) or a study configuration,
+    `config` is a job request (`service.settings.job_request`) or a study configuration,
     which may then set job-settable keys only; `service`: the choices it is checked
     against (default: RESCUE_SERVICE_CONFIG's, else the embedded defaults)."""
     request = config if isinstance(config, JobRequest) else request_of(config)

@@ -21,7 +21,7 @@ life (released by the kernel however it dies), so a second `rescue serve` on the
 same queue is refused naming the first one's pid, before it looks at any job.
 
 A job's choices are resolved against the service's configuration when it starts
-(rescue.service.config): the child gets the resolved study configuration on its
+(rescue.service.settings): the child gets the resolved study configuration on its
 stdin; a stored study is checked against the same choices before it is resumed.
 A job the service does not allow ends `stopped` without a child.
 """
@@ -43,7 +43,7 @@ import structlog
 
 import rescue
 from rescue.core.config import ConfigError
-from rescue.service.config import (
+from rescue.service.settings import (
     NO_KEY_ENV,
     SERVICE_CONFIG_ENV,
     ServiceConfig,
