@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from rescue.core.stats import Summary, ranked
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "models" / "advisors" / "three_advisors.toml"
 SERVERS = (("8011", "wrong-object"), ("8012", "fixed:Continue with the task."))
@@ -77,22 +79,22 @@ def main() -> None:
         for server in servers:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait()
-    s = json.loads((out / "export.json").read_text())["summary"]
+    s = Summary.model_validate(json.loads((out / "export.json").read_text())["summary"])
     print(f"\n{n} cases, {wall / 60:.1f} min from the first run to the end of the resume\n")
     print("| advisor | R | E | R/E | vs control: advisor only / control only, p | vs sham: advisor only / sham only, p |")
     print("|---|---|---|---|---|---|")
-    for a in sorted(s["advisors"], key=lambda a: -(a["r_over_e"] or 0)):
-        sham = a["sham"]
-        print(f"| {a['name']} | {a['r']} | {a['e']} | {100 * (a['r_over_e'] or 0):.0f}% | "
-              f"{a['pairs']['assisted_only']} / {a['pairs']['control_only']}, {a['mcnemar_p']:.2g} | "
-              f"{sham['pairs']['assisted_only']} / {sham['pairs']['sham_only']}, {sham['mcnemar_p']:.2g} |")
-    print(f"| (sham) | {s['sham']['r']} | {s['sham']['e']} | | | |")
+    for a in ranked([f for f in s.figures() if f.arm != "sham"]):
+        vc, sham = a.versus_control, s.comparison(a.arm, "sham")
+        print(f"| {a.arm.removeprefix('assisted:')} | {a.r} | {a.e} | {100 * (a.r_over_e or 0):.0f}% | "
+              f"{vc.pairs.first_only} / {vc.pairs.second_only}, {vc.mcnemar_p:.2g} | "
+              f"{sham.pairs.first_only} / {sham.pairs.second_only}, {sham.mcnemar_p:.2g} |")
+    sham = next(a for a in s.arms if a.arm == "sham")
+    print(f"| (sham) | {sham.r} | {sham.e} | | | |")
     print("\n| pair | K | first only / second only | exact McNemar p | Holm-adjusted p |")
     print("|---|---|---|---|---|")
-    for p in s["advisor_pairs"]:
-        print(f"| {p['first']} vs {p['second']} | {p['k']} | {p['pairs']['first_only']} / {p['pairs']['second_only']} | "
-              f"{p['mcnemar_p']:.2g} | {p['holm_p']:.2g} |")
-
+    for p in [c for c in s.comparisons if c.holm_p is not None]:
+        print(f"| {p.first.removeprefix('assisted:')} vs {p.second.removeprefix('assisted:')} | {p.k} | "
+              f"{p.pairs.first_only} / {p.pairs.second_only} | {p.mcnemar_p:.2g} | {p.holm_p:.2g} |")
 
 if __name__ == "__main__":
     main()

@@ -118,7 +118,7 @@ def main() -> None:
         "folder_mb_per_case": round(folder / done / 1e6, 3),
         "peak_rss_gb": {f"{pid} {cmd}": round(gb, 2) for pid, (cmd, gb) in sorted(peak.items(), key=lambda kv: -kv[1][1])},
         "rescued": summary["counts"].get("rescued"), "n": summary["n"],
-        "sham_rescued": (summary.get("sham") or {}).get("r"),
+        "sham_rescued": next((a["r"] for a in summary.get("arms", []) if a["arm"] == "sham"), None),
         "extrapolated_1004_cases_h": round(SEED_CASES * wall / done / 3600, 2),
         "extrapolated_1004_cases_cpu_bound_h": round(SEED_CASES * cpu / done / os.cpu_count() / 3600, 2),
     }

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from rescue.core.catalog import libero_catalog  # noqa: E402
 from rescue.core.robustness import SuiteComparison, compare_with_base  # noqa: E402
+from rescue.core.stats import Summary  # noqa: E402
 
 BASE = "libero_object"
 PERTURBED = ["libero_object_lan@base-inits", "libero_object_lan", "libero_object_object", "libero_object_swap",
@@ -150,13 +151,16 @@ def main() -> None:
         print(f"  {row['suite']:32s} {' '.join(map(str, row['per_task']))}")
     print("\n| kind | failures (N) | rescued | sham rescued | K | assisted only / sham only | exact McNemar p |")
     print("|---|---|---|---|---|---|---|")
-    for kind, b in sorted(s["per_group"].items()):
-        sham = b["sham"]
-        print(f"| {kind} | {b['n']} | {b['rescued']} | {sham['r']} | {sham['k']} | "
-              f"{sham['pairs']['assisted_only']} / {sham['pairs']['sham_only']} | {fmt_p(sham['mcnemar_p'])} |")
-    sham = s["sham"]
-    print(f"| all | {s['n']} | {s['r']} | {sham['r']} | {sham['k']} | "
-          f"{sham['pairs']['assisted_only']} / {sham['pairs']['sham_only']} | {fmt_p(sham['mcnemar_p'])} |")
+    rescued = Summary.model_validate(s)
+    for kind, b in sorted(rescued.per_group.items()):
+        sham = next(a for a in b.arms if a.arm == "sham")
+        versus = next(c for c in b.comparisons if (c.first, c.second) == (rescued.arm, "sham"))
+        print(f"| {kind} | {b.n} | {b.rescued} | {sham.r} | {versus.k} | "
+              f"{versus.pairs.first_only} / {versus.pairs.second_only} | {fmt_p(versus.mcnemar_p)} |")
+    sham = next(a for a in rescued.arms if a.arm == "sham")
+    versus = rescued.comparison(rescued.arm, "sham")
+    print(f"| all | {rescued.n} | {rescued.r} | {sham.r} | {versus.k} | "
+          f"{versus.pairs.first_only} / {versus.pairs.second_only} | {fmt_p(versus.mcnemar_p)} |")
     (out / "robustness.json").write_text(json.dumps({"rows": rows, "summary": s}, indent=2) + "\n")
 
 

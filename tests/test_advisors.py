@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-from test_core import ORIGINAL, injected, make_case, make_trace
+from test_core import ORIGINAL, injected, make_case, make_trace, with_arms
 
 from rescue.core.classify import classify
 from rescue.core.config import ConfigError, StudyConfig, TokenPrice, load_config
 from rescue.core.digest import digest_text
 from rescue.core.records import ArmResult, CaseRecord, Receipt, Usage, Verdict
-from rescue.core.stats import holm, mcnemar_exact, paired_diff_ci, ranked_advisors, summarize
+from rescue.core.stats import holm, mcnemar_exact, paired_diff_ci, ranked, summarize
 
 pytestmark = pytest.mark.fast
 
@@ -121,12 +121,10 @@ def advisor_case(case_id: str, outcomes: dict[str, bool], control: bool = False,
     base = make_case(case_id, control_success=control)
     arms, receipts = {}, {}
     for name, ok in outcomes.items():
-        arms[name], receipts[name] = _advisor_arm(case_id, name, ok)
+        arms[f"assisted:{name}"], receipts[f"assisted:{name}"] = _advisor_arm(case_id, name, ok)
     first = next(iter(outcomes))
-    rec = base.model_copy(update={
-        "assisted": arms[first], "receipt": receipts[first], "advisor": first,
-        "advisors": arms, "advisor_receipts": receipts,
-    })
+    rec = base.model_copy(update={"primary": f"assisted:{first}", "arms": {"control": base.control, **arms},
+                                  "receipts": receipts})
     if sham is not None:
         text = "Continue with the task."
         instruction = injected(ORIGINAL, text)
@@ -136,41 +134,42 @@ def advisor_case(case_id: str, outcomes: dict[str, bool], control: bool = False,
                 "subgoal": text, "instruction": instruction, "instruction_digest": digest_text(instruction),
                 "source": "fixed", "source_sha256": digest_text(text), "call_id": None, "request_id": None}),
         })
-        rec = rec.model_copy(update={"sham": s, "sham_source": "fixed", "sham_text": text})
+        rec = with_arms(rec, {"sham": s}, sham_source="fixed", sham_text=text)
     return rec
 
 
 def test_each_advisor_is_judged_against_control_and_the_primarys_verdict_is_the_label():
     rec = advisor_case("c1", {"local": True, "wrong": False, "continue": True}, sham=False)
     v = classify(rec)
-    assert list(v.advisors) == list(NAMES)
-    assert (v.advisors["local"].label, v.advisors["wrong"].label, v.advisors["continue"].label) == (
-        "rescued", "not_rescued", "rescued")
-    assert v.advisors["wrong"].rule == 8 and "assisted:wrong arm failed" in v.advisors["wrong"].reason
+    assert list(v.arms) == ["assisted:wrong", "assisted:continue", "sham"]  # the primary's is the label
+    by = {n: v.of(f"assisted:{n}", rec.primary) for n in NAMES}
+    assert (by["local"].label, by["wrong"].label, by["continue"].label) == ("rescued", "not_rescued", "rescued")
+    assert by["wrong"].rule == 8 and "assisted:wrong arm failed" in by["wrong"].reason
     assert (v.label, v.rule, v.in_m, v.in_e) == ("rescued", 9, True, True)  # the primary's
-    assert v.sham.label == "not_rescued"
+    assert v.arms["sham"].label == "not_rescued"
 
 
 def test_an_advisor_arm_tied_to_another_advisors_receipt_has_no_evidence():
     rec = advisor_case("c1", {"local": True, "wrong": True})
     # The wrong-object advisor's arm points at a receipt the local advisor's call wrote (same case, same subgoal).
-    forged = rec.advisor_receipts["wrong"].model_copy(update={"advisor": "local"})
-    v = classify(rec.model_copy(update={"advisor_receipts": {**rec.advisor_receipts, "wrong": forged}}))
-    assert v.advisors["local"].label == "rescued"
-    assert (v.advisors["wrong"].label, v.advisors["wrong"].rule) == ("unknown", 6)
-    assert "a call of advisor 'local', not of advisor 'wrong'" in v.advisors["wrong"].reason
+    forged = rec.receipts["assisted:wrong"].model_copy(update={"advisor": "local"})
+    v = classify(with_arms(rec, receipts={"assisted:wrong": forged}))
+    assert v.label == "rescued"  # the primary's (local)
+    assert (v.arms["assisted:wrong"].label, v.arms["assisted:wrong"].rule) == ("unknown", 6)
+    assert "a call of advisor 'local', not of advisor 'wrong'" in v.arms["assisted:wrong"].reason
     # A failed call of one advisor leaves the others' verdicts alone.
-    failed = rec.advisors["wrong"].model_copy(update={"assistance": rec.advisors["wrong"].assistance.model_copy(
+    wrong = rec.arms["assisted:wrong"]
+    failed = wrong.model_copy(update={"assistance": wrong.assistance.model_copy(
         update={"status": "timeout", "subgoal": None, "instruction": None, "instruction_digest": None, "error_kind": "timeout"})})
-    v = classify(rec.model_copy(update={"advisors": {**rec.advisors, "wrong": failed}}))
-    assert (v.advisors["wrong"].rule, v.label) == (3, "rescued")
+    v = classify(with_arms(rec, {"assisted:wrong": failed}))
+    assert (v.arms["assisted:wrong"].rule, v.label) == (3, "rescued")
 
 
 def test_a_one_vlm_studys_receipts_name_no_advisor_and_one_naming_an_advisor_is_no_evidence():
     rec = make_case("x", assisted_success=True)
-    assert classify(rec).label == "rescued" and classify(rec).advisors is None
+    assert classify(rec).label == "rescued" and classify(rec).arms == {}
     named = rec.receipt.model_copy(update={"advisor": "gpt"})
-    assert classify(rec.model_copy(update={"receipt": named})).rule == 6
+    assert classify(with_arms(rec, receipts={"assisted": named})).rule == 6
 
 
 # --- statistics --------------------------------------------------------------------------------------------
@@ -200,18 +199,20 @@ def test_advisors_are_summarized_each_against_control_and_sham_and_paired_with_h
     s = summarize(records, [classify(r) for r in records])
     # The headline is the primary advisor's.
     assert (s.n, s.r, s.m, s.e) == (40, 30, 40, 40)
-    by = {a.name: a for a in s.advisors}
-    assert [a.name for a in s.advisors] == list(NAMES) and by["local"].primary and not by["wrong"].primary
+    by = {f.arm.removeprefix("assisted:"): f for f in s.figures() if f.arm != "sham"}
+    assert list(by) == list(NAMES) and s.arm == "assisted:local"
     assert (by["local"].r, by["wrong"].r, by["continue"].r) == (30, 2, 6)
     assert by["continue"].r_over_e == pytest.approx(6 / 40)
-    assert (by["wrong"].pairs.assisted_only, by["wrong"].pairs.control_only, by["wrong"].pairs.both_fail) == (2, 0, 38)
-    assert by["wrong"].mcnemar_p == pytest.approx(mcnemar_exact(2, 0))
+    wrong = by["wrong"].versus_control
+    assert (wrong.pairs.first_only, wrong.pairs.second_only, wrong.pairs.both_fail) == (2, 0, 38)
+    assert wrong.mcnemar_p == pytest.approx(mcnemar_exact(2, 0))
     # Against the sham: K = 40, local-only 28, sham-only 1 (case 37), both 2 (cases 5 and 6).
-    sham = by["local"].sham
-    assert (sham.k, sham.pairs.assisted_only, sham.pairs.sham_only, sham.pairs.both_success) == (40, 28, 1, 2)
+    sham = s.comparison("assisted:local", "sham")
+    assert (sham.k, sham.pairs.first_only, sham.pairs.second_only, sham.pairs.both_success) == (40, 28, 1, 2)
     assert sham.diff_ci == pytest.approx(paired_diff_ci(28, 1, 40, both_success=2))
     # Every pair of advisors, declared order within each, Holm across the three.
-    pairs = {(p.first, p.second): p for p in s.advisor_pairs}
+    pairs = {(p.first.removeprefix("assisted:"), p.second.removeprefix("assisted:")): p
+             for p in s.comparisons if p.holm_p is not None}
     assert list(pairs) == [("local", "wrong"), ("local", "continue"), ("wrong", "continue")]
     lw, lc, wc = pairs[("local", "wrong")], pairs[("local", "continue")], pairs[("wrong", "continue")]
     assert (lw.k, lw.pairs.first_only, lw.pairs.second_only, lw.pairs.both_success, lw.pairs.both_fail) == (40, 28, 0, 2, 10)
@@ -222,21 +223,20 @@ def test_advisors_are_summarized_each_against_control_and_sham_and_paired_with_h
     assert [p.holm_p for p in pairs.values()] == pytest.approx(holm(raw))
     assert lw.holm_p < 0.05 and lc.holm_p < 0.05 and wc.holm_p > 0.05
     assert lw.diff == pytest.approx(28 / 40) and lw.diff_ci == pytest.approx(paired_diff_ci(28, 0, 40, both_success=2))
-    assert [a.name for a in ranked_advisors(s.advisors)] == ["local", "continue", "wrong"]
-    # A summary of one [vlm] has no advisor fields at all (an older stored summary is re-derived byte for byte).
+    assert [f.arm for f in ranked(list(by.values()))] == ["assisted:local", "assisted:continue", "assisted:wrong"]
+    # A summary of two arms has no fields of other arms at all.
     plain = [make_case(f"p{i}", assisted_success=i < 2) for i in range(4)]
     dumped = summarize(plain, [classify(r) for r in plain]).model_dump(mode="json")
-    assert "advisors" not in dumped and "advisor_pairs" not in dumped
+    assert "arms" not in dumped and "comparisons" not in dumped
 
 
 def test_only_cases_both_advisors_have_in_e_are_paired():
     records = _cohort()[:4]
-    bad = records[0].advisor_receipts["wrong"].model_copy(update={"subgoals": {}})
-    records[0] = records[0].model_copy(update={"advisor_receipts": {**records[0].advisor_receipts, "wrong": bad}})
+    bad = records[0].receipts["assisted:wrong"].model_copy(update={"subgoals": {}})
+    records[0] = with_arms(records[0], receipts={"assisted:wrong": bad})
     s = summarize(records, [classify(r) for r in records])
-    pairs = {(p.first, p.second): p for p in s.advisor_pairs}
-    assert pairs[("local", "wrong")].k == 3 and pairs[("local", "continue")].k == 4
-    assert {a.name: a.e for a in s.advisors} == {"local": 4, "wrong": 3, "continue": 4}
+    assert s.comparison("assisted:local", "assisted:wrong").k == 3 and s.comparison("assisted:local", "assisted:continue").k == 4
+    assert {f.arm: f.e for f in s.figures() if f.arm != "sham"} == {"assisted:local": 4, "assisted:wrong": 3, "assisted:continue": 4}
 
 
 def test_verdicts_of_a_study_of_several_advisors_round_trip():
@@ -287,8 +287,10 @@ def test_an_export_of_the_previous_schema_still_reads(tmp_path):
     from rescue.read.export import EXPORT_SCHEMA, ExportError, read_export
 
     old = read_export(DATA / "export_v3" / "export.json")
-    assert old.schema_version == "rescue-export/3" and EXPORT_SCHEMA == "rescue-export/4"
-    assert old.summary.sham is not None and old.summary.advisors is None and old.usage_by_advisor is None
+    assert old.schema_version == "rescue-export/3" and EXPORT_SCHEMA == "rescue-export/5"
+    # Read into today's shape: the sham's figures and its comparison with the assisted arm, no advisors.
+    assert [f.arm for f in old.summary.arms] == ["sham"] and old.summary.comparison("assisted", "sham") is not None
+    assert not any(c.first.startswith("assisted:") for c in old.summary.comparisons) and old.usage_by_advisor is None
     assert [c.case_id for c in old.cases][:2] == ["object-3-ep0", "object-3-ep1"]
     future = tmp_path / "export.json"
     future.write_text((DATA / "export_v3" / "export.json").read_text().replace("rescue-export/3", "rescue-export/9"))

@@ -81,22 +81,25 @@ def _study(tmp_path: Path, wrong_url: str, cont_url: str) -> None:
     assert "OK" in verify.stdout.splitlines()[0]
 
     export = export_of(study)
-    assert export["schema_version"] == "rescue-export/4"
+    assert export["schema_version"] == "rescue-export/5"
     assert [a["name"] for a in export["study"]["advisors"]] == list(ADVISORS)
     cases = {c["case_id"]: c for c in export["cases"]}
     finished = [c for cid, c in cases.items() if states.get(cid) != "claimed"]
     interrupted = [c for cid, c in cases.items() if states.get(cid) == "claimed"]
     assert interrupted and all(c["state"] == "interrupted" for c in interrupted)
+    def verdict(c: dict, arm: str) -> dict:  # the primary's verdict is the case's own
+        return {k: c[k] for k in ("label", "rule", "in_e")} if arm == c["primary"] else c["verdicts"][arm]
+
     for c in interrupted:
-        assert all(c["advisors"][n]["label"] == "unknown" for n in ADVISORS) and c["sham_label"] == "unknown"
+        assert all(verdict(c, f"assisted:{n}")["label"] == "unknown" for n in ADVISORS)
+        assert c["verdicts"]["sham"]["label"] == "unknown"
     rows = {(cid, arm): json.loads(data) for (cid, arm), data in after.items()}
     for c in finished:
-        adv = c["advisors"]
         # The primary advisor's verdict is the case's label; each advisor applied its own answer.
-        assert (adv["local"]["label"], adv["local"]["rule"]) == (c["label"], c["rule"])
-        assert adv["wrong"]["record"]["subgoal"] == "grasp the alphabet soup"  # task 3 (bbq sauce)'s scene
-        assert adv["continue"]["record"]["subgoal"] == CONTINUE
-        assert all(adv[n]["in_e"] for n in ADVISORS), c["case_id"]
+        assert c["primary"] == "assisted:local" and "assisted:local" not in c["verdicts"]
+        assert c["arms"]["assisted:wrong"]["subgoal"] == "grasp the alphabet soup"  # task 3 (bbq sauce)'s scene
+        assert c["arms"]["assisted:continue"]["subgoal"] == CONTINUE
+        assert all(verdict(c, f"assisted:{n}")["in_e"] for n in ADVISORS), c["case_id"]
         # Forked: every arm continued from the one snapshot at q.
         q_states = {rows[(c["case_id"], arm)]["q_state"] for arm in ("control", "sham", *(f"assisted:{n}" for n in ADVISORS))}
         assert len(q_states) == 1 and None not in q_states
@@ -107,13 +110,15 @@ def _study(tmp_path: Path, wrong_url: str, cont_url: str) -> None:
     assert {r["advisor"] for r in receipts} == set(ADVISORS)
     for c in finished:
         for n in ADVISORS:
-            assert outcome[c["advisors"][n]["record"]["call_id"]]["advisor"] == n
+            assert outcome[c["arms"][f"assisted:{n}"]["call_id"]]["advisor"] == n
 
     summary = export["summary"]
-    by = {a["name"]: a for a in summary["advisors"]}
-    assert by["local"]["primary"] and (by["local"]["r"], by["local"]["e"]) == (summary["r"], summary["e"])
-    assert all(by[n]["sham"] is not None for n in ADVISORS)
-    pairs = {(p["first"], p["second"]): p for p in summary["advisor_pairs"]}
+    by = {a["arm"].removeprefix("assisted:"): a for a in [summary, *summary["arms"]] if a["arm"] != "sham"}
+    assert summary["arm"] == "assisted:local" and list(by) == list(ADVISORS)
+    against_sham = {c["first"].removeprefix("assisted:") for c in summary["comparisons"] if c["second"] == "sham"}
+    assert against_sham == set(ADVISORS)
+    pairs = {(p["first"].removeprefix("assisted:"), p["second"].removeprefix("assisted:")): p
+             for p in summary["comparisons"] if p.get("holm_p") is not None}
     assert list(pairs) == [("local", "wrong"), ("local", "continue"), ("wrong", "continue")]
     for p in pairs.values():
         assert p["k"] == len(finished) == sum(p["pairs"].values())
@@ -139,7 +144,7 @@ def _study(tmp_path: Path, wrong_url: str, cont_url: str) -> None:
     index = read_index_script((study / "report_files" / "cases.js").read_text())
     assert "subgoal@wrong" in index["fields"]
     terminal = rescue_cli("status", str(study)).stdout
-    assert "advisor wrong vs control" in terminal and "advisor continue:" in terminal
+    assert "assisted:wrong vs control" in terminal and "advisor continue:" in terminal
 
     # A consistent forgery of one advisor's arm (its digest recomputed) is caught by re-deriving it.
     from rescue.core.records import ArmResult
@@ -156,4 +161,4 @@ def _study(tmp_path: Path, wrong_url: str, cont_url: str) -> None:
     con.commit()
     con.close()
     out = rescue_cli("verify", str(copy), check=False)
-    assert out.returncode == 1 and "advisors" in out.stdout, out.stdout
+    assert out.returncode == 1 and "stored verdict of the assisted:wrong arm" in out.stdout, out.stdout

@@ -116,10 +116,22 @@ def make_case(
         query_step=Q,
         historical_fingerprint=FP,
         pilot=pilot,
-        control=control,
-        assisted=assisted,
-        receipt=receipt,
+        arms={"control": control, "assisted": assisted},
+        receipts={"assisted": receipt},
     )
+
+
+def with_arms(rec: CaseRecord, arms: dict | None = None, receipts: dict | None = None, **fields) -> CaseRecord:
+    """A copy of a case record with arms and receipts (by arm name) replaced or added, and other fields changed."""
+    return rec.model_copy(update={"arms": {**rec.arms, **(arms or {})}, "receipts": {**rec.receipts, **(receipts or {})},
+                                  **fields})
+
+
+def sham_of(summary, primary: str = "assisted"):
+    """A summary's (or a group's) sham figures and the primary-vs-sham comparison."""
+    figures = next(a for a in summary.arms if a.arm == "sham")
+    versus = next(c for c in summary.comparisons if (c.first, c.second) == (primary, "sham"))
+    return figures, versus
 
 
 def replace_row(arm: ArmResult, step: int, **changes) -> None:
@@ -615,7 +627,7 @@ def test_seed_cohort_summary():
     assert round(100 * s.r_over_n, 2) == 5.58
     assert round(100 * s.r_over_m, 2) == 6.41
     assert round(100 * s.r_over_e, 2) == 6.44
-    assert s.pairs.model_dump() == {"assisted_only": 56, "control_only": 0, "both_success": 0, "both_fail": 818}
+    assert s.versus_control.pairs.model_dump() == {"first_only": 56, "second_only": 0, "both_success": 0, "both_fail": 818}
 
     groups = {g: (b.rescued, b.n) for g, b in s.per_group.items()}
     assert groups == {"Atomic-Seen": (12, 153), "Composite-Seen": (25, 321), "Composite-Unseen": (19, 530)}
@@ -643,10 +655,11 @@ def test_seed_cohort_summary():
     assert rules[("unknown", 3)] > 0 and rules[("unknown", 5)] > 0
     assert rules[("not_rescued", 8)] == 813
 
-    assert s.mcnemar_p == pytest.approx(2 * 0.5**56)
-    assert s.diff == pytest.approx(56 / 874)
-    lo, hi = s.diff_ci
-    assert 0 < lo < s.diff < hi < 1
+    vc = s.versus_control
+    assert vc.mcnemar_p == pytest.approx(2 * 0.5**56)
+    assert vc.diff == pytest.approx(56 / 874)
+    lo, hi = vc.diff_ci
+    assert 0 < lo < vc.diff < hi < 1
     assert (lo, hi) == pytest.approx(_newcombe_by_hand(0, 56, 0, 818), abs=1e-9)
 
     assert s.pilot_ids == [f"pilot-{i}" for i in range(3)]
@@ -678,8 +691,8 @@ def test_summary_rejects_broken_invariant():
 
 def test_empty_summary():
     s = summarize([], [])
-    assert s.n == 0 and s.r_over_n is None and s.r_over_m is None and s.diff_ci is None
-    assert s.mcnemar_p == 1.0 and s.pilot is None and s.pilot_ids == []
+    assert s.n == 0 and s.r_over_n is None and s.r_over_m is None and s.versus_control.diff_ci is None
+    assert s.versus_control.mcnemar_p == 1.0 and s.pilot is None and s.pilot_ids == []
 
 
 def test_deviation_detail_names_the_differing_fingerprint_parts():
@@ -694,10 +707,11 @@ def test_deviation_detail_names_the_differing_fingerprint_parts():
     same = {"physics": "a", "model": "x", "instruction": "i"}
     other = {**same, "model": "y"}
     rec = CaseRecord(case_id="c", group="g", task="t", horizon=64, query_step=32,
-                     control=arm("control", same), assisted=arm("assisted", other))
+                     arms={"control": arm("control", same), "assisted": arm("assisted", other)})
     assert deviation_detail(rec) == "parts differing between the arms: model"
-    assert deviation_detail(rec.model_copy(update={"assisted": arm("assisted", same)})) is None
-    historical = rec.model_copy(update={"assisted": arm("assisted", same), "historical_fingerprint": "ff"})
+    both_same = {"control": arm("control", same), "assisted": arm("assisted", same)}
+    assert deviation_detail(rec.model_copy(update={"arms": both_same})) is None
+    historical = rec.model_copy(update={"arms": both_same, "historical_fingerprint": "ff"})
     assert "historical" in deviation_detail(historical)
 
 
@@ -706,3 +720,12 @@ def test_vlm_flags_without_a_vlm_url_keep_the_local_endpoint():
 
     config = load_config(None, {"vlm.model": "other-model", "vlm.api": "responses", "vlm.batch_size": 4})
     assert config.vlm.base_url == "local" and config.vlm.model == "other-model" and config.vlm.batch_size == 4
+
+
+def test_the_summary_says_how_often_the_control_arm_failed_again():
+    failed, succeeded, broken = make_case("a"), make_case("b", control_success=True), make_case("c")
+    broken.control.status, broken.control.success = "error", None
+    records = [failed, succeeded, broken]
+    rep = summarize(records, [classify(r) for r in records]).reproduction
+    # Of the two controls that completed, one failed again; the errored one is no run at all.
+    assert (rep.controls, rep.failed, rep.rate) == (2, 1, 0.5)

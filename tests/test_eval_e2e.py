@@ -95,8 +95,8 @@ def test_eval_records_episodes_then_its_failure_manifest_runs_unedited(tmp_path)
     # The replay starts from the evaluation's initial states: no case deviates from its fingerprint.
     assert summary["counts"]["initial_state_deviation"] == 0
     for case in result["cases"]:
-        assert case["control"]["fingerprint"] == rows[case["case_id"]]["fingerprint"]
-        assert case["assisted"]["fingerprint"] == rows[case["case_id"]]["fingerprint"]
+        assert case["arms"]["control"]["fingerprint"] == rows[case["case_id"]]["fingerprint"]
+        assert case["arms"]["assisted"]["fingerprint"] == rows[case["case_id"]]["fingerprint"]
     assert rescue_cli("verify", str(rescue)).returncode == 0
 
 

@@ -24,7 +24,7 @@ from rescue.core.manifest import parse_manifest
 from rescue.core.querypoint import query_point
 from rescue.core.records import ArmResult, Assistance, Receipt, TraceRow, Usage, Verdict
 from rescue.read.export import (
-    CSV_COLUMNS,
+    csv_columns,
     EXPORT_SCHEMA,
     csv_rows,
     export_paths,
@@ -156,7 +156,7 @@ class Driver:
         call_id = by_arm["assisted"].assistance.call_id if "assisted" in by_arm else None
         path = self.study / RECEIPTS_FILE
         index = (call_id, RECEIPTS_FILE, outcome_line_sha256(path, call_id)) if call_id else None
-        rec = case_record(journal.case(case_id), by_arm, outcome_receipts(path), C, interrupted=False)
+        rec = case_record(journal.case(case_id), by_arm, outcome_receipts(path), resolved_config(C), interrupted=False)
         # As the engine does: arms, receipt index and verdict in one transaction.
         journal.finish_case(case_id, arms, classify(rec), index)
 
@@ -292,7 +292,7 @@ def test_journal_stores_arm_digests_and_receipt_line_sha256(clean_study):
 
 def test_export_has_one_entry_per_case_and_explicit_coverage(clean_study):
     export = export_study(clean_study)
-    assert export.schema_version == EXPORT_SCHEMA == "rescue-export/4"
+    assert export.schema_version == EXPORT_SCHEMA == "rescue-export/5"
     assert [e.case_id for e in export.cases] == [line["case_id"] for line in manifest_lines()]
     by_id = {e.case_id: e for e in export.cases}
     assert by_id["never-started"].state == "pending" and by_id["never-started"].label is None
@@ -321,11 +321,11 @@ def test_write_export_json_and_csv_match(clean_study, tmp_path):
     assert out_json.name == "export.json" and out_csv.name == "export.csv"
     out_json, out_csv = tmp_path / "export.json", tmp_path / "export.csv"
     write_export(export, out_json, out_csv)
-    assert json.loads(out_json.read_text())["schema_version"] == "rescue-export/4"
+    assert json.loads(out_json.read_text())["schema_version"] == "rescue-export/5"
     assert json.loads(out_json.read_text()) == export.model_dump(mode="json")
     with out_csv.open(newline="") as f:
         reader = csv.DictReader(f)
-        assert tuple(reader.fieldnames) == CSV_COLUMNS
+        assert tuple(reader.fieldnames) == csv_columns(export)
         rows = list(reader)
     assert rows == csv_rows(export)
     assert [r["case_id"] for r in rows] == [e.case_id for e in export.cases]

@@ -79,11 +79,12 @@ def test_fork_with_a_permuted_sham_and_two_cases_in_flight_never_starves(tmp_pat
     config = tmp_path / "c.toml"
     config.write_text('fork_at_q = true\ncases_in_flight = 2\n[env]\nsimulators = 2\n[sham]\nsource = "permuted"\n')
     study = tmp_path / "s"
-    rescue_cli("run", str(manifest), "--study", str(study), "--config", str(config), timeout=240)
+    # Bounds a hang (the starvation this tests), generously: a busy machine may take minutes.
+    rescue_cli("run", str(manifest), "--study", str(study), "--config", str(config), timeout=1200)
     assert rescue_cli("verify", str(study)).returncode == 0
     rescue_cli("export", str(study), "--out", str(tmp_path / "e.json"))
     cases = json.loads((tmp_path / "e.json").read_text())["cases"]
-    assert len(cases) == 4 and all(c["state"] == "finished" and c["sham_label"] is not None for c in cases)
+    assert len(cases) == 4 and all(c["state"] == "finished" and "sham" in c["verdicts"] for c in cases)
 
 
 def _case_lines(tasks: list[int], horizon: int) -> str:

@@ -73,7 +73,7 @@ def _assert_refused(proc, cases, url_and_log, step: int, what: str) -> None:
     assert len(finished) == 2 and [c["state"] for c in cases].count("pending") == 1
     for case in finished:
         assert case["label"] == "unknown" and url in case["reason"], case
-        for arm in (case["control"], case["assisted"]):
+        for arm in (case["arms"]["control"], case["arms"]["assisted"]):
             assert arm["status"] == "error" and arm["success"] is None, arm
             assert arm["error"].startswith("BadActionChunk: ") and f"policy {url}" in arm["error"], arm["error"]
             assert f"at step {step}" in arm["error"] and what in arm["error"], arm["error"]
@@ -85,14 +85,14 @@ def _assert_refused(proc, cases, url_and_log, step: int, what: str) -> None:
 def test_a_policy_answering_nan_before_q_is_refused_before_the_simulator(tmp_path):
     proc, cases, url_and_log = _run_against("identity_policies:make_nan_from_second_query", tmp_path)
     _assert_refused(proc, cases, url_and_log, step=8, what="NaN")
-    assert all(c["assisted"]["assistance"] == "not_reached" for c in cases if c["state"] == "finished")
+    assert all(c["arms"]["assisted"]["assistance"] == "not_reached" for c in cases if c["state"] == "finished")
 
 
 def test_a_policy_answering_inf_after_q_is_refused_before_the_simulator(tmp_path):
     proc, cases, url_and_log = _run_against("identity_policies:make_inf_from_fifth_query", tmp_path)
     _assert_refused(proc, cases, url_and_log, step=32, what="+Inf")
     # The assisted arm got its subgoal at q; the policy's answer after it is what was refused.
-    assert all(c["assisted"]["query_step"] == Q for c in cases if c["state"] == "finished")
+    assert all(c["arms"]["assisted"]["query_step"] == Q for c in cases if c["state"] == "finished")
 
 
 def test_a_policy_answering_the_wrong_action_dimensions_is_refused(tmp_path):

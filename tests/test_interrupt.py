@@ -131,7 +131,7 @@ def test_ctrl_c_mid_arm_lets_the_arms_in_flight_finish_then_resume_runs_the_rest
     partial = _partial_export(study, tmp_path / "e.json")
     case = next(c for c in partial["cases"] if c["case_id"] == in_flight[0])
     assert case["label"] in ("rescued", "not_rescued")
-    assert case["control"]["status"] == case["assisted"]["status"] == "complete"
+    assert case["arms"]["control"]["status"] == case["arms"]["assisted"]["status"] == "complete"
     rescue_cli("resume", str(study))
     assert set(case_states(study).values()) == {"finished"}
     assert rescue_cli("verify", str(study)).returncode == 0

@@ -53,9 +53,9 @@ def test_the_summary_tables_print_a_tiny_p_value_as_such():
 
     records = [make_case(f"c{i}", assisted_success=True) for i in range(40)]
     summary = summarize(records, [classify(r) for r in records])
-    assert summary.mcnemar_p < 1e-11
+    assert summary.versus_control.mcnemar_p < 1e-11
     out = StringIO()
     console = Console(file=out, width=200)
     console.print(summary_table(summary, "rescue study"))
     console.print(group_table(summary))
-    assert _p(summary.mcnemar_p) in out.getvalue() and "0.0000" not in out.getvalue()
+    assert _p(summary.versus_control.mcnemar_p) in out.getvalue() and "0.0000" not in out.getvalue()

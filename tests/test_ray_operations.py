@@ -86,7 +86,7 @@ def test_ctrl_c_mid_arm_on_the_cluster_the_run_started_drains_and_no_ray_process
     rescue_cli("export", str(study), "--partial", "--out", str(tmp_path / "e.json"))
     case = next(c for c in json.loads((tmp_path / "e.json").read_text())["cases"] if c["case_id"] == in_flight)
     assert case["label"] in ("rescued", "not_rescued"), case
-    assert case["control"]["status"] == case["assisted"]["status"] == "complete"
+    assert case["arms"]["control"]["status"] == case["arms"]["assisted"]["status"] == "complete"
     assert not [e for e in events_of(study) if e["event"].startswith("ray.actor_lost")]
     assert rescue_cli("verify", str(study)).returncode == 0
     assert _raylets() == raylets_before  # the run stopped the cluster it started, once it was done

@@ -155,23 +155,35 @@ def expected_figure(name: str, export: StudyExport) -> object:
     parts = rest.split(".")
     if parts[-1] == "card":
         parts = parts[:-1]
+
+    def sham_parts(bucket: dict) -> tuple[dict, dict]:
+        figures = next(a for a in bucket["arms"] if a["arm"] == "sham")
+        versus = next(c for c in bucket["comparisons"] if (c["first"], c["second"]) == (s["arm"], "sham"))
+        return figures, versus
+
     if parts[0] == "sham":  # the assisted-vs-sham comparison (DESIGN §8)
-        sham = s["sham"]
+        figures, versus = sham_parts(s)
         if parts[1] == "counts":
-            return sham["counts"][parts[2]]
-        return sham["pairs"][parts[1]] if parts[1] in sham["pairs"] else sham[parts[1]]
+            return figures["counts"][parts[2]]
+        return versus["pairs"][parts[1]] if parts[1] in versus["pairs"] else versus[parts[1]]
     if parts[0] in ("group", "task"):
         bucket = s[f"per_{parts[0]}"][".".join(parts[1:-1])]
         key = parts[-1]
         if key.startswith("sham_"):  # the group's own assisted-vs-sham comparison
-            sham, field = bucket["sham"], key.removeprefix("sham_")
-            return sham["pairs"][field] if field in sham["pairs"] else sham[field]
+            figures, versus = sham_parts(bucket)
+            field = key.removeprefix("sham_")
+            return figures["r"] if field == "r" else versus["pairs"][field] if field in versus["pairs"] else versus[field]
         return bucket[key] if key in ("n", "rate") else bucket["counts"][key]
     key = parts[0]
+    if key == "reproduction":
+        return s["reproduction"][parts[1]]
     if key in s["counts"]:
         return s["counts"][key]
-    if key in s["pairs"]:
-        return s["pairs"][key]
+    versus = s["versus_control"]
+    if key in versus["pairs"]:
+        return versus["pairs"][key]
+    if key in ("mcnemar_p", "diff", "diff_ci"):
+        return versus[key]
     return s[key]
 
 
@@ -246,7 +258,7 @@ def test_the_page_figures_equal_the_export(synthetic, report):
     page = parse(report.read_text(encoding="utf-8"))
     assert check_figures(page, export) > 60
     s = export.summary
-    for key in ("n", "m", "e", "r_over_n", "r_over_m", "r_over_e", "mcnemar_p", "diff", "diff_ci", "assisted_only", "both_fail"):
+    for key in ("n", "m", "e", "r_over_n", "r_over_m", "r_over_e", "mcnemar_p", "diff", "diff_ci", "first_only", "both_fail"):
         assert f"main.{key}" in page.figures
     assert {f"main.task.{t}.n" for t in s.per_task} <= set(page.figures)
     assert "pilot.n" in page.figures and "usage.tokens.input.calls_without" in page.figures
@@ -366,22 +378,24 @@ def test_the_sham_panel_shows_its_subgoal_and_for_permuted_its_donor_and_the_don
 
     export = export_study(sham_study)
     by_id = {c.case_id: c for c in export.cases}
-    applied = [c for c in export.cases if c.sham is not None and c.sham.assistance == "applied"]
+    applied = [c for c in export.cases if c.arms.get("sham") is not None and c.arms["sham"].assistance == "applied"]
     assert len(applied) > 20
     for case in applied:
         panel = panel_html(sham_report, case.case_id)
         sham = panel.split('data-arm="sham"')[1]
-        assert unescape(re.search(r'class="sham-subgoal"><b>sham subgoal</b>: <code>([^<]*)</code>', sham).group(1)) == case.sham.subgoal
-        donor = case.sham.donor_case_id
+        record = case.arms["sham"]
+        assert unescape(re.search(r'class="sham-subgoal"><b>sham subgoal</b>: <code>([^<]*)</code>', sham).group(1)) == record.subgoal
+        donor = record.donor_case_id
         assert f'from donor case <a href="#case={donor}" data-go="{donor}">{donor}</a>' in sham
         # The donor's call: the same call the donor's own assisted arm made.
-        assert case.sham.call_id == by_id[donor].assisted.call_id and f"the donor's call <code>{case.sham.call_id}</code>" in sham
-        assert f"<b>sham vs control</b>: <span class=\"{case.sham_label}\">" in sham
-    failed = [c for c in export.cases if c.sham is not None and c.sham.assistance != "applied" and c.sham.donor_case_id]
+        assert record.call_id == by_id[donor].assisted.call_id and f"the donor's call <code>{record.call_id}</code>" in sham
+        assert f"<b>sham vs control</b>: <span class=\"{case.verdicts['sham'].label}\">" in sham
+    failed = [c for c in export.cases if c.arms.get("sham") is not None and c.arms["sham"].assistance != "applied"
+              and c.arms["sham"].donor_case_id]
     for case in failed:
         assert "the donor's call gave no answer" in panel_html(sham_report, case.case_id), case.case_id
     fixed = write_report(fixed_study)
-    case = next(c for c in export_study(fixed_study).cases if c.sham is not None)
+    case = next(c for c in export_study(fixed_study).cases if c.arms.get("sham") is not None)
     panel = panel_html(fixed, case.case_id).split('data-arm="sham"')[1]
     assert "<code>Continue with the task.</code> (the study's declared fixed text)" in panel
 
@@ -433,10 +447,11 @@ def test_the_case_index_holds_every_case_as_the_export_does(sham_study, sham_rep
     assert [r["id"] for r in rows] == [c.case_id for c in export.cases]
     for r, c in zip(rows, export.cases):
         assert (r["label"], r["rule"], r["reason"], r["sham_label"], r["sham_reason"]) == (
-            c.label or c.state, c.rule, c.reason, c.sham_label, c.sham_reason)
+            c.label or c.state, c.rule, c.reason, *((c.verdicts["sham"].label, c.verdicts["sham"].reason)
+                                                    if "sham" in c.verdicts else (None, None)))
         assert (r["group"], r["task"], r["q"], r["cohort"]) == (c.group, c.task, c.query_step, "pilot" if c.pilot else "main")
         for arm in ("control", "assisted", "sham"):
-            assert r[arm] == (getattr(c, arm).success if getattr(c, arm) else None)
+            assert r[arm] == (c.arms[arm].success if c.arms.get(arm) else None)
         assert r["subgoal"] == (c.assisted.subgoal if c.assisted else None)
         assert (report_files(sham_report) / "case" / f"{c.case_id}.js").is_file()
     assert {k for k, _ in index["filters"]} == {"label", "sham_label", "task", "group", "cohort", "reason_kind"}

@@ -91,9 +91,9 @@ def expected_row(c: CaseEntry) -> dict[str, str]:
     """What the list must show for a case, from the export alone."""
     return {
         "id": c.case_id + (" (pilot)" if c.pilot else ""), "label": c.label or c.state, "rule": "" if c.rule is None else str(c.rule),
-        "reason": c.reason or "", "sham_label": c.sham_label or "", "group": c.group, "task": c.task,
+        "reason": c.reason or "", "sham_label": c.verdicts["sham"].label if "sham" in c.verdicts else "", "group": c.group, "task": c.task,
         "control": _ok(c.control.success if c.control else None), "assisted": _ok(c.assisted.success if c.assisted else None),
-        "sham": _ok(c.sham.success if c.sham else None), "steps": str(c.assisted.steps) if c.assisted else "",
+        "sham": _ok(c.arms["sham"].success if c.arms.get("sham") else None), "steps": str(c.assisted.steps) if c.assisted else "",
         "subgoal": (c.assisted.subgoal or "") if c.assisted else "",
     }
 
@@ -160,10 +160,10 @@ def test_filters_search_sort_and_links_change_what_is_shown(big, browser):
     check(rescued)
     assert 40 < len(rescued) < PAGE * 3
     _choose(browser, "sham_label", "not_rescued")
-    check([c for c in rescued if c.sham_label == "not_rescued"])
+    check([c for c in rescued if "sham" in c.verdicts and c.verdicts["sham"].label == "not_rescued"])
     _choose(browser, "cohort", "main")
     _choose(browser, "task", "libero_object/3")
-    check([c for c in rescued if c.sham_label == "not_rescued" and not c.pilot and c.task == "libero_object/3"])
+    check([c for c in rescued if "sham" in c.verdicts and c.verdicts["sham"].label == "not_rescued" and not c.pilot and c.task == "libero_object/3"])
     assert "label=rescued" in browser.js("location.hash") and "task=libero_object%2F3" in browser.js("location.hash")
     for key in ("label", "sham_label", "cohort", "task"):
         _choose(browser, key, "")
@@ -177,7 +177,7 @@ def test_filters_search_sort_and_links_change_what_is_shown(big, browser):
 
     # Full-text search: every word, anywhere in case id, task, subgoals or reasons, any case.
     def hay(c: CaseEntry) -> str:
-        parts = [c.case_id, c.task, c.assisted.subgoal if c.assisted else None, c.sham.subgoal if c.sham else None,
+        parts = [c.case_id, c.task, c.assisted.subgoal if c.assisted else None, c.arms["sham"].subgoal if c.arms.get("sham") else None,
                  c.reason, c.sham_reason]
         return "\n".join(p or "" for p in parts).lower()
 
@@ -212,7 +212,7 @@ def test_filters_search_sort_and_links_change_what_is_shown(big, browser):
     top = browser.js(f"document.getElementById('case-{far.case_id}').getBoundingClientRect().top")
     assert abs(top) < 50
     # A donor link in a sham panel goes to the donor's panel, wherever it is in the list.
-    donor = far.sham.donor_case_id
+    donor = far.arms["sham"].donor_case_id
     browser.js(f"document.querySelector('#case-{far.case_id} .sham-donor a[data-go]').click()")
     browser.until(f"document.getElementById('case-{donor}') && document.getElementById('case-{donor}').dataset.loaded==='1'")
 

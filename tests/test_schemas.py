@@ -94,7 +94,7 @@ def test_the_walk_reaches_the_models_the_roots_hold():
     names = {cls.__name__ for cls in seen}
     # Held in a list, a dict, an Optional, a subclass's parent fields, a plain dataclass.
     assert {"TraceRow", "QueryRecord", "ReceiptRef", "Usage", "Coverage", "Breakdown", "TokenTally",
-            "ShamSummary", "VLMConfig", "ShamConfig", "RulesConfig", "ActionLayout", "EpisodeRow"} <= names
+            "ArmFigures", "PairedComparison", "VLMConfig", "ShamConfig", "RulesConfig", "ActionLayout", "EpisodeRow"} <= names
 
 
 @dataclasses.dataclass

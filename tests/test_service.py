@@ -371,7 +371,7 @@ def test_a_job_names_the_services_endpoint_a_second_serve_is_refused_and_log_and
             status, export = call(port, "GET", f"/jobs/{job_id}/export")
             assert status == 200 and json.loads(export)["partial"] is True
             cases = {c["case_id"]: c for c in json.loads(export)["export"]["cases"]}
-            assert any(cases[c]["assisted"]["assistance"] == "applied" for c in finished)
+            assert any(cases[c]["arms"]["assisted"]["assistance"] == "applied" for c in finished)
             for answer in (text, export, call(port, "GET", "/jobs")[1]):
                 assert str(tmp_path) not in answer and str(ROOT) not in answer
         finally:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_core import ORIGINAL, Q, injected, make_case, make_trace
+from test_core import ORIGINAL, Q, injected, make_case, make_trace, sham_of, with_arms
 
 from rescue.core.classify import classify
 from rescue.core.digest import digest_text
@@ -58,40 +58,37 @@ def _sham_arm(case: str, subgoal: str, *, source: str, success: bool, donor: str
 
 def _fixed(case_id: str, *, control=False, assisted=False, sham=False, text=DEFAULT_SHAM_TEXT):
     rec = make_case(case_id, control_success=control, assisted_success=assisted)
-    return rec.model_copy(update={
-        "sham": _sham_arm(case_id, text, source="fixed", success=sham),
-        "sham_source": "fixed", "sham_text": DEFAULT_SHAM_TEXT,
-    })
+    return with_arms(rec, {"sham": _sham_arm(case_id, text, source="fixed", success=sham)},
+                     sham_source="fixed", sham_text=DEFAULT_SHAM_TEXT)
 
 
 def test_a_fixed_sham_arm_is_judged_against_control_by_the_same_rules():
     v = classify(_fixed("a", sham=True))
-    assert v.label == "not_rescued" and v.sham.label == "rescued" and v.sham.in_e
+    assert v.label == "not_rescued" and v.arms["sham"].label == "rescued" and v.arms["sham"].in_e
     v = classify(_fixed("b", assisted=True))
-    assert v.label == "rescued" and v.sham.label == "not_rescued" and v.sham.rule == 8
+    assert v.label == "rescued" and v.arms["sham"].label == "not_rescued" and v.arms["sham"].rule == 8
     # The headline is the assisted arm's, whatever the sham arm does.
     assert classify(_fixed("c", assisted=True, sham=True)).label == "rescued"
 
 
 def test_a_sham_arm_that_applied_another_text_than_declared_has_no_evidence():
+    v = classify(_fixed("a", sham=True, text="Pick up the ketchup.")).arms["sham"]
+    assert v.label == "unknown" and v.rule == 6 and "fixed text" in v.reason
     v = classify(_fixed("a", sham=True, text="Pick up the ketchup."))
-    assert v.sham.label == "unknown" and v.sham.rule == 6 and "fixed text" in v.sham.reason
     assert v.label == "not_rescued"  # the headline does not move
 
 
 def test_a_permuted_sham_arm_needs_its_declared_donors_receipt():
     donor = make_case("d", assisted_success=False)
-    rec = make_case("x").model_copy(update={
-        "sham": _sham_arm("x", donor.receipt.subgoals["req-d"], source="permuted", success=True, donor="d",
-                          call=donor.receipt.call_id),
-        "sham_source": "permuted", "sham_donor": "d", "sham_receipt": donor.receipt,
-    })
-    assert classify(rec).sham.label == "rescued"
+    rec = with_arms(make_case("x"), {"sham": _sham_arm("x", donor.receipt.subgoals["req-d"], source="permuted",
+                                                         success=True, donor="d", call=donor.receipt.call_id)},
+                    {"sham": donor.receipt}, sham_source="permuted", sham_donor="d")
+    assert classify(rec).arms["sham"].label == "rescued"
     # Another donor than declared, a receipt that does not name the donor, no receipt: no evidence.
-    assert classify(rec.model_copy(update={"sham_donor": "e"})).sham.rule == 6
+    assert classify(rec.model_copy(update={"sham_donor": "e"})).arms["sham"].rule == 6
     other = make_case("e").receipt
-    assert classify(rec.model_copy(update={"sham_receipt": other})).sham.rule == 6
-    assert classify(rec.model_copy(update={"sham_receipt": None})).sham.rule == 6
+    assert classify(with_arms(rec, receipts={"sham": other})).arms["sham"].rule == 6
+    assert classify(with_arms(rec, receipts={"sham": None})).arms["sham"].rule == 6
 
 
 def test_a_sham_arm_whose_donor_failed_is_unknown_and_the_headline_stands():
@@ -102,9 +99,9 @@ def test_a_sham_arm_whose_donor_failed_is_unknown_and_the_headline_stands():
     })
     sham = ArmResult(case_id="x", arm="sham", status="complete", success=False, steps=H,
                      fingerprint=rec.control.fingerprint, trace=make_trace("sham"), assistance=failed)
-    v = classify(rec.model_copy(update={"sham": sham, "sham_source": "permuted", "sham_donor": "d"}))
+    v = classify(with_arms(rec, {"sham": sham}, sham_source="permuted", sham_donor="d"))
     assert v.label == "rescued"
-    assert v.sham.label == "unknown" and v.sham.rule == 3 and "donor_failed" in v.sham.reason
+    assert v.arms["sham"].label == "unknown" and v.arms["sham"].rule == 3 and "donor_failed" in v.arms["sham"].reason
 
 
 def test_assisted_vs_sham_reproduces_the_seeds_mcnemar_and_newcombes_interval():
@@ -116,19 +113,19 @@ def test_assisted_vs_sham_reproduces_the_seeds_mcnemar_and_newcombes_interval():
         rec = _fixed(f"k{i}", assisted=assisted, sham=sham)
         records.append(rec)
         verdicts.append(classify(rec))
-    s = summarize(records, verdicts).sham
-    assert s.k == 600 and (s.pairs.assisted_only, s.pairs.sham_only, s.pairs.both_fail) == (53, 47, 500)
+    f, s = sham_of(summarize(records, verdicts))
+    assert s.k == 600 and (s.pairs.first_only, s.pairs.second_only, s.pairs.both_fail) == (53, 47, 500)
     assert round(s.mcnemar_p, 4) == 0.6173
     assert (round(s.diff_ci[0], 4), round(s.diff_ci[1], 4)) == (-0.0229, 0.0430)
     assert s.diff == pytest.approx(6 / 600)
-    assert s.counts["rescued"] == 47 and s.r == 47
+    assert f.counts["rescued"] == 47 and f.r == 47
 
 
 def test_cases_without_both_subgoals_applied_stay_out_of_the_paired_comparison():
     ok = _fixed("ok", assisted=True)
     bad = _fixed("bad", sham=True, text="Pick up the ketchup.")  # sham not in E
-    s = summarize([ok, bad], [classify(ok), classify(bad)]).sham
-    assert s.k == 1 and s.pairs.assisted_only == 1 and s.e == 1 and s.m == 2
+    f, s = sham_of(summarize([ok, bad], [classify(ok), classify(bad)]))
+    assert s.k == 1 and s.pairs.first_only == 1 and f.e == 1 and f.m == 2
 
 
 def test_each_group_and_task_has_its_own_sham_comparison_not_the_studys():
@@ -140,14 +137,15 @@ def test_each_group_and_task_has_its_own_sham_comparison_not_the_studys():
         rec = _fixed(case_id, assisted=assisted, sham=sham)
         records.append(rec.model_copy(update={"group": group, "task": task}))
     summary = summarize(records, [classify(r) for r in records])
-    whole, lan, swap = summary.sham, summary.per_group["language"].sham, summary.per_group["swap"].sham
-    assert (whole.r, whole.k, whole.pairs.assisted_only, whole.pairs.sham_only) == (1, 4, 1, 1)
-    assert (lan.r, lan.k, lan.pairs.assisted_only, lan.pairs.sham_only) == (1, 2, 0, 1)
-    assert (swap.r, swap.k, swap.pairs.assisted_only, swap.pairs.sham_only) == (0, 2, 1, 0)
+    (wf, whole), (lf, lan), (sf, swap) = (sham_of(summary), sham_of(summary.per_group["language"]),
+                                          sham_of(summary.per_group["swap"]))
+    assert (wf.r, whole.k, whole.pairs.first_only, whole.pairs.second_only) == (1, 4, 1, 1)
+    assert (lf.r, lan.k, lan.pairs.first_only, lan.pairs.second_only) == (1, 2, 0, 1)
+    assert (sf.r, swap.k, swap.pairs.first_only, swap.pairs.second_only) == (0, 2, 1, 0)
     assert lan.diff == pytest.approx(-0.5) and swap.diff == pytest.approx(0.5) and whole.diff == pytest.approx(0.0)
-    by_task = summary.per_task
-    assert (by_task["t1"].sham.r, by_task["t1"].sham.pairs.assisted_only) == (1, 1)
-    assert (by_task["t2"].sham.r, by_task["t2"].sham.k) == (0, 2)
+    (t1f, t1), (t2f, t2) = sham_of(summary.per_task["t1"]), sham_of(summary.per_task["t2"])
+    assert (t1f.r, t1.pairs.first_only) == (1, 1)
+    assert (t2f.r, t2.k) == (0, 2)
 
 
 @pytest.mark.sim
@@ -173,19 +171,20 @@ def test_a_three_arm_study_killed_and_resumed_verifies_with_its_sham_table(tmp_p
     assert rescue_cli("verify", str(study)).returncode == 0
     rescue_cli("export", str(study))
     export = json.loads((study / "export.json").read_text())
-    assert export["schema_version"] == "rescue-export/4"
+    assert export["schema_version"] == "rescue-export/5"
     con = sqlite3.connect(f"file:{study / 'journal.sqlite'}?mode=ro", uri=True)
     after = dict(con.execute("SELECT case_id || '/' || arm, data FROM arms"))
     con.close()
     assert all(after[k] == v for k, v in before.items())  # nothing that ran before the kill ran again
     cases = {c["case_id"]: c for c in export["cases"]}
-    assert any(c["state"] == "interrupted" and c["sham_label"] == "unknown" for c in cases.values())
+    sham_label = {cid: (c["verdicts"].get("sham") or {}).get("label") for cid, c in cases.items()}
+    assert any(c["state"] == "interrupted" and sham_label[cid] == "unknown" for cid, c in cases.items())
     from rescue.study.receipts import outcomes_by_call, read_receipt_file
 
     outcomes = outcomes_by_call(read_receipt_file(study / "receipts" / "receipts.jsonl"))
     applied = 0
     for cid, c in cases.items():
-        sham, donor = c["sham"], cases[donors[cid]]
+        sham, donor = c["arms"]["sham"], cases[donors[cid]]
         if sham and sham["assistance"] == "applied":
             applied += 1
             # The sham arm applied its declared donor's answer, from the donor's own call's receipt
@@ -193,22 +192,22 @@ def test_a_three_arm_study_killed_and_resumed_verifies_with_its_sham_table(tmp_p
             assert sham["source"] == "permuted" and sham["donor_case_id"] == donors[cid]
             receipt = outcomes[sham["call_id"]].receipt
             assert donors[cid] in receipt.case_ids and receipt.subgoals[sham["request_id"]] == sham["subgoal"]
-            if donor["assisted"] is not None:
-                assert sham["call_id"] == donor["assisted"]["call_id"]
+            if donor["arms"]["assisted"] is not None:
+                assert sham["call_id"] == donor["arms"]["assisted"]["call_id"]
     assert applied >= 2
-    table = export["summary"]["sham"]
-    assert table is not None and table["k"] == sum(
-        1 for c in cases.values()
-        if c["state"] == "finished" and c["in_e"] and c["sham_label"] not in (None, "unknown", "initial_state_deviation")
-        and c["sham"]["assistance"] == "applied"
+    table = next(c for c in export["summary"]["comparisons"] if (c["first"], c["second"]) == ("assisted", "sham"))
+    assert table["k"] == sum(
+        1 for cid, c in cases.items()
+        if c["state"] == "finished" and c["in_e"] and sham_label[cid] not in (None, "unknown", "initial_state_deviation")
+        and c["arms"]["sham"]["assistance"] == "applied"
     )
     pairs = table["pairs"]
-    assert pairs["assisted_only"] + pairs["sham_only"] + pairs["both_success"] + pairs["both_fail"] == table["k"]
+    assert pairs["first_only"] + pairs["second_only"] + pairs["both_success"] + pairs["both_fail"] == table["k"]
     # The report shows the same table, figure for figure.
     rescue_cli("report", str(study))
     page = (study / "report.html").read_text()
     assert "assisted vs sham" in page
-    for name in ("k", "assisted_only", "sham_only", "both_fail"):
+    for name in ("k", "first_only", "second_only", "both_fail"):
         value = table[name] if name == "k" else pairs[name]
         assert f'.sham.{name}" data-value="{value}"' in page, name
 
@@ -304,7 +303,7 @@ def test_a_per_task_fixed_sham_applies_each_tasks_declared_text_and_verifies(tmp
     assert len(cases) == 4
     for cid, c in cases.items():
         want = "grasp the butter" if cid.startswith("object-3-") else DEFAULT_SHAM_TEXT
-        assert c["sham"]["assistance"] == "applied" and c["sham"]["subgoal"] == want, cid
+        assert c["arms"]["sham"]["assistance"] == "applied" and c["arms"]["sham"]["subgoal"] == want, cid
     # The declaration is part of the study's stored configuration (and of its digest).
     stored = json.loads((study / "config.json").read_text())
     assert stored["sham"]["by_task"] == {"libero_object/3": "grasp the butter"}

@@ -1,20 +1,25 @@
-"""Classification of one case (DESIGN §3): rules checked in order, first match wins."""
+"""Classification of one case (DESIGN §3): rules checked in order, first match wins.
+
+Every arm that asks at a query point (the primary, the sham, each further advisor, each extra query point)
+is judged against the control arm by the same rules; the primary's verdict is the case's label.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from rescue.core.arms import arm_advisor, is_assisted
 from rescue.core.proofs import check_evidence, check_sham_evidence, prefix_match, q_state_match
-from rescue.core.records import AdvisorVerdict, ArmResult, CaseRecord, ShamVerdict, Verdict, advisor_arm, is_assisted
+from rescue.core.records import ArmResult, ArmVerdict, CaseRecord, Verdict
 
 # Assistance statuses that mean the VLM request failed (rule 3).
 ASSISTANCE_FAILURES = frozenset({"broker_error", "invalid_response", "timeout"})
 
 
-def deviation_reason(rec: CaseRecord) -> str | None:
-    """Why the case's initial state deviates (rule 1), or None when it does not."""
+def deviation_reason(rec: CaseRecord, arm: str | None = None) -> str | None:
+    """Why the case's initial state deviates (rule 1) for the control arm and `arm` (the primary by default),
+    or None when it does not."""
+    judged = rec.arms.get(arm or rec.primary)
     # An arm that never reset has no fingerprint; it is rule 2's business, not a deviation.
-    arms = [(arm.arm, arm.fingerprint) for arm in (rec.control, rec.assisted) if arm is not None]
+    arms = [(a.arm, a.fingerprint) for a in (rec.control, judged) if a is not None]
     seen = [(name, fp) for name, fp in arms if fp is not None]
     if rec.historical_fingerprint is not None:
         for name, fp in seen:
@@ -45,7 +50,8 @@ def deviation_detail(rec: CaseRecord) -> str | None:
     return f"differs from the historical fingerprint (the manifest records its digest only; parts recorded: {recorded or 'none'})"
 
 
-def _arm_problem(rec: CaseRecord, arm: ArmResult | None, name: str) -> str | None:
+def arm_problem(rec: CaseRecord, arm: ArmResult | None, name: str) -> str | None:
+    """Why one arm's record cannot be judged (missing, not complete, stitched from elsewhere), or None."""
     if arm is None:
         return f"{name} arm missing"
     if arm.status != "complete":
@@ -60,75 +66,73 @@ def _arm_problem(rec: CaseRecord, arm: ArmResult | None, name: str) -> str | Non
     return None
 
 
-def invalid_reason(rec: CaseRecord, second: str = "assisted") -> str | None:
-    """Why the pair is missing, interrupted or invalid (rule 2), or None when it is sound."""
+def invalid_reason(rec: CaseRecord, arm: str | None = None) -> str | None:
+    """Why the control arm and `arm` (the primary by default) are missing, interrupted or invalid (rule 2),
+    or None when both are sound."""
     if rec.interrupted:
         return "case interrupted"
-    for name, arm in (("control", rec.control), (second, rec.assisted)):
-        problem = _arm_problem(rec, arm, name)
+    for name in ("control", arm or rec.primary):
+        problem = arm_problem(rec, rec.arms.get(name), name)
         if problem is not None:
             return problem
     return None
 
 
-def _judge(
-    rec: CaseRecord, second: str, evidence: Callable[[CaseRecord], tuple[bool, str]]
-) -> tuple[str, int, str, bool, bool]:
-    """DESIGN §3 for the control arm against the arm in the `assisted` slot: label, rule, reason, in M, in E."""
-    deviation = deviation_reason(rec)
-    invalid = invalid_reason(rec, second)
+def evidence(rec: CaseRecord, arm: str) -> tuple[bool, str]:
+    """Whether an arm's applied subgoal is what it should be: its advisor's receipt for an assisted arm, the
+    declared source for the sham."""
+    if is_assisted(arm):
+        return check_evidence(rec, arm, arm_advisor(arm))
+    return check_sham_evidence(rec, arm)
+
+
+def judge(rec: CaseRecord, arm: str) -> ArmVerdict:
+    """DESIGN §3 for the control arm against `arm`."""
+    deviation = deviation_reason(rec, arm)
+    invalid = invalid_reason(rec, arm)
+    judged = rec.arms.get(arm)
     in_m = False
     prefix_ok, prefix_why = False, "not checked"
     if invalid is None:
-        assert rec.control is not None and rec.assisted is not None
-        prefix_ok, prefix_why = prefix_match(rec.control.trace, rec.assisted.trace, rec.query_step)
+        assert rec.control is not None and judged is not None
+        prefix_ok, prefix_why = prefix_match(rec.control.trace, judged.trace, rec.query_step)
         if prefix_ok:
-            prefix_ok, prefix_why = q_state_match(rec.control, rec.assisted, prefix_why)
+            prefix_ok, prefix_why = q_state_match(rec.control, judged, prefix_why)
         in_m = deviation is None and prefix_ok
-    evidence_ok, evidence_why = evidence(rec) if in_m else (False, "not checked")
+    evidence_ok, evidence_why = evidence(rec, arm) if in_m else (False, "not checked")
     # The evidence checks demand status 'applied', so E is "M with the subgoal applied and valid evidence".
     in_e = in_m and evidence_ok
 
+    def verdict(label: str, rule: int, reason: str) -> ArmVerdict:
+        return ArmVerdict(label=label, rule=rule, reason=reason, in_m=in_m, in_e=in_e)
+
     if deviation is not None:
-        return "initial_state_deviation", 1, deviation, in_m, in_e
+        return verdict("initial_state_deviation", 1, deviation)
     if invalid is not None:
-        return "unknown", 2, invalid, in_m, in_e
-    assert rec.control is not None and rec.assisted is not None
-    status = rec.assisted.assistance.status
+        return verdict("unknown", 2, invalid)
+    assert rec.control is not None and judged is not None
+    status = judged.assistance.status
     if status in ASSISTANCE_FAILURES:
-        kind = rec.assisted.assistance.error_kind
-        what = "assistance" if is_assisted(second) else f"{second} subgoal"
-        return "unknown", 3, f"{what} {status}" + (f" ({kind})" if kind else ""), in_m, in_e
+        kind = judged.assistance.error_kind
+        what = "assistance" if is_assisted(arm) else f"{arm} subgoal"
+        return verdict("unknown", 3, f"{what} {status}" + (f" ({kind})" if kind else ""))
     if status == "not_reached":
-        ended = f"{second} arm ended at step {rec.assisted.steps}, before the query point {rec.query_step}"
-        return "not_rescued", 4, ended, in_m, in_e
+        return verdict("not_rescued", 4, f"{arm} arm ended at step {judged.steps}, before the query point {rec.query_step}")
     if not prefix_ok:
-        return "unknown", 5, prefix_why, in_m, in_e
+        return verdict("unknown", 5, prefix_why)
     if not evidence_ok:
-        return "unknown", 6, f"evidence invalid: {evidence_why}", in_m, in_e
+        return verdict("unknown", 6, f"evidence invalid: {evidence_why}")
     if rec.control.success:
-        return "not_rescued", 7, "control arm succeeded", in_m, in_e
-    if not rec.assisted.success:
-        return "not_rescued", 8, f"{second} arm failed", in_m, in_e
-    return "rescued", 9, f"control failed, {second} succeeded, prefix and evidence hold", in_m, in_e
+        return verdict("not_rescued", 7, "control arm succeeded")
+    if not judged.success:
+        return verdict("not_rescued", 8, f"{arm} arm failed")
+    return verdict("rescued", 9, f"control failed, {arm} succeeded, prefix and evidence hold")
 
 
 def classify(rec: CaseRecord) -> Verdict:
-    """Classify one case by DESIGN §3 (assisted against control), its sham arm when the study has one, and
-    in a study of several advisors each advisor's arm against control (DESIGN §11; the primary's is the label)."""
-    label, rule, reason, in_m, in_e = _judge(rec, advisor_arm(rec.advisor), check_evidence)
-    sham = None
-    if rec.sham_source is not None:
-        as_pair = rec.model_copy(update={"assisted": rec.sham, "receipt": rec.sham_receipt})
-        s_label, s_rule, s_reason, s_m, s_e = _judge(as_pair, "sham", check_sham_evidence)
-        sham = ShamVerdict(label=s_label, rule=s_rule, reason=s_reason, in_m=s_m, in_e=s_e)
-    advisors = None
-    if rec.advisors is not None:
-        advisors = {}
-        for name, arm in rec.advisors.items():
-            receipt = (rec.advisor_receipts or {}).get(name)
-            pair = rec.model_copy(update={"assisted": arm, "receipt": receipt, "advisor": name})
-            a_label, a_rule, a_reason, a_m, a_e = _judge(pair, advisor_arm(name), check_evidence)
-            advisors[name] = AdvisorVerdict(label=a_label, rule=a_rule, reason=a_reason, in_m=a_m, in_e=a_e)
-    return Verdict(case_id=rec.case_id, label=label, rule=rule, reason=reason, in_m=in_m, in_e=in_e, sham=sham,
-                   advisors=advisors)
+    """Classify one case by DESIGN §3: the primary arm against control is the label; every other arm the case
+    judges (the sham, further advisors, extra query points) gets its own verdict against control."""
+    primary = judge(rec, rec.primary)
+    others = {arm: judge(rec, arm) for arm in rec.judged()[1:]}
+    return Verdict(case_id=rec.case_id, label=primary.label, rule=primary.rule, reason=primary.reason,
+                   in_m=primary.in_m, in_e=primary.in_e, arms=others)

@@ -18,7 +18,7 @@ from rescue.core.digest import canonical_json, digest_text
 from rescue.core.episode_protocol import EpisodeProtocol, InstructionChoice, get_protocol
 from rescue.core.names import EMBEDDED_POLICY
 from rescue.core.prompts import DEFAULT_ROOT
-from rescue.core.records import ADVISOR_NAME, advisor_arm, arm_advisor, is_assisted
+from rescue.core.arms import ADVISOR_NAME, advisor_arm, arm_advisor, is_assisted
 from rescue.core.sham import ShamConfig
 from wrappers.async_rules import RulesConfig
 
@@ -474,6 +474,10 @@ class StudyConfig(BaseModel):
             node = data if section is None else data[section]
             if node.get(key) is None:
                 node.pop(key, None)
+        for advisor in data.get("advisors") or []:
+            for key in ADVISOR_HASHED_WHEN_SET:
+                if advisor.get(key) is None:
+                    advisor.pop(key, None)
         return digest_text(canonical_json(data))
 
 
@@ -481,7 +485,9 @@ class StudyConfig(BaseModel):
 HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute"), ("sham", "by_task"),
                    ("vlm", "startup_check"), ("vlm", "server"), ("env", "episode_protocol"), ("env", "episode_protocol_sha256"),
                    ("env", "max_simulator_rss_gb"), ("vlm", "price"), ("sham", "advisor"), (None, "advisors"),
-                   ("vlm", "lab_budget"), ("vlm", "lab_ledger"))
+                   ("vlm", "lab_budget"), ("vlm", "lab_ledger"), ("env", "instruction"))
+# The same for the keys of each `[[advisor]]` table added after advisors existed.
+ADVISOR_HASHED_WHEN_SET = ("lab_budget", "lab_ledger")
 # The [vlm] keys of the lab budget: one for a study's calls, also when its advisors are [[advisor]] tables.
 LAB_KEYS = ("lab_budget", "lab_ledger")
 

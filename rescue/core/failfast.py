@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from rescue.core.records import ArmResult, is_assisted
+from rescue.core.records import ArmResult
+from rescue.core.arms import is_assisted
 
 # VLM error kinds that no retry and no other case can fix.
 SYSTEMATIC_VLM_ERRORS = frozenset({"auth", "permission", "not_found", "quota", "connection"})

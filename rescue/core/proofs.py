@@ -128,9 +128,11 @@ def _applied_problem(rec: CaseRecord, arm: ArmResult) -> str | None:
     return None
 
 
-def check_evidence(rec: CaseRecord) -> tuple[bool, str]:
-    """Whether the assisted arm's applied subgoal is tied to a valid receipt and its trace."""
-    arm = rec.assisted
+def check_evidence(rec: CaseRecord, name: str | None = None, advisor: str | None = None) -> tuple[bool, str]:
+    """Whether an assisted arm's (the primary by default) applied subgoal is tied to a valid receipt of its
+    own advisor's call (`advisor`: None for a study of one `[vlm]`) and to its trace."""
+    name = name or rec.primary
+    arm = rec.arms.get(name)
     if arm is None:
         return False, "no assisted arm"
     a = arm.assistance
@@ -138,17 +140,17 @@ def check_evidence(rec: CaseRecord) -> tuple[bool, str]:
         return False, f"assistance status is {a.status!r}, not 'applied'"
     if a.subgoal is None or not a.subgoal.strip():
         return False, "applied subgoal is empty"
-    problem = _receipt_problem(a, rec.receipt, rec.case_id) or _advisor_problem(rec.receipt, rec.advisor) or _applied_problem(rec, arm)
+    receipt = rec.receipts.get(name)
+    problem = _receipt_problem(a, receipt, rec.case_id) or _advisor_problem(receipt, advisor) or _applied_problem(rec, arm)
     if problem is not None:
         return False, problem
-    r = rec.receipt
-    return True, f"receipt {r.call_id}/{a.request_id} applied at step {rec.query_step}"
+    return True, f"receipt {receipt.call_id}/{a.request_id} applied at step {rec.query_step}"
 
 
-def check_sham_evidence(rec: CaseRecord) -> tuple[bool, str]:
-    """Whether the sham arm (in the record's assisted slot) applied what it was declared to: the fixed
-    text, or its declared donor's answer as the donor's outcome receipt (in the receipt slot) holds it."""
-    arm = rec.assisted
+def check_sham_evidence(rec: CaseRecord, name: str = "sham") -> tuple[bool, str]:
+    """Whether the sham arm applied what it was declared to: the fixed text, or its declared donor's answer as
+    the donor's outcome receipt (the sham's receipt) holds it."""
+    arm = rec.arms.get(name)
     if arm is None:
         return False, "no sham arm"
     a = arm.assistance
@@ -163,7 +165,8 @@ def check_sham_evidence(rec: CaseRecord) -> tuple[bool, str]:
     else:
         if a.donor_case_id is None or a.donor_case_id != rec.sham_donor:
             return False, f"sham donor {a.donor_case_id!r} is not the declared donor {rec.sham_donor!r}"
-        problem = _receipt_problem(a, rec.receipt, rec.sham_donor) or _advisor_problem(rec.receipt, rec.sham_advisor)
+        receipt = rec.receipts.get(name)
+        problem = _receipt_problem(a, receipt, rec.sham_donor) or _advisor_problem(receipt, rec.sham_advisor)
         if problem is not None:
             return False, f"donor receipt: {problem}"
         where = f"donor {rec.sham_donor}'s receipt {a.call_id}/{a.request_id}"

@@ -7,33 +7,12 @@ plain data only (digests as hex strings, no arrays), so the pure core
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rescue.core.arms import ADVISOR_ARM_PREFIX, ArmName
 from rescue.core.digest import digest_json, digest_text
-
-# `sham`: a placebo arm (DESIGN §8): same q, same pause, same injection, a subgoal not from
-# the VLM looking at this case. `assisted:<advisor>`: the assisted arm of one advisor of a study
-# that declares several (DESIGN §11); a study of one `[vlm]` has the one arm `assisted`.
-ADVISOR_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
-ADVISOR_ARM_PREFIX = "assisted:"
-ArmName = Annotated[str, Field(pattern=rf"^(control|assisted|sham|assisted:{ADVISOR_NAME})$")]
-
-
-def advisor_arm(advisor: str | None) -> str:
-    """The arm an advisor's subgoals go to: `assisted:<name>`, or `assisted` for a study's one `[vlm]` (None)."""
-    return "assisted" if advisor is None else f"{ADVISOR_ARM_PREFIX}{advisor}"
-
-
-def arm_advisor(arm: str) -> str | None:
-    """The advisor an arm belongs to (`assisted:gpt` -> `gpt`); None for `assisted`, `control` and `sham`."""
-    return arm[len(ADVISOR_ARM_PREFIX):] if arm.startswith(ADVISOR_ARM_PREFIX) else None
-
-
-def is_assisted(arm: str) -> bool:
-    """Whether an arm asks a VLM at q: `assisted`, or one advisor's `assisted:<name>`."""
-    return arm == "assisted" or arm.startswith(ADVISOR_ARM_PREFIX)
 
 # How an arm ended. `complete`: ran to success or to its horizon.
 # `interrupted`: started but never finished (crash, kill, lost worker).
@@ -157,6 +136,38 @@ class Assistance(BaseModel):
     """Short name of the failure (`timeout`, `invalid_response`, `no_advisor`, `donor_failed`...); None unless it failed."""
     error: str | None = None
     """The failure in one line; None unless it failed."""
+
+
+AnswerStatus = Literal["ok", "broker_error", "invalid_response", "timeout"]
+
+
+class Answer(BaseModel):
+    """What an arm's advisor answered it at q: a VLM's answer to this case, or a sham source's subgoal (a fixed
+    text, a donor case's VLM answer). The arm runner applies it the same way whoever gave it."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    status: AnswerStatus
+    """`ok` (a subgoal to apply), else why there is none: `broker_error`, `invalid_response`, `timeout`."""
+    subgoal: str | None = None
+    """The subgoal; None unless the status is `ok`."""
+    source: Literal["vlm", "fixed", "permuted"] = "vlm"
+    """Where it came from: the VLM looking at this case, or (sham) a fixed text or a donor case's answer."""
+    source_sha256: str | None = None
+    """sha256 of a fixed sham text; None for every other source."""
+    donor_case_id: str | None = None
+    """A permuted sham's donor case; None otherwise."""
+    call_id: str | None = None
+    """The VLM call the subgoal came from (a permuted sham: its donor's); None: no call (a fixed text, a donor
+    without an answer)."""
+    request_id: str | None = None
+    """Our request id within that call; None without a call."""
+    receipt_ref: ReceiptRef | None = None
+    """Where that call's outcome line was written (file, line, sha256 of its bytes); None without a call."""
+    error_kind: str | None = None
+    """Short name of the failure (`timeout`, `invalid_response`, `no_donor`, `donor_failed`...); None when ok."""
+    error: str | None = None
+    """The failure in one line; None when ok."""
 
 
 class QueryRecord(BaseModel):
@@ -368,67 +379,74 @@ class CaseRecord(BaseModel):
     """Whether the manifest declared the case a pilot (reported apart, never counted in N)."""
     interrupted: bool = False
     """Whether the case was claimed and never finished (its state is `interrupted`)."""
-    control: ArmResult | None = None
-    """The control arm's record; None: none was recorded."""
-    assisted: ArmResult | None = None
-    """The assisted arm's record; None: none was recorded (or the study is an evaluation)."""
-    receipt: Receipt | None = None
-    """The outcome receipt of the assisted arm's call; None: the arm made no call, or its receipt was not found."""
-    sham: ArmResult | None = None
-    """The sham arm's record; None: the study has none, or none was recorded."""
+    primary: str = "assisted"
+    """The arm whose verdict against control is the case's label: `assisted`, or the first advisor's
+    `assisted:<name>` (DESIGN §11)."""
+    arms: dict[str, ArmResult | None] = Field(default_factory=dict)
+    """Every arm the study runs for the case, by name in the study's order (`control` first); None: not recorded."""
+    receipts: dict[str, Receipt | None] = Field(default_factory=dict)
+    """The outcome receipt of the call each arm's subgoal came from, by arm (a permuted sham: its donor's call);
+    None or absent: the arm made no call, or its receipt was not found."""
     sham_source: Literal["fixed", "permuted"] | None = None
     """The sham source the study declared; None: the study has no sham arm."""
     sham_text: str | None = None
     """The declared fixed sham text for this case's task; None unless the source is `fixed`."""
     sham_donor: str | None = None
     """The case's declared donor; None unless the source is `permuted`."""
-    sham_receipt: Receipt | None = None
-    """The outcome receipt of the call the sham arm's subgoal came from (its donor's); None without one."""
-    advisor: str | None = None
-    """The advisor whose arm is in the `assisted` slot (the study's primary advisor, DESIGN §11); None: a study
-    of one `[vlm]`, whose receipts name no advisor."""
-    advisors: dict[str, ArmResult | None] | None = None
-    """Every advisor's arm record, by advisor name in declared order (the primary's included; None: not
-    recorded); None: a study of one `[vlm]`."""
-    advisor_receipts: dict[str, Receipt | None] | None = None
-    """The outcome receipt of each advisor's call, by advisor name; None: a study of one `[vlm]`."""
     sham_advisor: str | None = None
     """A permuted sham's declared donor advisor: the donor's receipt must be that advisor's; None: a study of
     one `[vlm]` (or a fixed sham)."""
 
+    @property
+    def control(self) -> ArmResult | None:
+        """The control arm's record."""
+        return self.arms.get("control")
 
-class ShamVerdict(BaseModel):
-    """The sham arm against the control arm, by the same DESIGN §3 rules as the assisted arm."""
+    @control.setter
+    def control(self, arm: ArmResult | None) -> None:
+        self.arms["control"] = arm
+
+    @property
+    def assisted(self) -> ArmResult | None:
+        """The primary arm's record."""
+        return self.arms.get(self.primary)
+
+    @assisted.setter
+    def assisted(self, arm: ArmResult | None) -> None:
+        self.arms[self.primary] = arm
+
+    @property
+    def receipt(self) -> Receipt | None:
+        """The outcome receipt of the primary arm's call."""
+        return self.receipts.get(self.primary)
+
+    @receipt.setter
+    def receipt(self, receipt: Receipt | None) -> None:
+        self.receipts[self.primary] = receipt
+
+    def judged(self) -> list[str]:
+        """The arms judged against control, the primary first, then the others in the study's order."""
+        return [self.primary] + [a for a in self.arms if a not in ("control", self.primary)]
+
+
+class ArmVerdict(BaseModel):
+    """One arm judged against another by the DESIGN §3 rules: the sham (DESIGN §8), an advisor's arm
+    (DESIGN §11), a query point's arm (DESIGN §14), each against the control arm."""
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
+    against: str = "control"
+    """The arm it is judged against."""
     label: Label
-    """The DESIGN §3 label of the sham arm against control."""
+    """The DESIGN §3 label of the arm against `against`."""
     rule: int
     """The DESIGN §3 rule (1 to 9) that decided it."""
     reason: str
     """Why, in one line."""
     in_m: bool = False
-    """Whether the control/sham pair is in M (both valid and complete, no deviation, exact prefix)."""
+    """Whether the pair is in M (both valid and complete, no deviation, exact prefix)."""
     in_e: bool = False
-    """Whether it is in E: in M, with the sham subgoal applied and its source proven."""
-
-
-class AdvisorVerdict(BaseModel):
-    """One advisor's assisted arm against the control arm, by the DESIGN §3 rules (DESIGN §11)."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    label: Label
-    """The DESIGN §3 label of the advisor's arm against control."""
-    rule: int
-    """The DESIGN §3 rule (1 to 9) that decided it."""
-    reason: str
-    """Why, in one line."""
-    in_m: bool = False
-    """Whether the control/advisor pair is in M (both valid and complete, no deviation, exact prefix)."""
-    in_e: bool = False
-    """Whether it is in E: in M, with the advisor's subgoal applied and valid evidence (its own receipt)."""
+    """Whether it is in E: in M, with the arm's subgoal applied and valid evidence."""
 
 
 class Verdict(BaseModel):
@@ -439,17 +457,38 @@ class Verdict(BaseModel):
     case_id: str
     """The case classified."""
     label: Label | EpisodeLabel
-    """The DESIGN §3 label; in an evaluation study, the episode's label (success, failure, unknown)."""
+    """The DESIGN §3 label of the primary arm against control; in an evaluation study, the episode's label
+    (success, failure, unknown)."""
     rule: int
     """The DESIGN §3 rule (1 to 9) that decided it; in an evaluation study 0 (the episode ran) or 2 (unknown)."""
     reason: str
     """Why, in one line."""
     in_m: bool = False
-    """Whether the control/assisted pair is in M (both valid and complete, no deviation, exact prefix)."""
+    """Whether the control/primary pair is in M (both valid and complete, no deviation, exact prefix)."""
     in_e: bool = False
     """Whether it is in E: in M, with the subgoal applied and valid evidence."""
-    sham: ShamVerdict | None = None
-    """The sham arm's own verdict; None when the study has no sham arm."""
-    advisors: dict[str, AdvisorVerdict] | None = None
-    """Each advisor's own verdict against control, by advisor name in declared order; the first (the study's
-    primary advisor) is also the case's label above. None: a study of one `[vlm]`."""
+    arms: dict[str, ArmVerdict] = Field(default_factory=dict, exclude_if=lambda v: not v)
+    """The verdict of every other arm the case judges (the sham, each further advisor, each extra query point),
+    by arm name in the study's order; the primary's is the label above. Empty (absent): a study of two arms,
+    or an evaluation."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _before_arms(cls, data: Any) -> Any:
+        # A verdict stored before the record family (rescue-export/4 and earlier) keeps the sham's verdict under
+        # `sham` and every advisor's (the primary's first, equal to the label) under `advisors`.
+        if not isinstance(data, dict) or ("sham" not in data and "advisors" not in data):
+            return data
+        data = dict(data)
+        sham, advisors = data.pop("sham", None), data.pop("advisors", None) or {}
+        arms = {f"{ADVISOR_ARM_PREFIX}{name}": v for name, v in list(advisors.items())[1:]}
+        if sham is not None:
+            arms["sham"] = sham
+        data.setdefault("arms", arms)
+        return data
+
+    def of(self, arm: str, primary: str = "assisted") -> ArmVerdict | None:
+        """The verdict of one arm against control (the primary's from the label); None: the case judges no such arm."""
+        if arm == primary:
+            return ArmVerdict(label=self.label, rule=self.rule, reason=self.reason, in_m=self.in_m, in_e=self.in_e)
+        return self.arms.get(arm)

@@ -9,7 +9,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from rescue.core.records import CaseRecord, Label, Verdict
+from rescue.core.arms import base_arm, is_assisted, query_point_of
+from rescue.core.records import ArmVerdict, CaseRecord, Label, Verdict
 
 LABELS: tuple[Label, ...] = ("rescued", "not_rescued", "unknown", "initial_state_deviation")
 
@@ -123,6 +124,98 @@ def block_bootstrap_ci(
     return float(lo), float(hi)
 
 
+# --- one arm against another: the record family ------------------------------------------------------------
+
+
+class PairedTable(BaseModel):
+    """The raw 2x2 of two arms' outcomes over the cases where both are compared."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    first_only: int = 0
+    """Cases where only the first arm succeeded (McNemar's b)."""
+    second_only: int = 0
+    """Cases where only the second arm succeeded (McNemar's c)."""
+    both_success: int = 0
+    """Cases where both arms succeeded."""
+    both_fail: int = 0
+    """Cases where both arms failed."""
+
+    @classmethod
+    def tally(cls, outcomes: Iterable[tuple[bool, bool]]) -> PairedTable:
+        """The table of (first succeeded, second succeeded) per case."""
+        counts = Counter((bool(a), bool(b)) for a, b in outcomes)
+        return cls(first_only=counts[(True, False)], second_only=counts[(False, True)],
+                   both_success=counts[(True, True)], both_fail=counts[(False, False)])
+
+    @property
+    def k(self) -> int:
+        """The cases tallied."""
+        return self.first_only + self.second_only + self.both_success + self.both_fail
+
+
+class PairedComparison(BaseModel):
+    """One arm against another, paired case by case: assisted vs control, assisted vs sham, advisor vs advisor,
+    query point vs query point (DESIGN §3, §8, §11, §14)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    first: str
+    """The first arm's name (its successes are McNemar's b)."""
+    second: str
+    """The second arm's name."""
+    k: int
+    """The cases compared: against control, the first arm's M; between two arms that ask, the cases where both
+    are in E."""
+    pairs: PairedTable
+    """The raw 2x2 over those cases."""
+    mcnemar_p: float
+    """Two-sided exact McNemar p-value on the discordant cases; 1.0 without any."""
+    holm_p: float | None = Field(default=None, exclude_if=lambda v: v is None)
+    """`mcnemar_p` Holm-adjusted across the comparisons of its family (every pair of advisors; every pair of query
+    points); absent: not one of a family."""
+    diff: float | None
+    """The first's minus the second's success rate over those cases; None when there are none."""
+    diff_ci: tuple[float, float] | None
+    """Newcombe square-and-add interval of `diff`, at the summary's confidence; None when there are no cases."""
+
+
+def compare(first: str, second: str, outcomes: Sequence[tuple[bool, bool]], confidence: float = 0.95) -> PairedComparison:
+    """The paired comparison of two arms from (first succeeded, second succeeded) per case."""
+    table = PairedTable.tally(outcomes)
+    k, b, c = table.k, table.first_only, table.second_only
+    return PairedComparison(
+        first=first, second=second, k=k, pairs=table, mcnemar_p=mcnemar_exact(b, c), diff=_ratio(b - c, k),
+        diff_ci=paired_diff_ci(b, c, k, confidence, both_success=table.both_success) if k else None,
+    )
+
+
+class ArmFigures(BaseModel):
+    """One arm's DESIGN §3 figures over its own verdicts against control, and its paired comparison with control."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    arm: str
+    """The arm's name (`assisted`, `assisted:<advisor>`, `sham`, `assisted@<query point>`)."""
+    counts: dict[str, int]
+    """The arm's DESIGN §3 labels against control, every label present (zero included)."""
+    r: int
+    """Cases the arm rescued."""
+    m: int
+    """Control/arm pairs in M (both valid and complete, no deviation, exact prefix)."""
+    e: int
+    """Of those, with the arm's subgoal applied and valid evidence."""
+    r_over_n: float | None
+    """R / N, a fraction; None when N is 0."""
+    r_over_m: float | None
+    """R / M, a fraction; None when M is 0."""
+    r_over_e: float | None
+    """R / E, a fraction; None when E is 0."""
+    versus_control: PairedComparison | None
+    """The arm against control over its M; None only in an export of `rescue-export/4` or earlier, which kept no
+    such comparison for the sham arm."""
+
+
 class Breakdown(BaseModel):
     """Counts of one group or task."""
 
@@ -136,187 +229,33 @@ class Breakdown(BaseModel):
     """Cases labelled `rescued`."""
     rate: float | None
     """rescued / n, a fraction; None when n is 0."""
-    sham: ShamSummary | None = None
-    """The placebo comparison over this group's or task's cases alone (the sham's labels, its rescues, assisted
-    against sham over the group's K); None when the study has no sham arm (and in summaries made before)."""
+    arms: list[ArmFigures] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """Over this group's or task's cases alone: the figures of every arm the study judges besides its primary
+    (the sham, further advisors, extra query points); absent: a study of two arms."""
+    comparisons: list[PairedComparison] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """Over this group's or task's cases alone: the study's comparisons between arms (`Summary.comparisons`)."""
 
 
-class PairTable(BaseModel):
-    """The raw 2x2 of arm outcomes over the pairs in M."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    assisted_only: int = 0
-    """Pairs where only the assisted arm succeeded (McNemar's b)."""
-    control_only: int = 0
-    """Pairs where only the control arm succeeded (McNemar's c)."""
-    both_success: int = 0
-    """Pairs where both arms succeeded."""
-    both_fail: int = 0
-    """Pairs where both arms failed."""
-
-
-class ShamPairTable(BaseModel):
-    """The raw 2x2 of assisted against sham over K: cases whose three arms are valid with both subgoals applied."""
+class Reproduction(BaseModel):
+    """How often the control arm failed again from the case's initial state (DESIGN §13): with a policy that
+    samples, the control arm is a new draw from the historical initial state, not the historical episode."""
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
-    assisted_only: int = 0
-    """Cases where only the assisted arm succeeded (McNemar's b)."""
-    sham_only: int = 0
-    """Cases where only the sham arm succeeded (McNemar's c)."""
-    both_success: int = 0
-    """Cases where both arms succeeded."""
-    both_fail: int = 0
-    """Cases where both arms failed."""
+    controls: int
+    """Control runs that completed (every continuation of the control arm counts)."""
+    failed: int
+    """Of those, the ones that failed again."""
+    rate: float | None
+    """failed / controls, a fraction; None when no control run completed."""
 
 
-class ShamSummary(BaseModel):
-    """The placebo comparison (DESIGN §8): the sham arm against control, and assisted against sham."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    counts: dict[str, int]
-    """The sham arm's own DESIGN §3 labels against control, over N, every label present."""
-    r: int
-    """Cases the sham "rescued"."""
-    m: int
-    """Sham pairs in M (valid, matched prefix, no deviation)."""
-    e: int
-    """Of those, with the sham subgoal applied and its source proven."""
-    k: int
-    """Cases where assisted and sham are both in E: the paired comparison's n."""
-    pairs: ShamPairTable
-    """The raw 2x2 of assisted against sham over K."""
-    mcnemar_p: float
-    """Two-sided exact McNemar p-value of assisted against sham over K; 1.0 without discordant cases."""
-    diff: float | None
-    """Assisted minus sham success rate over K: the effect of the VLM's content; None when K is 0."""
-    diff_ci: tuple[float, float] | None
-    """Newcombe square-and-add interval of `diff`, at the summary's confidence; None when K is 0."""
-
-
-class AdvisorShamComparison(BaseModel):
-    """One advisor against the sham arm over the cases where both are in E (DESIGN §8, §11)."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    k: int
-    """Cases where the advisor's arm and the sham arm are both in E: the paired comparison's n."""
-    pairs: ShamPairTable
-    """The raw 2x2 over those cases (`assisted_only`: only the advisor's arm succeeded)."""
-    mcnemar_p: float
-    """Two-sided exact McNemar p-value of the advisor against sham; 1.0 without discordant cases."""
-    diff: float | None
-    """The advisor's minus the sham's success rate over those cases; None when there are none."""
-    diff_ci: tuple[float, float] | None
-    """Newcombe square-and-add interval of `diff`, at the summary's confidence; None when there are no cases."""
-
-
-class AdvisorSummary(BaseModel):
-    """One advisor's figures against control (DESIGN §3 over its own verdicts, DESIGN §11), and against the sham."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    name: str
-    """The advisor's name."""
-    arm: str
-    """Its arm, `assisted:<name>`."""
-    primary: bool
-    """Whether it is the study's primary advisor (its verdicts are the cases' labels, and the summary's R, M, E)."""
-    counts: dict[str, int]
-    """The advisor's DESIGN §3 labels against control, over N, every label present."""
-    r: int
-    """Cases the advisor's arm rescued."""
-    m: int
-    """Control/advisor pairs in M."""
-    e: int
-    """Of those, with the advisor's subgoal applied and valid evidence."""
-    r_over_n: float | None
-    """R / N, a fraction; None when N is 0."""
-    r_over_m: float | None
-    """R / M, a fraction; None when M is 0."""
-    r_over_e: float | None
-    """R / E, a fraction; None when E is 0 (the advisor table ranks by it)."""
-    pairs: PairTable
-    """The raw 2x2 of the advisor's arm (`assisted_only`) against control over its M."""
-    mcnemar_p: float
-    """Two-sided exact McNemar p-value on the discordant pairs of its M; 1.0 when there are none."""
-    diff: float | None
-    """The advisor's minus control's success rate over its M; None when M is 0."""
-    diff_ci: tuple[float, float] | None
-    """Newcombe square-and-add interval of `diff`; None when M is 0."""
-    sham: AdvisorShamComparison | None = None
-    """The advisor against the sham arm; None when the study has no sham arm."""
-
-
-class AdvisorPairTable(BaseModel):
-    """The raw 2x2 of two advisors' arms over the cases where both are in E."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    first_only: int = 0
-    """Cases where only the first advisor's arm succeeded (McNemar's b)."""
-    second_only: int = 0
-    """Cases where only the second advisor's arm succeeded (McNemar's c)."""
-    both_success: int = 0
-    """Cases where both succeeded."""
-    both_fail: int = 0
-    """Cases where both failed."""
-
-
-class AdvisorPair(BaseModel):
-    """Two advisors, paired case by case over the cases where both are in E (DESIGN §11)."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    first: str
-    """The advisor declared earlier."""
-    second: str
-    """The advisor declared later."""
-    k: int
-    """Cases where both advisors' arms are in E: the paired comparison's n."""
-    pairs: AdvisorPairTable
-    """The raw 2x2 over those cases."""
-    mcnemar_p: float
-    """Two-sided exact McNemar p-value on the discordant cases; 1.0 without any."""
-    holm_p: float
-    """`mcnemar_p` Holm-adjusted across every pair of the study's advisors (family-wise error)."""
-    diff: float | None
-    """The first's minus the second's success rate over those cases; None when there are none."""
-    diff_ci: tuple[float, float] | None
-    """Newcombe square-and-add interval of `diff`, at the summary's confidence; None when there are no cases."""
-
-
-class Summary(BaseModel):
-    """The fixed-denominator summary of a study's main cohort (DESIGN §3)."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
+class Summary(ArmFigures):
+    """The fixed-denominator summary of a study's main cohort (DESIGN §3): the primary arm's figures against
+    control (the study's answer), every other arm's, and the comparisons between arms."""
 
     n: int
     """N: the cases summarized (finished or interrupted, with a verdict); the whole cohort once the study is complete."""
-    counts: dict[str, int]
-    """Cases per DESIGN §3 label, every label present (zero included)."""
-    r: int
-    """R: cases rescued."""
-    m: int
-    """M: pairs with both arms valid and complete, no deviation, exact prefix."""
-    e: int
-    """E: pairs in M with the subgoal applied and valid evidence."""
-    r_over_n: float | None
-    """R / N, a fraction; None when N is 0."""
-    r_over_m: float | None
-    """R / M, a fraction; None when M is 0."""
-    r_over_e: float | None
-    """R / E, a fraction; None when E is 0."""
-    pairs: PairTable
-    """The raw 2x2 of arm outcomes over M."""
-    mcnemar_p: float
-    """Two-sided exact McNemar p-value on the discordant pairs of M; 1.0 when there are none."""
-    diff: float | None
-    """Assisted minus control success rate over M; None when M is 0."""
-    diff_ci: tuple[float, float] | None
-    """Newcombe square-and-add interval of `diff` over M, at `confidence`; None when M is 0."""
     confidence: float = 0.95
     """Confidence level of the intervals."""
     per_group: dict[str, Breakdown] = Field(default_factory=dict)
@@ -327,14 +266,31 @@ class Summary(BaseModel):
     """Ids of the pilot cases summarized apart, in manifest order; empty in a pilot cohort's own summary."""
     pilot: Summary | None = None
     """The pilot cohort's own summary; None without pilot cases (and in a pilot cohort's own summary)."""
-    sham: ShamSummary | None = None
-    """The placebo comparison; None when the study has no sham arm."""
-    # Absent, not null, from a summary without them: a summary stored before there were advisors is re-derived
-    # byte for byte by `rescue verify`.
-    advisors: list[AdvisorSummary] | None = Field(default=None, exclude_if=lambda v: v is None)
-    """Each advisor's figures, in declared order (the primary first; DESIGN §11); None: a study of one `[vlm]`."""
-    advisor_pairs: list[AdvisorPair] | None = Field(default=None, exclude_if=lambda v: v is None)
-    """Every pair of advisors (declared order within a pair), with Holm-adjusted p; None: a study of one `[vlm]`."""
+    reproduction: Reproduction | None = None
+    """How often the control arm failed again; None only in an export of `rescue-export/4` or earlier."""
+    arms: list[ArmFigures] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """Every other arm the study judges against control (the sham, further advisors, extra query points), in the
+    study's order; absent: a study of two arms."""
+    comparisons: list[PairedComparison] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """The arms that ask compared with each other over the cases where both are in E: each assisted arm against
+    the sham, every pair of advisors and every pair of query points (Holm-adjusted within each family)."""
+
+    def figures(self) -> list[ArmFigures]:
+        """Every judged arm's figures, the primary's (this summary's own) first."""
+        primary = ArmFigures.model_validate({f: getattr(self, f) for f in ArmFigures.model_fields})
+        return [primary, *self.arms]
+
+    def comparison(self, first: str, second: str) -> PairedComparison | None:
+        """The comparison of two arms (either order asked), or None when the study makes none."""
+        if second == "control":
+            return next((f.versus_control for f in self.figures() if f.arm == first), None)
+        return next((c for c in self.comparisons if (c.first, c.second) in ((first, second), (second, first))), None)
+
+
+def ranked(figures: Sequence[ArmFigures]) -> list[ArmFigures]:
+    """Arms ranked by R/E (highest first; none last), then by R, then in the given order."""
+    order = {f.arm: i for i, f in enumerate(figures)}
+    return sorted(figures, key=lambda f: (f.r_over_e is None, -(f.r_over_e or 0.0), -f.r, order[f.arm]))
 
 
 def _ratio(x: int, n: int) -> float | None:
@@ -348,190 +304,120 @@ def _label_counts(labels: Iterable[str]) -> dict[str, int]:
     return counts
 
 
-def _breakdowns(cases: Sequence[tuple[CaseRecord, Verdict]], key: str, confidence: float) -> dict[str, Breakdown]:
-    buckets: dict[str, list[tuple[CaseRecord, Verdict]]] = {}
+Judged = tuple[CaseRecord, Verdict]
+
+
+def _verdict(rec: CaseRecord, v: Verdict, arm: str) -> ArmVerdict:
+    found = v.of(arm, rec.primary)
+    if found is None:
+        raise ValueError(f"case {rec.case_id} has no verdict for its {arm} arm")
+    return found
+
+
+def _success(rec: CaseRecord, arm: str) -> bool:
+    record = rec.arms.get(arm)
+    if record is None:
+        raise ValueError(f"case {rec.case_id} has its {arm} arm's verdict in M or E without its arm")
+    return bool(record.success)
+
+
+def arm_figures(cases: Sequence[Judged], arm: str, confidence: float = 0.95) -> ArmFigures:
+    """One arm's labels, R, M, E over its own verdicts, and its comparison with control over its M."""
+    verdicts = [(rec, _verdict(rec, v, arm)) for rec, v in cases]
+    counts = _label_counts(v.label for _, v in verdicts)
+    n, r = len(verdicts), counts["rescued"]
+    m = sum(v.in_m for _, v in verdicts)
+    e = sum(v.in_e for _, v in verdicts)
+    for rec, v in verdicts:
+        if v.in_e and not v.in_m:
+            raise ValueError(f"case {rec.case_id}'s {arm} arm is in E but not in M")
+    if not r <= e <= m <= n:
+        raise ValueError(f"{arm}: invariant R <= E <= M <= N violated: R={r} E={e} M={m} N={n}")
+    against = [(_success(rec, arm), _success(rec, "control")) for rec, v in verdicts if v.in_m]
+    return ArmFigures(arm=arm, counts=counts, r=r, m=m, e=e, r_over_n=_ratio(r, n), r_over_m=_ratio(r, m),
+                      r_over_e=_ratio(r, e), versus_control=compare(arm, "control", against, confidence))
+
+
+def compare_arms(cases: Sequence[Judged], first: str, second: str, confidence: float = 0.95) -> PairedComparison:
+    """Two arms that ask, over the cases where both are in E."""
+    both = [(rec, _verdict(rec, v, first), _verdict(rec, v, second)) for rec, v in cases]
+    outcomes = [(_success(rec, first), _success(rec, second)) for rec, a, b in both if a.in_e and b.in_e]
+    return compare(first, second, outcomes, confidence)
+
+
+def comparison_families(judged: Sequence[str]) -> list[tuple[list[tuple[str, str]], bool]]:
+    """Which arms a study compares with each other, by family, and whether Holm adjusts within it: each arm
+    asking at the pre-registered query point against the sham (alone, unadjusted), every pair of advisors at the
+    pre-registered query point, every pair of the primary advisor's query points (each family adjusted)."""
+    asking = [a for a in judged if is_assisted(a)]
+    at_q = [a for a in asking if query_point_of(a) is None]
+    points = [judged[0], *(a for a in asking if query_point_of(a) is not None)]
+    families: list[tuple[list[tuple[str, str]], bool]] = []
+    if "sham" in judged:
+        families += [([(a, "sham")], False) for a in at_q]
+    for family in (at_q, points):
+        pairs = [(a, b) for i, a in enumerate(family) for b in family[i + 1:]]
+        if pairs:
+            families.append((pairs, True))
+    return families
+
+
+def _comparisons(cases: Sequence[Judged], judged: Sequence[str], confidence: float) -> list[PairedComparison]:
+    out = []
+    for family, adjusted in comparison_families(judged):
+        found = [compare_arms(cases, a, b, confidence) for a, b in family]
+        if adjusted:
+            for c, p in zip(found, holm([c.mcnemar_p for c in found])):
+                c.holm_p = p
+        out += found
+    return out
+
+
+def _judged_arms(cases: Sequence[Judged]) -> list[str]:
+    """The arms every case of a cohort judges, primary first (they must agree)."""
+    found = {tuple(rec.judged()) for rec, _ in cases}
+    if len(found) > 1:
+        raise ValueError("the cases of a study do not all judge the same arms")
+    return list(found.pop()) if found else ["assisted"]
+
+
+def _breakdowns(cases: Sequence[Judged], key: str, judged: Sequence[str], confidence: float) -> dict[str, Breakdown]:
+    buckets: dict[str, list[Judged]] = {}
     for rec, v in cases:
         buckets.setdefault(getattr(rec, key), []).append((rec, v))
     out = {}
     for name in sorted(buckets):
-        counts = _label_counts(v.label for _, v in buckets[name])
-        n = len(buckets[name])
-        rescued = counts["rescued"]
-        out[name] = Breakdown(n=n, counts=counts, rescued=rescued, rate=_ratio(rescued, n),
-                              sham=sham_summary(buckets[name], confidence))
+        bucket = buckets[name]
+        counts = _label_counts(v.label for _, v in bucket)
+        out[name] = Breakdown(
+            n=len(bucket), counts=counts, rescued=counts["rescued"], rate=_ratio(counts["rescued"], len(bucket)),
+            arms=[arm_figures(bucket, arm, confidence) for arm in judged[1:]],
+            comparisons=_comparisons(bucket, judged, confidence),
+        )
     return out
 
 
-def _pair_table(cases: Sequence[tuple[CaseRecord, Verdict]]) -> PairTable:
-    table = PairTable()
-    outcomes = []
-    for rec, v in cases:
-        if not v.in_m:
-            continue
-        if rec.control is None or rec.assisted is None:
-            raise ValueError(f"case {rec.case_id} is in M without both arms")
-        outcomes.append((bool(rec.assisted.success), bool(rec.control.success)))
-    table.assisted_only, table.control_only, table.both_success, table.both_fail = _tally(outcomes)
-    return table
+def reproduction(cases: Sequence[Judged]) -> Reproduction:
+    """The control runs that completed and how many of them failed again."""
+    runs = [arm for rec, _ in cases for name, arm in rec.arms.items()
+            if arm is not None and base_arm(name) == "control" and arm.status == "complete" and arm.success is not None]
+    failed = sum(not arm.success for arm in runs)
+    return Reproduction(controls=len(runs), failed=failed, rate=_ratio(failed, len(runs)))
 
 
-def _tally(pairs: Iterable[tuple[bool, bool]]) -> tuple[int, int, int, int]:
-    """A paired 2x2 from (first succeeded, second succeeded): first only, second only, both, neither."""
-    counts = Counter((bool(a), bool(b)) for a, b in pairs)
-    return counts[(True, False)], counts[(False, True)], counts[(True, True)], counts[(False, False)]
-
-
-def sham_summary(cases: Sequence[tuple[CaseRecord, Verdict]], confidence: float = 0.95) -> ShamSummary | None:
-    """The sham arm's own labels and the assisted-vs-sham paired comparison, or None without a sham arm."""
-    judged = [(rec, v) for rec, v in cases if v.sham is not None]
-    if not judged:
-        return None
-    if len(judged) != len(cases):
-        raise ValueError("some cases of a sham study have no sham verdict")
-    counts = _label_counts(v.sham.label for _, v in judged)
-    for rec, v in judged:
-        if v.sham.in_e and not v.sham.in_m:
-            raise ValueError(f"case {rec.case_id}'s sham arm is in E but not in M")
-    table = ShamPairTable()
-    table.assisted_only, table.sham_only, table.both_success, table.both_fail = _tally(
-        (rec.assisted.success, rec.sham.success) for rec, v in judged if v.in_e and v.sham.in_e
-    )
-    k = table.assisted_only + table.sham_only + table.both_success + table.both_fail
-    b, c = table.assisted_only, table.sham_only
-    return ShamSummary(
-        counts=counts,
-        r=counts["rescued"],
-        m=sum(v.sham.in_m for _, v in judged),
-        e=sum(v.sham.in_e for _, v in judged),
-        k=k,
-        pairs=table,
-        mcnemar_p=mcnemar_exact(b, c),
-        diff=_ratio(b - c, k),
-        diff_ci=paired_diff_ci(b, c, k, confidence, both_success=table.both_success) if k else None,
-    )
-
-
-def _advisor_success(rec: CaseRecord, name: str) -> bool:
-    arm = (rec.advisors or {}).get(name)
-    if arm is None:
-        raise ValueError(f"case {rec.case_id} has advisor {name!r}'s verdict in E without its arm")
-    return bool(arm.success)
-
-
-def _advisor_names(cases: Sequence[tuple[CaseRecord, Verdict]]) -> list[str] | None:
-    named = [list(v.advisors) for _, v in cases if v.advisors is not None]
-    if not named:
-        return None
-    if len(named) != len(cases) or any(n != named[0] for n in named):
-        raise ValueError("the cases of a study of several advisors do not all carry every advisor's verdict")
-    return named[0]
-
-
-def advisor_summaries(
-    cases: Sequence[tuple[CaseRecord, Verdict]], confidence: float = 0.95
-) -> tuple[list[AdvisorSummary], list[AdvisorPair]] | None:
-    """Each advisor against control (and the sham), and every pair of advisors over the cases both have in E,
-    Holm-adjusted across the pairs (DESIGN §11); None without advisors."""
-    names = _advisor_names(cases)
-    if names is None:
-        return None
-    out = []
-    for i, name in enumerate(names):
-        verdicts = [(rec, v.advisors[name]) for rec, v in cases]
-        counts = _label_counts(v.label for _, v in verdicts)
-        n, r = len(verdicts), counts["rescued"]
-        m = sum(v.in_m for _, v in verdicts)
-        e = sum(v.in_e for _, v in verdicts)
-        if any(v.in_e and not v.in_m for _, v in verdicts) or not r <= e <= m <= n:
-            raise ValueError(f"advisor {name!r}: invariant R <= E <= M <= N violated: R={r} E={e} M={m} N={n}")
-        table = PairTable()
-        table.assisted_only, table.control_only, table.both_success, table.both_fail = _tally(
-            (_advisor_success(rec, name), bool(rec.control.success)) for rec, v in verdicts if v.in_m
-        )
-        b, c = table.assisted_only, table.control_only
-        sham = None
-        if all(v.sham is not None for _, v in cases) and cases:
-            st = ShamPairTable()
-            st.assisted_only, st.sham_only, st.both_success, st.both_fail = _tally(
-                (_advisor_success(rec, name), bool(rec.sham.success))
-                for rec, v in cases if v.advisors[name].in_e and v.sham.in_e
-            )
-            k = st.assisted_only + st.sham_only + st.both_success + st.both_fail
-            sham = AdvisorShamComparison(
-                k=k, pairs=st, mcnemar_p=mcnemar_exact(st.assisted_only, st.sham_only),
-                diff=_ratio(st.assisted_only - st.sham_only, k),
-                diff_ci=paired_diff_ci(st.assisted_only, st.sham_only, k, confidence, both_success=st.both_success) if k else None,
-            )
-        out.append(AdvisorSummary(
-            name=name, arm=f"assisted:{name}", primary=i == 0, counts=counts, r=r, m=m, e=e,
-            r_over_n=_ratio(r, n), r_over_m=_ratio(r, m), r_over_e=_ratio(r, e), pairs=table,
-            mcnemar_p=mcnemar_exact(b, c), diff=_ratio(b - c, m),
-            diff_ci=paired_diff_ci(b, c, m, confidence, both_success=table.both_success) if m else None, sham=sham,
-        ))
-    pairs = []
-    for i, first in enumerate(names):
-        for second in names[i + 1:]:
-            t = AdvisorPairTable()
-            t.first_only, t.second_only, t.both_success, t.both_fail = _tally(
-                (_advisor_success(rec, first), _advisor_success(rec, second))
-                for rec, v in cases if v.advisors[first].in_e and v.advisors[second].in_e
-            )
-            k = t.first_only + t.second_only + t.both_success + t.both_fail
-            b, c = t.first_only, t.second_only
-            pairs.append(AdvisorPair(
-                first=first, second=second, k=k, pairs=t, mcnemar_p=mcnemar_exact(b, c), holm_p=1.0,
-                diff=_ratio(b - c, k), diff_ci=paired_diff_ci(b, c, k, confidence, both_success=t.both_success) if k else None,
-            ))
-    for pair, adjusted in zip(pairs, holm([p.mcnemar_p for p in pairs])):
-        pair.holm_p = adjusted
-    return out, pairs
-
-
-def ranked_advisors(advisors: Sequence[AdvisorSummary]) -> list[AdvisorSummary]:
-    """The advisors ranked by R/E (highest first; none last), then by R, then in declared order."""
-    order = {a.name: i for i, a in enumerate(advisors)}
-    return sorted(advisors, key=lambda a: (a.r_over_e is None, -(a.r_over_e or 0.0), -a.r, order[a.name]))
-
-
-def _summarize_cohort(cases: Sequence[tuple[CaseRecord, Verdict]], confidence: float) -> Summary:
-    for rec, v in cases:
-        if v.in_e and not v.in_m:
-            raise ValueError(f"case {rec.case_id} is in E but not in M")
-    counts = _label_counts(v.label for _, v in cases)
-    n = len(cases)
-    r = counts["rescued"]
-    m = sum(v.in_m for _, v in cases)
-    e = sum(v.in_e for _, v in cases)
-    if not r <= e <= m <= n:
-        raise ValueError(f"invariant R <= E <= M <= N violated: R={r} E={e} M={m} N={n}")
-    table = _pair_table(cases)
-    b, c = table.assisted_only, table.control_only
+def _summarize_cohort(cases: Sequence[Judged], confidence: float) -> Summary:
+    judged = _judged_arms(cases)
+    primary = arm_figures(cases, judged[0], confidence)
     return Summary(
-        n=n,
-        counts=counts,
-        r=r,
-        m=m,
-        e=e,
-        r_over_n=_ratio(r, n),
-        r_over_m=_ratio(r, m),
-        r_over_e=_ratio(r, e),
-        pairs=table,
-        mcnemar_p=mcnemar_exact(b, c),
-        diff=_ratio(b - c, m),
-        diff_ci=paired_diff_ci(b, c, m, confidence, both_success=table.both_success) if m else None,
+        **primary.model_dump(),
+        n=len(cases),
         confidence=confidence,
-        per_group=_breakdowns(cases, "group", confidence),
-        per_task=_breakdowns(cases, "task", confidence),
-        sham=sham_summary(cases, confidence),
-        **_advisor_fields(cases, confidence),
+        reproduction=reproduction(cases),
+        per_group=_breakdowns(cases, "group", judged, confidence),
+        per_task=_breakdowns(cases, "task", judged, confidence),
+        arms=[arm_figures(cases, arm, confidence) for arm in judged[1:]],
+        comparisons=_comparisons(cases, judged, confidence),
     )
-
-
-def _advisor_fields(cases: Sequence[tuple[CaseRecord, Verdict]], confidence: float) -> dict:
-    found = advisor_summaries(cases, confidence)
-    if found is None:
-        return {}
-    return {"advisors": found[0], "advisor_pairs": found[1]}
 
 
 def summarize(
@@ -544,8 +430,8 @@ def summarize(
             raise ValueError(f"two verdicts for case {v.case_id}")
         by_id[v.case_id] = v
     seen: set[str] = set()
-    main: list[tuple[CaseRecord, Verdict]] = []
-    pilot: list[tuple[CaseRecord, Verdict]] = []
+    main: list[Judged] = []
+    pilot: list[Judged] = []
     for rec in records:
         if rec.case_id in seen:
             raise ValueError(f"case {rec.case_id} appears twice")

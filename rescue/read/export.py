@@ -23,8 +23,10 @@ from rescue.core.digest import digest_json
 from rescue.core.evaluation import EvalSummary
 from rescue.core.manifest import Case
 from rescue.core.querypoint import query_point
-from rescue.core.records import ArmResult, Receipt, Verdict, advisor_arm
+from rescue.core.records import ArmResult, ArmVerdict, Receipt
+from rescue.core.arms import advisor_arm
 from rescue.core.stats import Summary
+from rescue.read.legacy import upgrade_export
 from rescue.study.files import write_atomic
 from rescue.study.folder import (
     SUMMARIZED_STATES,
@@ -44,10 +46,12 @@ from rescue.study.usage import UsageSummary, study_usage
 # 3: the sham arm (DESIGN §8): per case its arm and verdict, in the summary its comparisons.
 # 4: advisors (DESIGN §11): the study names them, per case every advisor's arm and verdict, in the summary
 #    each advisor's figures and every pair of advisors, usage per advisor; cost under a declared price.
-#    A study of one [vlm] exports as under 3, but for the version.
-EXPORT_SCHEMA = "rescue-export/4"
-# The versions `read_export` reads (each an earlier document's fields are a subset of today's).
-READABLE_SCHEMAS = ("rescue-export/3", "rescue-export/4")
+# 5: one record family for an arm against another arm: per case every arm by name (`arms`) and every other
+#    arm's verdict against control (`verdicts`); in the summary the primary's figures with its comparison
+#    against control (`versus_control`), every other arm's figures (`arms`) and the comparisons between arms.
+EXPORT_SCHEMA = "rescue-export/5"
+# The versions `read_export` reads; a document of an earlier one is read into today's shape (rescue/read/legacy.py).
+READABLE_SCHEMAS = ("rescue-export/3", "rescue-export/4", "rescue-export/5")
 
 
 class ExportError(StudyError):
@@ -163,14 +167,16 @@ class CaseEntry(BaseModel):
     """Whether the case is a declared pilot (never counted in the main summary)."""
     state: CaseState
     """The case's queue state: `pending`, `claimed`, `finished` or `interrupted`."""
+    primary: str = "assisted"
+    """The arm whose verdict against control is the case's label (`assisted`, or the first advisor's)."""
     label: str | None = None
-    """The stored verdict's DESIGN §3 label; None without a verdict."""
+    """The stored verdict's DESIGN §3 label (the primary arm against control); None without a verdict."""
     rule: int | None = None
     """The DESIGN §3 rule that decided it; None without a verdict."""
     reason: str | None = None
     """Why, in one line; None without a verdict."""
     in_m: bool | None = None
-    """Whether the pair is in M; None without a verdict."""
+    """Whether the control/primary pair is in M; None without a verdict."""
     in_e: bool | None = None
     """Whether the pair is in E; None without a verdict."""
     deviation: str | None = None
@@ -178,43 +184,32 @@ class CaseEntry(BaseModel):
     query_step: int | None = None
     """q, the env step of the case's query point."""
     call_id: str | None = None
-    """The assisted arm's VLM call id; None without an assisted arm or a call."""
-    control: ArmEntry | None = None
-    """The control arm; None: not recorded."""
-    assisted: ArmEntry | None = None
-    """The assisted arm; None: not recorded (or an evaluation study)."""
-    sham: ArmEntry | None = None
-    """The sham arm; None: not recorded, or the study has none."""
-    sham_label: str | None = None
-    """The sham arm's DESIGN §3 label against control (DESIGN §8); None without a sham verdict."""
-    sham_rule: int | None = None
-    """The rule that decided the sham label; None without a sham verdict."""
-    sham_reason: str | None = None
-    """Why, in one line; None without a sham verdict."""
-    advisors: dict[str, AdvisorEntry] | None = Field(default=None, exclude_if=lambda v: v is None)
-    """Every advisor's arm and verdict against control, by advisor name in declared order (the primary's is also
-    `assisted`, `label`...); absent: a study of one `[vlm]`."""
+    """The primary arm's VLM call id; None without that arm or a call."""
+    arms: dict[str, ArmEntry | None] = Field(default_factory=dict)
+    """Every arm the study runs for the case, by name in the study's order (`control`, the primary, then the
+    sham, further advisors, extra query points); None: not recorded."""
+    verdicts: dict[str, ArmVerdict] = Field(default_factory=dict)
+    """The stored verdict of every other arm the case judges against control (the sham, further advisors, extra
+    query points), by arm; empty without a verdict or in a study of two arms."""
 
+    @property
+    def control(self) -> ArmEntry | None:
+        """The control arm's entry."""
+        return self.arms.get("control")
 
-class AdvisorEntry(BaseModel):
-    """One advisor's arm of one case and its verdict against control (DESIGN §11)."""
+    @property
+    def assisted(self) -> ArmEntry | None:
+        """The primary arm's entry."""
+        return self.arms.get(self.primary)
 
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    arm: str
-    """The arm's name, `assisted:<name>`."""
-    label: str | None = None
-    """The advisor's DESIGN §3 label against control; None without a verdict."""
-    rule: int | None = None
-    """The rule that decided it; None without a verdict."""
-    reason: str | None = None
-    """Why, in one line; None without a verdict."""
-    in_m: bool | None = None
-    """Whether the control/advisor pair is in M; None without a verdict."""
-    in_e: bool | None = None
-    """Whether it is in E; None without a verdict."""
-    record: ArmEntry | None = None
-    """The advisor's arm as exported; None: not recorded."""
+    def verdict(self, arm: str) -> ArmVerdict | None:
+        """One arm's verdict against control (the primary's from the case's label); None without one."""
+        if arm == self.primary:
+            if self.label is None or self.rule is None:
+                return None
+            return ArmVerdict(label=self.label, rule=self.rule, reason=self.reason or "", in_m=bool(self.in_m),
+                              in_e=bool(self.in_e))
+        return self.verdicts.get(arm)
 
 
 class EpisodeRow(BaseModel):
@@ -284,8 +279,9 @@ class StudyExport(BaseModel):
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
-    schema_version: Literal["rescue-export/3", "rescue-export/4"] = EXPORT_SCHEMA
-    """The format of this document and its version (`rescue export` writes 4; a document of 3 still reads)."""
+    schema_version: Literal["rescue-export/3", "rescue-export/4", "rescue-export/5"] = EXPORT_SCHEMA
+    """The format of this document and its version (`rescue export` writes 5; a document of 3 or 4 is read into
+    this shape, keeping its version)."""
     study: StudyInfo
     """Who the study is."""
     # The summary counts finished and interrupted cases only; `coverage` says
@@ -350,23 +346,6 @@ def _arm_entry(arm: ArmResult | None, digest: str | None) -> ArmEntry | None:
     )
 
 
-def _advisor_entries(records: StudyRecords, case: Case, v: Verdict | None) -> dict[str, AdvisorEntry] | None:
-    if not records.config.advisors:
-        return None
-    arms = records.arms.get(case.case_id, {})
-    digests = records.arm_digests.get(case.case_id, {})
-    out = {}
-    for a in records.config.advisors:
-        arm = advisor_arm(a.name)
-        av = (v.advisors or {}).get(a.name) if v is not None else None
-        out[a.name] = AdvisorEntry(
-            arm=arm, label=av.label if av else None, rule=av.rule if av else None, reason=av.reason if av else None,
-            in_m=av.in_m if av else None, in_e=av.in_e if av else None,
-            record=_arm_entry(arms.get(arm), digests.get(arm)),
-        )
-    return out
-
-
 def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
     arms = records.arms.get(case.case_id, {})
     digests = records.arm_digests.get(case.case_id, {})
@@ -379,6 +358,7 @@ def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
         task=case.task,
         pilot=case.pilot,
         state=records.states[case.case_id],
+        primary=primary,
         label=v.label if v else None,
         rule=v.rule if v else None,
         reason=v.reason if v else None,
@@ -387,13 +367,8 @@ def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
         deviation=deviation_detail(records.record(case)) if v and v.label == "initial_state_deviation" else None,
         query_step=query_point(case.horizon, records.interval),
         call_id=assisted.assistance.call_id if assisted else None,
-        control=_arm_entry(arms.get("control"), digests.get("control")),
-        assisted=_arm_entry(assisted, digests.get(primary)),
-        sham=_arm_entry(arms.get("sham"), digests.get("sham")),
-        sham_label=v.sham.label if v and v.sham else None,
-        sham_rule=v.sham.rule if v and v.sham else None,
-        sham_reason=v.sham.reason if v and v.sham else None,
-        advisors=_advisor_entries(records, case, v),
+        arms={name: _arm_entry(arms.get(name), digests.get(name)) for name in records.config.arms},
+        verdicts=dict(v.arms) if v else {},
     )
 
 
@@ -491,7 +466,7 @@ def read_export(path: str | os.PathLike[str]) -> StudyExport:
     if version not in READABLE_SCHEMAS:
         raise ExportError(f"{path}: export schema {version!r}; this version reads {', '.join(READABLE_SCHEMAS)}")
     try:
-        return StudyExport.model_validate(data)
+        return StudyExport.model_validate(upgrade_export(data) if version != EXPORT_SCHEMA else data)
     except ValidationError as exc:
         raise ExportError(f"{path}: not a {version} document ({exc.errors()[0]['msg']})") from None
 
@@ -504,11 +479,9 @@ ARM_COLUMNS = (
 )
 CASE_COLUMNS = (
     "case_id", "group", "task", "pilot", "state", "label", "rule", "reason",
-    "in_m", "in_e", "deviation", "query_step", "call_id", "sham_label", "sham_rule", "sham_reason",
+    "in_m", "in_e", "deviation", "query_step", "call_id",
 )
-CSV_COLUMNS = CASE_COLUMNS + tuple(
-    f"{arm}_{col}" for arm in ("control", "assisted", "sham") for col in ARM_COLUMNS
-)
+VERDICT_COLUMNS = ("label", "rule", "reason", "in_m", "in_e")
 
 
 def _cell(value: Any) -> str:
@@ -520,15 +493,23 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-ADVISOR_COLUMNS = ("label", "rule", "reason", "in_m", "in_e")
+def _arm_names(export: StudyExport) -> list[str]:
+    names: list[str] = []
+    for entry in export.cases:
+        names += [n for n in entry.arms if n not in names]
+    return names or ["control", "assisted"]
 
 
 def csv_columns(export: StudyExport) -> tuple[str, ...]:
-    """The CSV's columns: CSV_COLUMNS, then with advisors each advisor's verdict and arm (`assisted:<name>_...`)."""
-    extra = tuple(
-        f"{a.arm}_{col}" for a in export.study.advisors or () for col in (*ADVISOR_COLUMNS, *ARM_COLUMNS)
-    )
-    return CSV_COLUMNS + extra
+    """The CSV's columns: the case's, then per arm (`control`, the primary, the others by name) its verdict
+    against control (arms other than control and the primary) and its record (`<arm>_<column>`)."""
+    primary = export.cases[0].primary if export.cases else "assisted"
+    out = list(CASE_COLUMNS)
+    for arm in _arm_names(export):
+        if arm not in ("control", primary):
+            out += [f"{arm}_{col}" for col in VERDICT_COLUMNS]
+        out += [f"{arm}_{col}" for col in ARM_COLUMNS]
+    return tuple(out)
 
 
 def csv_rows(export: StudyExport) -> list[dict[str, str]]:
@@ -536,17 +517,14 @@ def csv_rows(export: StudyExport) -> list[dict[str, str]]:
     rows = []
     for entry in export.cases:
         row = {col: _cell(getattr(entry, col)) for col in CASE_COLUMNS}
-        for name in ("control", "assisted", "sham"):
-            arm = getattr(entry, name)
+        for arm in _arm_names(export):
+            if arm not in ("control", entry.primary):
+                verdict = entry.verdicts.get(arm)
+                for col in VERDICT_COLUMNS:
+                    row[f"{arm}_{col}"] = _cell(getattr(verdict, col) if verdict else None)
+            record = entry.arms.get(arm)
             for col in ARM_COLUMNS:
-                row[f"{name}_{col}"] = _cell(getattr(arm, col) if arm else None)
-        for a in export.study.advisors or ():
-            adv = (entry.advisors or {}).get(a.name)
-            for col in ADVISOR_COLUMNS:
-                row[f"{a.arm}_{col}"] = _cell(getattr(adv, col) if adv else None)
-            record = adv.record if adv else None
-            for col in ARM_COLUMNS:
-                row[f"{a.arm}_{col}"] = _cell(getattr(record, col) if record else None)
+                row[f"{arm}_{col}"] = _cell(getattr(record, col) if record else None)
         rows.append(row)
     return rows
 

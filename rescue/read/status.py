@@ -34,9 +34,8 @@ class StudyStatus(BaseModel):
     states: dict[str, int] = Field(default_factory=dict)
     labels: dict[str, int] = Field(default_factory=dict)  # main cohort, verdicts so far
     pilot_labels: dict[str, int] = Field(default_factory=dict)
-    sham_labels: dict[str, int] = Field(default_factory=dict)  # the sham arm against control, main cohort
-    # Each advisor against control, main cohort (DESIGN §11; empty: a study of one [vlm]).
-    advisor_labels: dict[str, dict[str, int]] = Field(default_factory=dict)
+    # Each judged arm against control besides a study of two arms' one (the primary included), main cohort.
+    arm_labels: dict[str, dict[str, int]] = Field(default_factory=dict)
     usage: UsageSummary = Field(default_factory=UsageSummary)
     usage_by_advisor: dict[str, UsageSummary] | None = None
     receipts_note: str | None = None  # a receipts file that could not be read fully
@@ -51,8 +50,7 @@ def study_status(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         counts = journal.counts()
         by_cohort = journal.label_counts()  # counted by SQLite: no case is parsed
         n_pilot = journal.pilot_count()
-        sham_labels = journal.sham_label_counts()
-        advisor_labels = journal.advisor_label_counts()
+        arm_labels = journal.arm_label_counts()
         paths = list(receipt_files(StudyLayout.of(study_dir), journal).values())
     main_labels = Counter({label: n for (pilot, label), n in by_cohort.items() if not pilot})
     pilot_labels = Counter({label: n for (pilot, label), n in by_cohort.items() if pilot})
@@ -82,13 +80,22 @@ def study_status(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         states={s: counts.get(s, 0) for s in STATES},
         labels={label: main_labels.get(label, 0) for label in order},
         pilot_labels={label: pilot_labels.get(label, 0) for label in order} if n_pilot else {},
-        sham_labels={label: sham_labels.get(label, 0) for label in LABELS} if config.sham.on else {},
-        advisor_labels={a.name: {label: advisor_labels.get(a.name, {}).get(label, 0) for label in LABELS}
-                        for a in config.advisors or []},
+        arm_labels=_arm_labels(config, main_labels, arm_labels),
         usage=usage,
         usage_by_advisor=by_advisor,
         receipts_note="; ".join(notes) or None,
     )
+
+
+def _arm_labels(config, main: Counter, stored: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """Each judged arm's labels in the study's order; the primary's are the main labels. Empty for a study of
+    two arms (its labels are the main labels) and an evaluation."""
+    judged = [a for a in config.arms if a != "control"]
+    if config.is_evaluation or len(judged) < 2:
+        return {}
+    primary = config.primary_arm
+    return {arm: {label: (main if arm == primary else stored.get(arm, {})).get(label, 0) for label in LABELS}
+            for arm in judged}
 
 
 def _seconds(value: float | None) -> str:
@@ -108,10 +115,8 @@ def render_status(status: StudyStatus) -> str:
     ]
     if status.pilot_labels:
         lines.append("labels (pilot): " + "  ".join(f"{k} {n}" for k, n in status.pilot_labels.items()))
-    for name, labels in status.advisor_labels.items():
-        lines.append(f"advisor {name} vs control: " + "  ".join(f"{k} {n}" for k, n in labels.items()))
-    if status.sham_labels:
-        lines.append("sham vs control: " + "  ".join(f"{k} {n}" for k, n in status.sham_labels.items()))
+    for arm, labels in status.arm_labels.items():
+        lines.append(f"{arm} vs control: " + "  ".join(f"{k} {n}" for k, n in labels.items()))
     u = status.usage
     tokens = "  ".join(
         f"{name} {t.total if t.total is not None else f'{t.known_sum}+? ({t.calls_without} unreported)'}"

@@ -9,7 +9,8 @@ from rich.table import Table
 from rich.text import Text
 
 from rescue.core.evaluation import EvalSummary
-from rescue.core.stats import Summary, ranked_advisors
+from rescue.core.arms import arm_advisor, is_assisted
+from rescue.core.stats import ArmFigures, Summary, ranked
 
 LABEL_ORDER = ("rescued", "not_rescued", "unknown", "initial_state_deviation")
 
@@ -29,33 +30,42 @@ def summary_table(summary: Summary, title: str, n_fixed: int | None = None) -> T
     t.add_row("M (valid, complete, no deviation, exact prefix)", str(summary.m))
     t.add_row("E (M with the subgoal applied, valid evidence)", str(summary.e))
     t.add_row("R/N  R/M  R/E", f"{_pct(summary.r_over_n)}  {_pct(summary.r_over_m)}  {_pct(summary.r_over_e)}")
-    p = summary.pairs
+    vc = summary.versus_control
+    p = vc.pairs
     t.add_row(
         "2x2 of M",
-        f"assisted-only {p.assisted_only}, control-only {p.control_only}, both success {p.both_success}, both fail {p.both_fail}",
+        f"assisted-only {p.first_only}, control-only {p.second_only}, both success {p.both_success}, both fail {p.both_fail}",
     )
-    t.add_row("exact McNemar p (discordant pairs)", _p(summary.mcnemar_p))
-    if summary.diff is not None and summary.diff_ci is not None:
-        lo, hi = summary.diff_ci
-        t.add_row(f"paired difference, {int(summary.confidence * 100)}% CI", f"{_pct(summary.diff)} [{_pct(lo)}, {_pct(hi)}]")
+    t.add_row("exact McNemar p (discordant pairs)", _p(vc.mcnemar_p))
+    if vc.diff is not None and vc.diff_ci is not None:
+        lo, hi = vc.diff_ci
+        t.add_row(f"paired difference, {int(summary.confidence * 100)}% CI", f"{_pct(vc.diff)} [{_pct(lo)}, {_pct(hi)}]")
+    rep = summary.reproduction
+    if rep is not None:
+        t.add_row("control failed again (failure reproduction)", f"{rep.failed} of {rep.controls} ({_pct(rep.rate)})")
     return t
+
+
+def _sham(figures: list[ArmFigures]) -> ArmFigures | None:
+    return next((f for f in figures if f.arm == "sham"), None)
 
 
 def sham_table(summary: Summary) -> Table:
     """The placebo comparison: the sham arm's own labels against control, and assisted against sham over K."""
-    sham = summary.sham
+    sham = _sham(summary.arms)
+    versus = summary.comparison(summary.arm, "sham")
     t = Table(title="sham arm (placebo)", show_header=False)
     t.add_row("sham vs control", "  ".join(f"{k} {sham.counts.get(k, 0)}" for k in LABEL_ORDER))
     t.add_row("sham M / E", f"{sham.m} / {sham.e}")
-    p = sham.pairs
+    p = versus.pairs
     t.add_row(
-        f"assisted vs sham, K = {sham.k} (both subgoals applied, three arms valid)",
-        f"assisted-only {p.assisted_only}, sham-only {p.sham_only}, both success {p.both_success}, both fail {p.both_fail}",
+        f"assisted vs sham, K = {versus.k} (both subgoals applied, three arms valid)",
+        f"assisted-only {p.first_only}, sham-only {p.second_only}, both success {p.both_success}, both fail {p.both_fail}",
     )
-    t.add_row("exact McNemar p (assisted vs sham)", _p(sham.mcnemar_p))
-    if sham.diff is not None and sham.diff_ci is not None:
-        lo, hi = sham.diff_ci
-        t.add_row("effect of the VLM's content, 95% CI", f"{_pct(sham.diff)} [{_pct(lo)}, {_pct(hi)}]")
+    t.add_row("exact McNemar p (assisted vs sham)", _p(versus.mcnemar_p))
+    if versus.diff is not None and versus.diff_ci is not None:
+        lo, hi = versus.diff_ci
+        t.add_row("effect of the VLM's content, 95% CI", f"{_pct(versus.diff)} [{_pct(lo)}, {_pct(hi)}]")
     return t
 
 
@@ -63,38 +73,48 @@ def _p(p: float) -> str:
     return f"{p:.2g}" if p < 0.001 else f"{p:.4f}"
 
 
+def asking_arms(summary: Summary) -> list[ArmFigures]:
+    """The figures of every arm that asks a VLM (the primary, further advisors, extra query points)."""
+    return [f for f in summary.figures() if is_assisted(f.arm)]
+
+
 def advisor_table(summary: Summary, infos: Any = None) -> Table:
-    """The advisors ranked by R/E (DESIGN §11): each one's labels, M, E, R/N, R/M, R/E, and its paired
-    comparison with control and with the sham arm."""
-    models = {a.name: f"{a.model} · {a.prompt_template}" for a in infos or []}
-    t = Table(title="advisors, ranked by R/E")
-    sham = any(a.sham is not None for a in summary.advisors)
-    cols = ["rank", "advisor", "model · prompt", "R", "M", "E", "R/N", "R/M", "R/E", "vs control: b / c, p"]
+    """The arms that ask ranked by R/E (advisors, DESIGN §11; query points, DESIGN §14): each one's labels, M, E,
+    R/N, R/M, R/E, and its paired comparison with control and with the sham arm."""
+    models = {a.arm: f"{a.model} · {a.prompt_template}" for a in infos or []}
+    figures = asking_arms(summary)
+    t = Table(title="advisors, ranked by R/E" if all(arm_advisor(f.arm) for f in figures) else "arms that ask, ranked by R/E")
+    sham = _sham(summary.arms) is not None
+    cols = ["rank", "arm", "model · prompt", "R", "M", "E", "R/N", "R/M", "R/E", "vs control: b / c, p"]
     if sham:
         cols.append("vs sham: K, b / c, p")
     for col in cols:
         t.add_column(col)
-    for i, a in enumerate(ranked_advisors(summary.advisors), start=1):
-        row = [str(i), a.name + (" (primary)" if a.primary else ""), models.get(a.name, ""), str(a.r), str(a.m), str(a.e),
-               _pct(a.r_over_n), _pct(a.r_over_m), _pct(a.r_over_e),
-               f"{a.pairs.assisted_only} / {a.pairs.control_only}, {_p(a.mcnemar_p)}"]
+    for i, a in enumerate(ranked(figures), start=1):
+        name = arm_advisor(a.arm) or a.arm
+        vc = a.versus_control
+        row = [str(i), name + (" (primary)" if a.arm == summary.arm else ""), models.get(a.arm, ""), str(a.r), str(a.m),
+               str(a.e), _pct(a.r_over_n), _pct(a.r_over_m), _pct(a.r_over_e),
+               f"{vc.pairs.first_only} / {vc.pairs.second_only}, {_p(vc.mcnemar_p)}"]
         if sham:
-            s = a.sham
-            row.append("n/a" if s is None else f"{s.k}, {s.pairs.assisted_only} / {s.pairs.sham_only}, {_p(s.mcnemar_p)}")
+            s = summary.comparison(a.arm, "sham")
+            row.append("n/a" if s is None else f"{s.k}, {s.pairs.first_only} / {s.pairs.second_only}, {_p(s.mcnemar_p)}")
         t.add_row(*row)
     return t
 
 
 def advisor_pairs_table(summary: Summary) -> Table:
-    """Every pair of advisors over the cases both have in E: the 2x2, exact McNemar, Holm-adjusted p, Newcombe CI."""
+    """Every pair of arms compared within a family (advisors, query points) over the cases both have in E: the 2x2,
+    exact McNemar, Holm-adjusted p, Newcombe CI."""
     t = Table(title="advisors paired (cases in E for both)")
     for col in ("first vs second", "K", "first-only", "second-only", "both", "neither", "McNemar p", "Holm p",
                 "first - second, 95% CI"):
         t.add_column(col)
-    for pair in summary.advisor_pairs or []:
+    for pair in [c for c in summary.comparisons if c.holm_p is not None]:
         q = pair.pairs
         ci = "n/a" if pair.diff is None or pair.diff_ci is None else f"{_pct(pair.diff)} {_ci(pair.diff_ci)}"
-        t.add_row(f"{pair.first} vs {pair.second}", str(pair.k), str(q.first_only), str(q.second_only),
+        first, second = arm_advisor(pair.first) or pair.first, arm_advisor(pair.second) or pair.second
+        t.add_row(f"{first} vs {second}", str(pair.k), str(q.first_only), str(q.second_only),
                   str(q.both_success), str(q.both_fail), _p(pair.mcnemar_p), _p(pair.holm_p), ci)
     return t
 
@@ -117,15 +137,16 @@ def group_table(summary: Summary) -> Table:
     """Per group: the fixed count, each label, rescued / fixed; with a sham arm, the sham's rescues and
     assisted against sham over the group's K (assisted only / sham only, exact McNemar p)."""
     t = Table(title="per group")
-    shams = summary.sham is not None
+    shams = _sham(summary.arms) is not None
     for col in ("group", "cases", *LABEL_ORDER, "R/N", *(("sham R", "K", "a/s only", "p vs sham") if shams else ())):
         t.add_column(col)
     for group, b in sorted(summary.per_group.items()):
         row = [group, str(b.n), *(str(b.counts.get(k, 0)) for k in LABEL_ORDER), _pct(b.rate)]
         if shams:
-            s = b.sham
-            row += ["-"] * 4 if s is None else [str(s.r), str(s.k), f"{s.pairs.assisted_only}/{s.pairs.sham_only}",
-                                                _p(s.mcnemar_p)]
+            s = _sham(b.arms)
+            versus = next((c for c in b.comparisons if (c.first, c.second) == (summary.arm, "sham")), None)
+            row += ["-"] * 4 if s is None or versus is None else [
+                str(s.r), str(versus.k), f"{versus.pairs.first_only}/{versus.pairs.second_only}", _p(versus.mcnemar_p)]
         t.add_row(*row)
     return t
 
@@ -150,16 +171,17 @@ def render_summary(export: Any) -> Group:
     if not main.complete:
         parts.append(Text(f"{main.n_pending} case(s) never started and {main.n_in_flight} in flight: "
                           "they stay in N and outside these figures until run"))
+    summary = export.summary
     title = "rescue study"
-    if export.summary.advisors:
-        title += f" (the primary advisor's arm: {export.summary.advisors[0].name})"
-    parts += [summary_table(export.summary, title, main.n_manifest), group_table(export.summary)]
-    if export.summary.sham is not None:
-        parts.append(sham_table(export.summary))
-    if export.summary.advisors:
-        parts.append(advisor_table(export.summary, export.study.advisors))
-        if export.summary.advisor_pairs:
-            parts.append(advisor_pairs_table(export.summary))
+    if arm_advisor(summary.arm):
+        title += f" (the primary advisor's arm: {arm_advisor(summary.arm)})"
+    parts += [summary_table(summary, title, main.n_manifest), group_table(summary)]
+    if _sham(summary.arms) is not None:
+        parts.append(sham_table(summary))
+    if len(asking_arms(summary)) > 1:
+        parts.append(advisor_table(summary, export.study.advisors))
+        if any(c.holm_p is not None for c in summary.comparisons):
+            parts.append(advisor_pairs_table(summary))
     if export.summary.pilot is not None:
         parts.append(Text(f"pilot cases (not in N): {', '.join(export.summary.pilot_ids)}"))
         parts.append(summary_table(export.summary.pilot, "pilot"))

@@ -22,9 +22,11 @@ from rescue.core.digest import digest_bytes, digest_text
 from rescue.core.manifest import Case, ManifestError, load_manifest
 from rescue.core.proofs import trace_is_regular
 from rescue.core.querypoint import query_point
-from rescue.core.records import ArmResult, Receipt, Verdict, chain_break, is_assisted
+from rescue.core.records import ArmResult, Receipt, Verdict, chain_break
+from rescue.core.arms import is_assisted
 from rescue.core.sham import sham_donors
 from rescue.core.stats import Summary
+from rescue.read.legacy import is_legacy_summary, legacy_summary
 from rescue.study import layout
 from rescue.study.folder import (
     SHAM_DONORS_KEY,
@@ -400,10 +402,15 @@ class _Verifier:
                 self.problem("verdict", case_id, f"{state} case has no stored verdict; "
                              f"it classifies as {new.label} (rule {new.rule}: {new.reason})")
                 continue
-            fields = [f for f in Verdict.model_fields if getattr(v, f) != getattr(new, f)]
+            fields = [f for f in Verdict.model_fields if f != "arms" and getattr(v, f) != getattr(new, f)]
             if fields:
                 self.problem("verdict", case_id, f"stored verdict {v.label} (rule {v.rule}) differs from "
                              f"the recomputed {new.label} (rule {new.rule}: {new.reason}) in {', '.join(fields)}")
+            for arm in [a for a in {**v.arms, **new.arms} if v.arms.get(a) != new.arms.get(a)]:
+                old, now = v.arms.get(arm), new.arms.get(arm)
+                said = f"{old.label} (rule {old.rule})" if old else "none"
+                derived = f"{now.label} (rule {now.rule}: {now.reason})" if now else "none"
+                self.problem("verdict", case_id, f"stored verdict of the {arm} arm {said} differs from the recomputed {derived}")
         return fresh
 
     @staticmethod
@@ -510,12 +517,18 @@ class _Verifier:
         if stored is None:
             return
         self.checked["summary"] = 1
-        try:
-            Summary.model_validate(stored)
-        except ValidationError:
-            self.problem("summary", None, "stored summary is not a summary")
-            return
-        diffs = _diff(stored, summary.model_dump(mode="json"))
+        if is_legacy_summary(stored):
+            # Stored before the record family: today's figures, written in that version's shape.
+            advisors = [a.name for a in records.config.advisors] if records.config.advisors else None
+            recomputed = legacy_summary(summary, advisors)
+        else:
+            try:
+                Summary.model_validate(stored)
+            except ValidationError:
+                self.problem("summary", None, "stored summary is not a summary")
+                return
+            recomputed = summary.model_dump(mode="json")
+        diffs = _diff(stored, recomputed)
         if diffs:
             shown = "; ".join(diffs[:5]) + (f"; and {len(diffs) - 5} more" if len(diffs) > 5 else "")
             self.problem("summary", None, f"stored summary differs from the one recomputed over "
@@ -524,41 +537,22 @@ class _Verifier:
     def check_invariant(self, records: StudyRecords, verdicts: dict[str, Verdict], which: str) -> None:
         main = [c for c in records.cases if not c.pilot]
         mine = [verdicts[c.case_id] for c in main if c.case_id in verdicts]
-        for v in mine:
-            if v.in_e and not v.in_m:
-                self.problem("invariant", v.case_id, f"{which} verdict is in E but not in M")
-            if v.label == "rescued" and not v.in_e:
-                self.problem("invariant", v.case_id, f"{which} verdict is rescued but not in E")
-        r = sum(v.label == "rescued" for v in mine)
-        e = sum(v.in_e for v in mine)
-        m = sum(v.in_m for v in mine)
-        if not r <= e <= m <= len(main):
-            self.problem("invariant", None, f"{which} verdicts break R <= E <= M <= N: "
-                         f"R={r} E={e} M={m} N={len(main)}")
-        by_advisor: dict[str, list] = {}
-        for v in mine:
-            for name, av in (v.advisors or {}).items():
-                by_advisor.setdefault(name, []).append((v.case_id, av))
-        for name, verdicts in by_advisor.items():
-            for case_id, av in verdicts:
+        primary = records.config.primary_arm
+        arms = [primary] + [a for a in records.config.arms if a not in ("control", primary)]
+        for arm in arms:
+            judged = [(v.case_id, v.of(arm, primary)) for v in mine]
+            judged = [(case_id, av) for case_id, av in judged if av is not None]
+            what = f"{which} verdict" if arm == primary else f"{which} verdict of the {arm} arm"
+            for case_id, av in judged:
                 if av.in_e and not av.in_m:
-                    self.problem("invariant", case_id, f"{which} verdict of advisor {name!r} is in E but not in M")
+                    self.problem("invariant", case_id, f"{what} is in E but not in M")
                 if av.label == "rescued" and not av.in_e:
-                    self.problem("invariant", case_id, f"{which} verdict of advisor {name!r} is rescued but not in E")
-            r = sum(av.label == "rescued" for _, av in verdicts)
-            e = sum(av.in_e for _, av in verdicts)
-            m = sum(av.in_m for _, av in verdicts)
+                    self.problem("invariant", case_id, f"{what} is rescued but not in E")
+            r = sum(av.label == "rescued" for _, av in judged)
+            e = sum(av.in_e for _, av in judged)
+            m = sum(av.in_m for _, av in judged)
             if not r <= e <= m <= len(main):
-                self.problem("invariant", None, f"{which} verdicts of advisor {name!r} break R <= E <= M <= N: "
-                             f"R={r} E={e} M={m} N={len(main)}")
-        shams = [v.sham for v in mine if v.sham is not None]
-        if shams:
-            r = sum(s.label == "rescued" for s in shams)
-            e = sum(s.in_e for s in shams)
-            m = sum(s.in_m for s in shams)
-            if not r <= e <= m <= len(main) or any(s.in_e and not s.in_m for s in shams):
-                self.problem("invariant", None, f"{which} sham verdicts break R <= E <= M <= N: "
-                             f"R={r} E={e} M={m} N={len(main)}")
+                self.problem("invariant", None, f"{what}s break R <= E <= M <= N: R={r} E={e} M={m} N={len(main)}")
 
     def check_counts(self, cases: list[Case], states: dict[str, str]) -> None:
         counts = self.journal.counts()

@@ -25,7 +25,8 @@ from rescue.core.images import VLM_VIEWS, view_digests
 from rescue.core.manifest import Case
 from rescue.core.observation import PRIVILEGED, ObservationProfile
 from rescue.core.querypoint import query_point
-from rescue.core.records import ArmName, ArmResult, Assistance, TraceRow, chained
+from rescue.core.arms import ArmName
+from rescue.core.records import Answer, ArmResult, Assistance, TraceRow, chained
 from rescue.env.pool import SimLease, Simulator
 from rescue.policy.protocol import PolicyConnection
 from rescue.run.diagnose import QueryRecord, query_record
@@ -33,12 +34,8 @@ from wrappers.injection import inject
 
 log = structlog.get_logger()
 
-# The assisted arm's answer statuses that leave the original instruction in force.
-_FAILED_ASSISTANCE = {"broker_error": "broker_error", "invalid_response": "invalid_response", "timeout": "timeout"}
-
-
-# ask(case_id, instruction, remaining_steps, views) -> an answer with status, subgoal, call_id, request_id, error...
-Advisor = Callable[[str, str, int, dict[str, np.ndarray]], Awaitable[Any]]
+# ask(case_id, instruction, remaining_steps, views) -> the answer its arm applies (the VLM's, or a sham source's).
+Advisor = Callable[[str, str, int, dict[str, np.ndarray]], Awaitable[Answer]]
 
 
 class KeepaliveError(RuntimeError):
@@ -435,14 +432,10 @@ async def _assist(
                                "before it")
     common = dict(
         query_step=step, call_id=answer.call_id, request_id=answer.request_id, receipt=answer.receipt_ref,
-        # The assisted arm's subgoal comes from the VLM; a sham arm's answer says where its came from.
-        source=getattr(answer, "source", "vlm"),
-        source_sha256=getattr(answer, "source_sha256", None),
-        donor_case_id=getattr(answer, "donor_case_id", None),
+        source=answer.source, source_sha256=answer.source_sha256, donor_case_id=answer.donor_case_id,
     )
     if answer.status != "ok":
-        status = _FAILED_ASSISTANCE.get(answer.status, "broker_error")
-        return Assistance(status=status, error_kind=answer.error_kind, error=answer.error, **common), restored_render
+        return Assistance(status=answer.status, error_kind=answer.error_kind, error=answer.error, **common), restored_render
     applied = inject(original, answer.subgoal)
     return Assistance(
         status="applied",

@@ -13,24 +13,25 @@ import asyncio
 import contextlib
 import os
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import structlog
 
 from rescue.core.config import StudyConfig
-from rescue.core.digest import digest_bytes, digest_text
+from rescue.core.digest import digest_bytes
 from rescue.core.failfast import FailFast, error_line, one_line
 from rescue.core.manifest import Case
 from rescue.core.observation import get_profile
-from rescue.core.records import ArmResult, Assistance, ReceiptRef, Verdict, advisor_arm, is_assisted
+from rescue.core.records import Answer, ArmResult, Assistance, Verdict
+from rescue.core.arms import advisor_arm, is_assisted
 from rescue.core.sham import donor_group
 from rescue.env.backend import LOCAL, Backend
 from rescue.env.pool import SimLease, SimulatorError
 from rescue.policy.client import WebsocketPolicyClient
 from rescue.run.arm import ArmSpec, run_arm, run_forked
 from rescue.run.peers import Peers, start_services
+from rescue.run.sham import ShamSource
 from rescue.study.folder import SHAM_DONORS_KEY, classify_case, load_study_config, outcome_receipts, store_summary
 from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, Journal
 from rescue.study.layout import StudyLayout
@@ -42,22 +43,6 @@ from wrappers.async_rules import AsyncRuleWrapper
 
 log = structlog.get_logger()
 
-
-
-@dataclass
-class ShamAnswer:
-    """What a sham arm's source answers at q, shaped like a VLM answer for the arm runner."""
-
-    status: str
-    subgoal: str | None = None
-    source: str = "permuted"
-    source_sha256: str | None = None
-    donor_case_id: str | None = None
-    call_id: str | None = None
-    request_id: str | None = None
-    receipt_ref: ReceiptRef | None = None
-    error_kind: str | None = None
-    error: str | None = None
 
 
 class RunObserver:
@@ -127,12 +112,11 @@ class Engine:
         self.protocol = config.env.protocol()
         self.study_id = str(self.journal.meta().get("study_id") or "rescue")
         self._failfast = FailFast(config.fail_fast_arms)
-        # The sham arm's declared donors, and the VLM answers of this run by case (for donors' waiters).
+        # The sham arm's declared donors, and where its subgoals come from: the fixed text, or the donor
+        # advisor's answers (the declared donor advisor's, else the primary's).
         self.donors: dict[str, str] = dict(self.journal.meta().get(SHAM_DONORS_KEY) or {})
-        self._answers: dict[str, Any] = {}
-        self._answer_events: dict[str, asyncio.Event] = {}
-        # The arm whose answers a permuted sham applies: the declared donor advisor's (else the primary's).
         self._donor_arm = advisor_arm(config.sham_donor_advisor) if config.advisors else "assisted"
+        self.sham = ShamSource(config.sham, self.donors, self.journal, self._donor_arm, self._stopping)
         self._stop = asyncio.Event()
         # Signals so far (the first drains, the second stops now) and the workers a second one cancels.
         self._signals: list[str] = []
@@ -445,58 +429,13 @@ class Engine:
         if is_assisted(arm):
             return self._advisor(services.advisors.get(arm), arm)
         if arm == "sham":
-            return self._sham_advisor(case)
+            return self.sham.advisor(case)
         return None
-
-    def _sham_advisor(self, case: Case):
-        sham = self.config.sham
-        text = sham.text_for(case.task)
-
-        async def ask(case_id: str, instruction: str, remaining: int, views: dict) -> ShamAnswer:
-            if sham.source == "fixed":
-                return ShamAnswer(status="ok", subgoal=text, source="fixed", source_sha256=digest_text(text))
-            donor = self.donors.get(case_id)
-            if donor is None:
-                return ShamAnswer(status="broker_error", error_kind="no_donor", error="no donor declared for the case")
-            return await self._donor_answer(donor)
-
-        return ask
-
-    async def _donor_answer(self, donor: str) -> ShamAnswer:
-        """The donor's VLM answer: as it arrives in this process, else from its recorded assisted arm.
-
-        No retry and no substitute: a donor whose call failed, was interrupted or never ran
-        makes this sham arm's subgoal fail, and the case's sham verdict unknown (rule 3).
-        """
-        event = self._answer_events.setdefault(donor, asyncio.Event())
-        while True:
-            answer = self._answers.get(donor)
-            if answer is not None:
-                if answer.status != "ok":
-                    return ShamAnswer(status="broker_error", donor_case_id=donor, error_kind="donor_failed",
-                                      error=f"donor {donor}'s VLM call ended {answer.status} ({answer.error_kind})")
-                return ShamAnswer(status="ok", subgoal=answer.subgoal, call_id=answer.call_id, request_id=answer.request_id,
-                                  receipt_ref=answer.receipt_ref, donor_case_id=donor)
-            state = self.journal.state(donor)
-            if state in ("finished", "interrupted"):
-                arm = self.journal.arms(donor).get(self._donor_arm)
-                a = arm.assistance if arm is not None else None
-                if a is None or a.status != "applied":
-                    why = "was interrupted" if a is None else f"had assistance {a.status}"
-                    return ShamAnswer(status="broker_error", donor_case_id=donor, error_kind="donor_failed",
-                                      error=f"donor {donor} {why}")
-                return ShamAnswer(status="ok", subgoal=a.subgoal, call_id=a.call_id, request_id=a.request_id,
-                                  receipt_ref=a.receipt, donor_case_id=donor)
-            if state == "pending" and self._stopping():
-                return ShamAnswer(status="broker_error", donor_case_id=donor, error_kind="donor_never_ran",
-                                  error=f"donor {donor} never ran: the study stopped claiming")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(event.wait(), 1.0)
 
     def _advisor(self, vlm: VLMClient | None, arm: str):
         donor = arm == self._donor_arm
 
-        async def ask(case_id: str, instruction: str, remaining: int, views: dict) -> Any:
+        async def ask(case_id: str, instruction: str, remaining: int, views: dict) -> Answer:
             self.observer.vlm_waiting(+1)
             try:
                 answer = await vlm.ask(SubgoalRequest(case_id=case_id, instruction=instruction, remaining_steps=remaining, views=views))
@@ -504,8 +443,7 @@ class Engine:
                 self.observer.vlm_waiting(-1)
             if donor:
                 # A sham arm whose donor this case is may be waiting for exactly this answer (of the declared advisor).
-                self._answers[case_id] = answer
-                self._answer_events.setdefault(case_id, asyncio.Event()).set()
+                self.sham.heard(case_id, answer)
             return answer
 
         return ask if vlm is not None else None

@@ -13,7 +13,6 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,8 @@ from rescue.core.config import StudyConfig
 from rescue.core.evaluation import classify_episode
 from rescue.core.manifest import Case, Manifest
 from rescue.core.querypoint import query_point
-from rescue.core.records import ArmResult, CaseRecord, Receipt, Verdict, advisor_arm
-from rescue.core.sham import ShamConfig, sham_donors
+from rescue.core.records import ArmResult, CaseRecord, Receipt, Verdict
+from rescue.core.sham import sham_donors
 from rescue.core.stats import Summary, summarize
 from rescue.study.files import fsync_dir, write_atomic, write_manifest
 from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, CaseState, Journal
@@ -140,50 +139,32 @@ def case_record(
     case: Case,
     arms: dict[str, ArmResult],
     receipts: dict[str, Receipt],
-    interval: int,
+    config: StudyConfig,
     interrupted: bool,
-    sham: ShamConfig | None = None,
     donors: dict[str, str] | None = None,
-    advisors: Sequence[str] | None = None,
-    sham_advisor: str | None = None,
 ) -> CaseRecord:
-    """Gather what DESIGN §3 classification needs for one case (and its sham arm's declaration).
-
-    `advisors`: a study's advisor names in declared order (DESIGN §11; the first is the primary, whose arm
-    fills the assisted slot); None: a study of one `[vlm]`. `sham_advisor`: a permuted sham's donor advisor."""
-
-    def receipt_of(arm: ArmResult | None) -> Receipt | None:
-        return receipts.get(arm.assistance.call_id) if arm is not None and arm.assistance.call_id else None
-
-    advisor_arms = {name: arms.get(advisor_arm(name)) for name in advisors} if advisors else None
-    assisted = arms.get(advisor_arm(advisors[0])) if advisors else arms.get("assisted")
-    sham_arm = arms.get("sham")
-    receipt = receipt_of(assisted)
-    sham_on = sham is not None and sham.on
-    sham_receipt = None
-    if sham_on and sham_arm is not None and sham_arm.assistance.call_id:
-        sham_receipt = receipts.get(sham_arm.assistance.call_id)
+    """Gather what DESIGN §3 classification needs for one case: every arm its study runs (None: not recorded),
+    the outcome receipt each arm's subgoal came from, and the sham arm's declaration."""
+    sham = config.sham
+    sham_on = sham.on and "sham" in config.arms
+    judged = {name: arms.get(name) for name in config.arms}
     return CaseRecord(
         case_id=case.case_id,
         group=case.group,
         task=case.task,
         horizon=case.horizon,
-        query_step=query_point(case.horizon, interval),
+        query_step=query_point(case.horizon, config.interval),
         historical_fingerprint=case.fingerprint,
         pilot=case.pilot,
         interrupted=interrupted,
-        control=arms.get("control"),
-        assisted=assisted,
-        receipt=receipt,
-        sham=sham_arm,
+        primary=config.primary_arm,
+        arms=judged,
+        receipts={name: receipts.get(arm.assistance.call_id) for name, arm in judged.items()
+                  if arm is not None and arm.assistance.call_id},
         sham_source=sham.source if sham_on else None,
         sham_text=sham.text_for(case.task) if sham_on and sham.source == "fixed" else None,
         sham_donor=(donors or {}).get(case.case_id) if sham_on and sham.source == "permuted" else None,
-        sham_receipt=sham_receipt,
-        advisor=advisors[0] if advisors else None,
-        advisors=advisor_arms,
-        advisor_receipts={name: receipt_of(arm) for name, arm in advisor_arms.items()} if advisor_arms else None,
-        sham_advisor=sham_advisor if sham_on and sham.source == "permuted" else None,
+        sham_advisor=config.sham_donor_advisor if sham_on and sham.source == "permuted" else None,
     )
 
 
@@ -198,13 +179,7 @@ def classify_case(
     """A case's verdict under its study's rules: an episode label in an evaluation, DESIGN §3 otherwise."""
     if config.is_evaluation:
         return classify_episode(case.case_id, arms.get("control"), interrupted)
-    return classify(case_record(case, arms, receipts, config.interval, interrupted, config.sham, donors,
-                                advisor_names(config), config.sham_donor_advisor))
-
-
-def advisor_names(config: StudyConfig) -> list[str] | None:
-    """A study's advisor names in declared order (the primary first); None: a study of one `[vlm]`."""
-    return [a.name for a in config.advisors] if config.advisors else None
+    return classify(case_record(case, arms, receipts, config, interrupted, donors))
 
 
 def receipt_files(layout: StudyLayout, journal: Journal) -> dict[str, Path]:
@@ -253,10 +228,7 @@ class StudyRecords(BaseModel):
     def record(self, case: Case) -> CaseRecord:
         """The DESIGN §3 classification input of one case."""
         interrupted = self.states[case.case_id] == "interrupted"
-        return case_record(
-            case, self.arms.get(case.case_id, {}), self.receipts, self.interval, interrupted, self.config.sham, self.donors,
-            advisor_names(self.config), self.config.sham_donor_advisor,
-        )
+        return case_record(case, self.arms.get(case.case_id, {}), self.receipts, self.config, interrupted, self.donors)
 
     def classify(self, case: Case) -> Verdict:
         """The verdict a case's records classify to now."""

@@ -471,24 +471,22 @@ class Journal:
         )
         return {(bool(pilot), label): n for pilot, label, n in rows}
 
-    def sham_label_counts(self) -> dict[str, int]:
-        """The sham arms' verdict labels of main-cohort cases, counted by SQLite (empty without a sham arm)."""
-        rows = self._read(
-            "SELECT json_extract(v.data, '$.sham.label'), COUNT(*) FROM verdicts v JOIN cases c USING (case_id) "
-            "WHERE json_extract(v.data, '$.sham.label') IS NOT NULL "
-            "AND NOT COALESCE(json_extract(c.data, '$.pilot'), 0) GROUP BY 1"
-        )
-        return dict(rows)
-
-    def advisor_label_counts(self) -> dict[str, dict[str, int]]:
-        """Each advisor's verdict labels of main-cohort cases, by advisor, counted by SQLite (empty: one `[vlm]`)."""
+    def arm_label_counts(self) -> dict[str, dict[str, int]]:
+        """The verdict labels of every arm judged besides the primary (the sham, further advisors, extra query
+        points), by arm, over main-cohort cases, counted by SQLite (empty: a study of two arms). Verdicts stored
+        before the record family keep the sham's under `sham` and every advisor's under `advisors`."""
+        main = "NOT COALESCE(json_extract(c.data, '$.pilot'), 0)"
         rows = self._read(
             "SELECT a.key, json_extract(a.value, '$.label'), COUNT(*) FROM verdicts v JOIN cases c USING (case_id), "
-            "json_each(v.data, '$.advisors') a WHERE NOT COALESCE(json_extract(c.data, '$.pilot'), 0) GROUP BY 1, 2"
+            f"json_each(v.data, '$.arms') a WHERE {main} GROUP BY 1, 2 "
+            "UNION ALL SELECT 'sham', json_extract(v.data, '$.sham.label'), COUNT(*) FROM verdicts v "
+            f"JOIN cases c USING (case_id) WHERE json_extract(v.data, '$.sham.label') IS NOT NULL AND {main} GROUP BY 2 "
+            "UNION ALL SELECT 'assisted:' || a.key, json_extract(a.value, '$.label'), COUNT(*) FROM verdicts v "
+            f"JOIN cases c USING (case_id), json_each(v.data, '$.advisors') a WHERE {main} GROUP BY 1, 2"
         )
         out: dict[str, dict[str, int]] = {}
-        for advisor, label, n in rows:
-            out.setdefault(advisor, {})[label] = n
+        for arm, label, n in rows:
+            out.setdefault(arm, {})[label] = out.get(arm, {}).get(label, 0) + n
         return out
 
     def pilot_count(self) -> int:

@@ -36,7 +36,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from rescue.core.config import StudyConfig, TokenPrice, VLMConfig, endpoint_host
-from rescue.core.records import Receipt, advisor_arm
+from rescue.core.arms import advisor_arm
+from rescue.core.records import Receipt
 from rescue.study.files import fsync_dir
 from rescue.study.folder import StudyError
 from rescue.study.layout import LAB_LEDGER, LAB_RECEIPTS

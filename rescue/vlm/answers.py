@@ -10,15 +10,13 @@ import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rescue.core.images import VLM_VIEWS
-from rescue.core.records import Receipt, ReceiptRef
-
-AnswerStatus = Literal["ok", "broker_error", "invalid_response", "timeout"]
+from rescue.core.records import Answer, Receipt
 
 
 @dataclass
@@ -38,18 +36,15 @@ class SubgoalRequest:
                 raise ValueError(f"view {name} must be a uint8 HxWx3 array")
 
 
-class SubgoalAnswer(BaseModel):
-    """What the VLM call gave one case, with the call's outcome receipt."""
+class SubgoalAnswer(Answer):
+    """What a VLM call gave one case (an `Answer` of source `vlm`), with the call's outcome receipt itself."""
 
-    status: AnswerStatus
-    subgoal: str | None = None
     call_id: str
+    """Our id of the call."""
     request_id: str
-    error_kind: str | None = None
-    error: str | None = None
+    """Our id of this case's request within the call."""
     receipt: Receipt | None = None
-    receipt_ref: ReceiptRef | None = None
-    """Where the call's outcome line was written (file, line, sha256 of its bytes)."""
+    """The call's outcome receipt; None when none was written."""
 
 
 class AnswerItem(BaseModel):

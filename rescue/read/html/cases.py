@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rescue.core.arms import advisor_arm
 from rescue.core.records import ArmResult, Receipt
 from rescue.read.export import CaseEntry
 from rescue.read.html.page import esc
@@ -95,18 +96,21 @@ def index_row(e: CaseEntry, advisors: Sequence[str] = ()) -> list[Any]:
     """One case as the list's index holds it (in FIELDS order, then `advisor_fields(advisors)`)."""
     extra = []
     for name in advisors:
-        a = (e.advisors or {}).get(name)
-        record = a.record if a is not None else None
-        extra += [a.label if a is not None else None, record.success if record else None, record.subgoal if record else None]
+        verdict = e.verdict(advisor_arm(name))
+        record = e.arms.get(advisor_arm(name))
+        extra += [verdict.label if verdict is not None else None, record.success if record else None,
+                  record.subgoal if record else None]
     return _index_row(e) + extra
 
 
 def _index_row(e: CaseEntry) -> list[Any]:
-    arm = {name: getattr(e, name) for name in ("control", "assisted", "sham")}
+    arm = {"control": e.control, "assisted": e.assisted, "sham": e.arms.get("sham")}
+    sham = e.verdicts.get("sham")
     row = {
         "id": e.case_id, "pilot": e.pilot, "cohort": "pilot" if e.pilot else "main", "label": e.label or e.state,
-        "rule": e.rule, "reason": e.reason, "reason_kind": reason_kind(e.reason), "sham_label": e.sham_label,
-        "sham_rule": e.sham_rule, "sham_reason": e.sham_reason, "group": e.group, "task": e.task, "q": e.query_step,
+        "rule": e.rule, "reason": e.reason, "reason_kind": reason_kind(e.reason),
+        "sham_label": sham.label if sham else None, "sham_rule": sham.rule if sham else None,
+        "sham_reason": sham.reason if sham else None, "group": e.group, "task": e.task, "q": e.query_step,
         "control": arm["control"].success if arm["control"] else None,
         "assisted": arm["assisted"].success if arm["assisted"] else None,
         "sham": arm["sham"].success if arm["sham"] else None,
@@ -254,10 +258,10 @@ def _arm(name: str, arm: ArmResult, v: CaseView, video_note: str, bounds) -> str
                  f"rule {esc(advisor.rule)}: {esc(advisor.reason)}</p>")
     if name == "sham":
         body += _sham_source(arm, v)
-        e = v.entry
-        if e.sham_label is not None:
-            body += (f'<p><b>sham vs control</b>: <span class="{esc(e.sham_label)}">{esc(e.sham_label)}</span>, '
-                     f"rule {esc(e.sham_rule)}: {esc(e.sham_reason)}</p>")
+        sham = v.entry.verdicts.get("sham")
+        if sham is not None:
+            body += (f'<p><b>sham vs control</b>: <span class="{esc(sham.label)}">{esc(sham.label)}</span>, '
+                     f"rule {esc(sham.rule)}: {esc(sham.reason)}</p>")
     body += path_svg(arm, v.entry.query_step, bounds)
     frames = v.keyframes.get(name, [])
     if frames:

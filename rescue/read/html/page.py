@@ -11,7 +11,8 @@ import html
 import json
 from typing import Any
 
-from rescue.core.stats import LABELS, Breakdown, Summary, ranked_advisors
+from rescue.core.arms import arm_advisor, is_assisted
+from rescue.core.stats import LABELS, ArmFigures, Breakdown, PairedComparison, Summary, ranked
 from rescue.read.html import app
 from rescue.read.html.significance import significance_reading
 
@@ -61,29 +62,32 @@ def _ci_text(ci: tuple[float, float] | None) -> str:
     return "n/a" if ci is None else f"[{pct(ci[0])}, {pct(ci[1])}]"
 
 
-def paired_block(
-    prefix: str, title: str, pairs: Any, p: float, diff: float | None, ci: tuple[float, float] | None, confidence: float,
-    other: str = "control",
-) -> str:
-    """The raw 2x2, the exact McNemar p, the paired CI, and their reading together (assisted vs `other`)."""
+def paired_block(prefix: str, title: str, c: PairedComparison, confidence: float, first: str = "assisted",
+                 other: str = "control") -> str:
+    """One arm against another: the raw 2x2, the exact McNemar p, the paired CI, and their reading together."""
     level = f"{round(confidence * 100)}%"
-    other_only = getattr(pairs, f"{other}_only")
+    t = c.pairs
     rows = [
-        (f"assisted succeeded, {other} failed (assisted-only)", "assisted_only", pairs.assisted_only),
-        (f"{other} succeeded, assisted failed ({other}-only)", f"{other}_only", other_only),
-        ("both succeeded", "both_success", pairs.both_success),
-        ("both failed", "both_fail", pairs.both_fail),
+        (f"{first} succeeded, {other} failed ({first}-only)", "first_only", t.first_only),
+        (f"{other} succeeded, {first} failed ({other}-only)", "second_only", t.second_only),
+        ("both succeeded", "both_success", t.both_success),
+        ("both failed", "both_fail", t.both_fail),
     ]
     body = "".join(f"<tr><th>{esc(k)}</th>{figure(f'{prefix}.{n}', v)}</tr>" for k, n, v in rows)
-    body += f"<tr><th>exact McNemar p (discordant pairs)</th>{figure(f'{prefix}.mcnemar_p', p, f'{p:.4f}')}</tr>"
-    body += f"<tr><th>paired difference, assisted - {other}</th>{figure(f'{prefix}.diff', diff, pct(diff))}</tr>"
+    body += f"<tr><th>exact McNemar p (discordant pairs)</th>{figure(f'{prefix}.mcnemar_p', c.mcnemar_p, f'{c.mcnemar_p:.4f}')}</tr>"
+    body += f"<tr><th>paired difference, {first} - {other}</th>{figure(f'{prefix}.diff', c.diff, pct(c.diff))}</tr>"
     body += (
         f"<tr><th>{level} CI (Newcombe)</th>"
-        + figure(f"{prefix}.diff_ci", list(ci) if ci else None, _ci_text(ci))
+        + figure(f"{prefix}.diff_ci", list(c.diff_ci) if c.diff_ci else None, _ci_text(c.diff_ci))
         + "</tr>"
     )
-    reading = significance_reading(pairs.assisted_only, other_only, p, ci, 1 - confidence, other)
+    reading = significance_reading(t.first_only, t.second_only, c.mcnemar_p, c.diff_ci, 1 - confidence, other,
+                                   first=first)
     return f"<h3>{esc(title)}</h3><table>{body}</table><p class=\"reading\" data-reading=\"{esc(prefix)}\">{esc(reading)}</p>"
+
+
+def _sham(figures: list[ArmFigures]) -> ArmFigures | None:
+    return next((f for f in figures if f.arm == "sham"), None)
 
 
 def summary_block(prefix: str, s: Summary) -> str:
@@ -108,20 +112,25 @@ def summary_block(prefix: str, s: Summary) -> str:
         f"<tr><th>R/M</th>{figure(f'{prefix}.r_over_m', s.r_over_m, pct(s.r_over_m))}</tr>",
         f"<tr><th>R/E</th>{figure(f'{prefix}.r_over_e', s.r_over_e, pct(s.r_over_e))}</tr>",
     ]
+    if s.reproduction is not None:
+        rep = s.reproduction
+        rows.append(f"<tr><th>control failed again (of {rep.controls} control runs that completed)</th>"
+                    f"{figure(f'{prefix}.reproduction.failed', rep.failed)}</tr>")
     out = f'<div class="cards">{card_html}</div><div class="cols"><div><h3>classes over N</h3><table>{"".join(rows)}</table></div><div>'
-    out += paired_block(prefix, "assisted vs control over M", s.pairs, s.mcnemar_p, s.diff, s.diff_ci, s.confidence)
-    sham = getattr(s, "sham", None)  # the placebo comparison (DESIGN §8), when the summary carries one
-    if sham is not None:
+    out += paired_block(prefix, "assisted vs control over M", s.versus_control, s.confidence)
+    sham = _sham(s.arms)  # the placebo comparison (DESIGN §8), when the study has a sham arm
+    versus = s.comparison(s.arm, "sham")
+    if sham is not None and versus is not None:
         counts = "".join(
             f"<tr><th>sham vs control: {esc(k)}</th>{figure(f'{prefix}.sham.counts.{k}', v)}</tr>" for k, v in sham.counts.items()
         )
         out += (
             f"<h3>sham arm against control</h3><table>{counts}"
             f"<tr><th>sham M / E</th><td>{sham.m} / {sham.e}</td></tr>"
-            f"<tr><th>K: both subgoals applied, three arms valid</th>{figure(f'{prefix}.sham.k', sham.k)}</tr></table>"
+            f"<tr><th>K: both subgoals applied, three arms valid</th>{figure(f'{prefix}.sham.k', versus.k)}</tr></table>"
         )
-        out += paired_block(f"{prefix}.sham", "assisted vs sham: the effect of the VLM's content", sham.pairs,
-                            sham.mcnemar_p, sham.diff, sham.diff_ci, s.confidence, other="sham")
+        out += paired_block(f"{prefix}.sham", "assisted vs sham: the effect of the VLM's content", versus, s.confidence,
+                            other="sham")
     return out + "</div></div>"
 
 
@@ -129,12 +138,16 @@ def _p(p: float) -> str:
     return f"{p:.2g}" if p < 0.001 else f"{p:.4f}"
 
 
+def _name(arm: str) -> str:
+    return arm_advisor(arm) or arm
+
+
 def advisors_block(prefix: str, s: Summary, infos: Any = None) -> str:
-    """DESIGN §11: the advisors ranked by R/E (each against control and the sham), the pairwise matrix of
-    Holm-adjusted p and paired difference, and every pair's 2x2, exact McNemar p, Holm p and Newcombe CI."""
-    advisors = s.advisors or []
-    about = {a.name: a for a in infos or []}
-    sham = any(a.sham is not None for a in advisors)
+    """DESIGN §11, §14: the arms that ask ranked by R/E (each against control and the sham), the pairwise matrix
+    of Holm-adjusted p and paired difference, and every pair's 2x2, exact McNemar p, Holm p and Newcombe CI."""
+    figures = [f for f in s.figures() if is_assisted(f.arm)]
+    about = {a.arm: a for a in infos or []}
+    sham = _sham(s.arms) is not None
     head = ("<tr><th class=num>rank</th><th>advisor</th><th>model · prompt (endpoint)</th><th class=num>R</th>"
             "<th class=num>M</th><th class=num>E</th><th class=num>R/N</th><th class=num>R/M</th><th class=num>R/E</th>"
             "<th class=num>vs control: b</th><th class=num>c</th><th class=num>p</th><th class=num>difference, 95% CI</th>")
@@ -142,36 +155,38 @@ def advisors_block(prefix: str, s: Summary, infos: Any = None) -> str:
         head += ("<th class=num>vs sham: K</th><th class=num>b</th><th class=num>c</th><th class=num>p</th>"
                  "<th class=num>difference, 95% CI</th>")
     body = ""
-    for rank, a in enumerate(ranked_advisors(advisors), start=1):
-        key = f"{prefix}.advisor.{a.name}"
-        info = about.get(a.name)
+    for rank, a in enumerate(ranked(figures), start=1):
+        name = _name(a.arm)
+        key = f"{prefix}.advisor.{name}"
+        info = about.get(a.arm)
         what = f"{info.model} · {info.prompt_template} ({info.endpoint})" if info is not None else ""
-        body += (f'<tr data-advisor="{esc(a.name)}" data-rank="{rank}">{figure(f"{key}.rank", rank)}'
-                 f"<td>{esc(a.name)}{' (primary)' if a.primary else ''}</td><td>{esc(what)}</td>"
+        vc = a.versus_control
+        body += (f'<tr data-advisor="{esc(name)}" data-rank="{rank}">{figure(f"{key}.rank", rank)}'
+                 f"<td>{esc(name)}{' (primary)' if a.arm == s.arm else ''}</td><td>{esc(what)}</td>"
                  f"{figure(key + '.r', a.r)}{figure(key + '.m', a.m)}{figure(key + '.e', a.e)}"
                  f"{figure(key + '.r_over_n', a.r_over_n, pct(a.r_over_n))}{figure(key + '.r_over_m', a.r_over_m, pct(a.r_over_m))}"
                  f"{figure(key + '.r_over_e', a.r_over_e, pct(a.r_over_e))}"
-                 f"{figure(key + '.assisted_only', a.pairs.assisted_only)}{figure(key + '.control_only', a.pairs.control_only)}"
-                 f"{figure(key + '.mcnemar_p', a.mcnemar_p, _p(a.mcnemar_p))}"
-                 f"{figure(key + '.diff_ci', list(a.diff_ci) if a.diff_ci else None, f'{pct(a.diff)} {_ci_text(a.diff_ci)}')}")
+                 f"{figure(key + '.first_only', vc.pairs.first_only)}{figure(key + '.second_only', vc.pairs.second_only)}"
+                 f"{figure(key + '.mcnemar_p', vc.mcnemar_p, _p(vc.mcnemar_p))}"
+                 f"{figure(key + '.diff_ci', list(vc.diff_ci) if vc.diff_ci else None, f'{pct(vc.diff)} {_ci_text(vc.diff_ci)}')}")
         if sham:
-            v = a.sham
+            v = s.comparison(a.arm, "sham")
             if v is None:
                 body += "<td colspan=5>n/a</td>"
             else:
-                body += (f"{figure(key + '.sham.k', v.k)}{figure(key + '.sham.assisted_only', v.pairs.assisted_only)}"
-                         f"{figure(key + '.sham.sham_only', v.pairs.sham_only)}{figure(key + '.sham.mcnemar_p', v.mcnemar_p, _p(v.mcnemar_p))}"
+                body += (f"{figure(key + '.sham.k', v.k)}{figure(key + '.sham.first_only', v.pairs.first_only)}"
+                         f"{figure(key + '.sham.second_only', v.pairs.second_only)}{figure(key + '.sham.mcnemar_p', v.mcnemar_p, _p(v.mcnemar_p))}"
                          + figure(key + ".sham.diff_ci", list(v.diff_ci) if v.diff_ci else None, f"{pct(v.diff)} {_ci_text(v.diff_ci)}"))
         body += "</tr>"
     out = (f'<h3>advisors, ranked by R/E</h3><p class="note">b: cases only the advisor\'s arm succeeded; c: only the '
            "other arm (control, or the sham over K, the cases where both are in E); p: exact McNemar; the difference is "
            "the advisor's success rate minus the other's, with Newcombe's interval.</p>"
            f'<div class="scroll"><table data-table="{esc(prefix)}.advisors">{head}</tr>{body}</table></div>')
-    pairs = s.advisor_pairs or []
+    pairs = [c for c in s.comparisons if c.holm_p is not None]
     if not pairs:
         return out
-    names = [a.name for a in advisors]
-    by = {(q.first, q.second): q for q in pairs}
+    names = [_name(f.arm) for f in figures]
+    by = {(_name(q.first), _name(q.second)): q for q in pairs}
     cells = "<tr><th>row vs column: Holm-adjusted p · row - column</th>" + "".join(f"<th>{esc(n)}</th>" for n in names) + "</tr>"
     for row in names:
         cells += f"<tr><th>{esc(row)}</th>"
@@ -180,7 +195,7 @@ def advisors_block(prefix: str, s: Summary, infos: Any = None) -> str:
             if q is None:
                 cells += "<td>·</td>"
                 continue
-            diff = q.diff if (q.first, q.second) == (row, col) or q.diff is None else 0.0 - q.diff
+            diff = q.diff if (_name(q.first), _name(q.second)) == (row, col) or q.diff is None else 0.0 - q.diff
             cells += figure(f"{prefix}.matrix.{row}.{col}", q.holm_p, f"p {_p(q.holm_p)} · {pct(diff)}", cls="")
         cells += "</tr>"
     out += (f'<h3>pairwise matrix (cases in E for both advisors; exact McNemar, Holm-adjusted across {len(pairs)} pairs)</h3>'
@@ -190,9 +205,10 @@ def advisors_block(prefix: str, s: Summary, infos: Any = None) -> str:
             "<th class=num>Holm-adjusted p</th><th class=num>first - second</th><th class=num>95% CI (Newcombe)</th></tr>")
     body = ""
     for q in pairs:
-        key = f"{prefix}.pair.{q.first}.{q.second}"
+        first, second = _name(q.first), _name(q.second)
+        key = f"{prefix}.pair.{first}.{second}"
         t = q.pairs
-        body += (f'<tr data-pair="{esc(q.first)}|{esc(q.second)}"><td>{esc(q.first)} vs {esc(q.second)}</td>'
+        body += (f'<tr data-pair="{esc(first)}|{esc(second)}"><td>{esc(first)} vs {esc(second)}</td>'
                  f"{figure(key + '.k', q.k)}{figure(key + '.first_only', t.first_only)}{figure(key + '.second_only', t.second_only)}"
                  f"{figure(key + '.both_success', t.both_success)}{figure(key + '.both_fail', t.both_fail)}"
                  f"{figure(key + '.mcnemar_p', q.mcnemar_p, _p(q.mcnemar_p))}{figure(key + '.holm_p', q.holm_p, _p(q.holm_p))}"
@@ -221,10 +237,10 @@ def advisor_usage_block(by_advisor: dict[str, Any]) -> str:
     return f"<h3>per advisor</h3><table>{head}{body}</table>"
 
 
-def breakdown_table(prefix: str, what: str, rows: dict[str, Breakdown]) -> str:
+def breakdown_table(prefix: str, what: str, rows: dict[str, Breakdown], primary: str = "assisted") -> str:
     """Per group or per task: cases, each class, R/N; with a sham arm, the sham's rescues and assisted
     against sham over the group's own K (a perturbation kind's placebo comparison, say)."""
-    shams = any(b.sham is not None for b in rows.values())
+    shams = any(_sham(b.arms) is not None for b in rows.values())
     head = f"<tr><th>{esc(what)}</th><th class=num>cases</th>" + "".join(f"<th class=num>{esc(k)}</th>" for k in LABELS)
     head += "<th class=num>R/N</th>"
     if shams:
@@ -236,12 +252,13 @@ def breakdown_table(prefix: str, what: str, rows: dict[str, Breakdown]) -> str:
         body += f"<tr><td>{esc(name)}</td>{figure(key + '.n', b.n)}"
         body += "".join(figure(f"{key}.{k}", b.counts.get(k, 0)) for k in LABELS)
         body += figure(key + ".rate", b.rate, pct(b.rate))
-        if b.sham is not None:
-            sham = b.sham
-            body += figure(key + ".sham_r", sham.r) + figure(key + ".sham_k", sham.k)
-            body += figure(key + ".sham_assisted_only", sham.pairs.assisted_only)
-            body += figure(key + ".sham_sham_only", sham.pairs.sham_only)
-            body += figure(key + ".sham_mcnemar_p", sham.mcnemar_p, f"{sham.mcnemar_p:.4f}")
+        sham = _sham(b.arms)
+        versus = next((c for c in b.comparisons if (c.first, c.second) == (primary, "sham")), None)
+        if sham is not None and versus is not None:
+            body += figure(key + ".sham_r", sham.r) + figure(key + ".sham_k", versus.k)
+            body += figure(key + ".sham_first_only", versus.pairs.first_only)
+            body += figure(key + ".sham_second_only", versus.pairs.second_only)
+            body += figure(key + ".sham_mcnemar_p", versus.mcnemar_p, f"{versus.mcnemar_p:.4f}")
         elif shams:
             body += "<td></td>" * 5
         body += "</tr>"

@@ -25,7 +25,7 @@ from rescue.core.baseline import baseline_of
 from rescue.core.images import VLM_VIEWS
 from rescue.core.manifest import Case
 from rescue.core.proofs import check_evidence, prefix_match
-from rescue.core.records import advisor_arm, is_assisted
+from rescue.core.arms import advisor_arm, arm_advisor, is_assisted
 from rescue.core.stats import wilson_interval
 from rescue.read.export import StudyExport, export_study
 from rescue.read.html import plots
@@ -152,12 +152,13 @@ def _case_view(study: Path, records: StudyRecords, case: Case, entry, assets: As
     sham = arms.get("sham")
     if sham is not None and sham.assistance.call_id:
         v.sham_receipt = records.receipts.get(sham.assistance.call_id)
-    if rec.advisors is not None:
-        v.advisors = [_advisor_view(layout, records, rec, entry, name, i == 0, assets) for i, name in enumerate(rec.advisors)]
+    if records.config.advisors:
+        v.advisors = [_advisor_view(layout, records, rec, entry, advisor_arm(a.name), i == 0, assets)
+                      for i, a in enumerate(records.config.advisors)]
     assisted = rec.assisted
     if assisted is None or assisted.assistance.call_id is None:
         return v
-    v.evidence = check_evidence(rec)
+    v.evidence = check_evidence(rec, rec.primary, arm_advisor(rec.primary))
     a = assisted.assistance
     if a.receipt is not None:
         raw, v.receipt_check = _receipt_line(layout, a.receipt, cache)
@@ -173,10 +174,10 @@ def _case_view(study: Path, records: StudyRecords, case: Case, entry, assets: As
 
 
 def _advisor_view(layout: StudyLayout, records: StudyRecords, rec, entry, name: str, primary: bool, assets: Assets) -> AdvisorView:
-    """One advisor's verdict, subgoal and call (what it saw, its prompt and raw answer) for the panel."""
-    arm = (rec.advisors or {}).get(name)
-    verdict = (entry.advisors or {}).get(name)
-    view = AdvisorView(name=name, arm=advisor_arm(name), primary=primary)
+    """One advisor's arm (`name`): its verdict, subgoal and call (what it saw, its prompt and raw answer) for the panel."""
+    arm = rec.arms.get(name)
+    verdict = entry.verdict(name)
+    view = AdvisorView(name=arm_advisor(name) or name, arm=name, primary=primary)
     if verdict is not None:
         view.label, view.rule, view.reason = verdict.label, verdict.rule, verdict.reason
     if arm is None:
@@ -185,7 +186,7 @@ def _advisor_view(layout: StudyLayout, records: StudyRecords, rec, entry, name: 
     view.subgoal, view.status = a.subgoal, a.status
     receipt = records.receipts.get(a.call_id) if a.call_id else None
     if a.status == "applied" or receipt is not None:
-        view.evidence = check_evidence(rec.model_copy(update={"assisted": arm, "receipt": receipt, "advisor": name}))
+        view.evidence = check_evidence(rec, name, arm_advisor(name))
     if receipt is not None:
         view.receipt = receipt
         view.views, view.views_note, view.prompt, view.response = _call_view(layout, receipt, a.request_id, assets)
@@ -374,15 +375,15 @@ def _body(study: Path, export: StudyExport, records: StudyRecords, assets: Asset
         out += '<h2 id="sec-summary">Summary</h2>' + _evaluation(export) + "<h2>Plots</h2>" + _plots(export, records, assets)
     else:
         out += '<h2 id="sec-summary">Summary (main cohort)</h2>' + summary_block("main", s)
-        if s.advisors:
-            primary = s.advisors[0].name
+        if records.config.advisors:
+            primary = records.config.advisors[0].name
             out += (f'<h2 id="sec-advisors">Advisors (DESIGN §11)</h2><p class="note">Each advisor\'s arm against control by '
                     f"the same nine rules (the summary above is the primary advisor's, {esc(primary)}), against the sham "
                     "arm, and every pair of advisors over the cases where both are in E.</p>"
                     + advisors_block("main", s, export.study.advisors))
         out += "<h2>Plots</h2>" + _plots(export, records, assets)
-        out += "<h2>Per group</h2>" + breakdown_table("main", "group", s.per_group)
-        out += "<h2>Per task</h2>" + breakdown_table("main", "task", s.per_task)
+        out += "<h2>Per group</h2>" + breakdown_table("main", "group", s.per_group, s.arm)
+        out += "<h2>Per task</h2>" + breakdown_table("main", "task", s.per_task, s.arm)
         if s.pilot is not None:
             out += (f"<h2>Pilot cases (apart: not in N)</h2><p>Declared before the run: {esc(', '.join(s.pilot_ids))}</p>"
                     + summary_block("pilot", s.pilot))

@@ -23,7 +23,7 @@ from typing import Any
 
 from rescue.core.config import StudyConfig
 from rescue.core.records import Receipt
-from rescue.core.stats import LABELS, holm, mcnemar_exact, paired_diff_ci
+from rescue.core.stats import LABELS, PairedComparison, PairedTable, compare, holm
 from rescue.read.export import CaseEntry, StudyExport, export_study
 from rescue.read.html.app import index_script, list_shell
 from rescue.read.html.page import esc, figure, page, pct
@@ -56,38 +56,17 @@ class Side:
     protocols: set[str | None]
 
 
-@dataclass
-class Pairing:
-    """The assisted arm's success in two studies over the cases both have in E (main cohort)."""
-
-    first_only: int
-    second_only: int
-    both_success: int
-    both_fail: int
-    p: float
-    diff: float | None
-    ci: tuple[float, float] | None
-
-    @property
-    def k(self) -> int:
-        """Cases paired."""
-        return self.first_only + self.second_only + self.both_success + self.both_fail
-
-
-def pair_studies(first: Sequence[CaseEntry], second: Sequence[CaseEntry], confidence: float = 0.95) -> Pairing:
-    """The paired 2x2 of assisted success over the main cases in E in both studies, McNemar's p, the Newcombe CI."""
+def pair_studies(first: Sequence[CaseEntry], second: Sequence[CaseEntry], confidence: float = 0.95) -> PairedComparison:
+    """Two studies' primary arms over the main cases in E in both (first: the first study's): the paired 2x2,
+    McNemar's p, the Newcombe CI."""
     other = {e.case_id: e for e in second}
-    counts = Counter()
+    outcomes = []
     for a in first:
         b = other.get(a.case_id)
         if b is None or a.pilot or not (a.in_e and b.in_e) or a.assisted is None or b.assisted is None:
             continue
-        counts[(bool(a.assisted.success), bool(b.assisted.success))] += 1
-    b_, c_ = counts[(True, False)], counts[(False, True)]
-    both, neither = counts[(True, True)], counts[(False, False)]
-    k = b_ + c_ + both + neither
-    return Pairing(b_, c_, both, neither, mcnemar_exact(b_, c_), (b_ - c_) / k if k else None,
-                   paired_diff_ci(b_, c_, k, confidence, both_success=both) if k else None)
+        outcomes.append((bool(a.assisted.success), bool(b.assisted.success)))
+    return compare("first", "second", outcomes, confidence)
 
 
 def _side(path: Path) -> Side:
@@ -134,12 +113,12 @@ def load_sides(studies: Sequence[str | os.PathLike[str]]) -> list[Side]:
 SUMMARY_ROWS = (
     ("n", "cases (N, fixed)"), ("rescued", "rescued (R)"), ("not_rescued", "not_rescued"), ("unknown", "unknown"),
     ("initial_state_deviation", "initial_state_deviation"), ("m", "M"), ("e", "E"), ("r_over_n", "R/N"),
-    ("r_over_m", "R/M"), ("r_over_e", "R/E"), ("assisted_only", "assisted-only (vs control)"),
-    ("control_only", "control-only"), ("mcnemar_p", "exact McNemar p"), ("diff", "assisted - control"),
+    ("r_over_m", "R/M"), ("r_over_e", "R/E"), ("first_only", "assisted-only (vs control)"),
+    ("second_only", "control-only"), ("mcnemar_p", "exact McNemar p"), ("diff", "assisted - control"),
     ("diff_ci", "95% CI (Newcombe)"),
 )
-SHAM_ROWS = (("k", "K: both subgoals applied, three arms valid"), ("assisted_only", "assisted-only (vs sham)"),
-             ("sham_only", "sham-only"), ("mcnemar_p", "exact McNemar p"), ("diff", "assisted - sham"),
+SHAM_ROWS = (("k", "K: both subgoals applied, three arms valid"), ("first_only", "assisted-only (vs sham)"),
+             ("second_only", "sham-only"), ("mcnemar_p", "exact McNemar p"), ("diff", "assisted - sham"),
              ("diff_ci", "95% CI (Newcombe)"))
 
 
@@ -155,22 +134,25 @@ def _shown(key: str, value: Any) -> str:
     return str(value)
 
 
+def _comparison_value(c: PairedComparison | None, key: str) -> Any:
+    if c is None:
+        return None
+    value = getattr(c.pairs, key) if key in PairedTable.model_fields else getattr(c, key)
+    return list(value) if isinstance(value, tuple) else value
+
+
 def _summary_value(side: Side, key: str) -> Any:
     s = side.export.summary
     if key in s.counts:
         return s.counts[key]
-    if key in ("assisted_only", "control_only"):
-        return getattr(s.pairs, key)
-    value = getattr(s, key)
-    return list(value) if isinstance(value, tuple) else value
+    if key in ("first_only", "second_only", "mcnemar_p", "diff", "diff_ci"):
+        return _comparison_value(s.versus_control, key)
+    return getattr(s, key)
 
 
 def _sham_value(side: Side, key: str) -> Any:
-    sham = side.export.summary.sham
-    if sham is None:
-        return None
-    value = getattr(sham.pairs, key) if key in ("assisted_only", "sham_only") else getattr(sham, key)
-    return list(value) if isinstance(value, tuple) else value
+    s = side.export.summary
+    return _comparison_value(s.comparison(s.arm, "sham"), key)
 
 
 def _studies_table(sides: list[Side], hrefs: list[str | None]) -> str:
@@ -195,7 +177,7 @@ def _summaries(sides: list[Side]) -> str:
             figure(f"s{i}.main.{key}", v := _summary_value(s, key), _shown(key, v)) for i, s in enumerate(sides)) + "</tr>"
         for key, title in SUMMARY_ROWS
     )
-    if any(s.export.summary.sham is not None for s in sides):
+    if any(_sham_value(s, "k") is not None for s in sides):
         body += f'<tr><th colspan="{len(sides) + 1}">assisted vs sham (DESIGN §8)</th></tr>'
         body += "".join(
             f"<tr><th>{esc(title)}</th>" + "".join(
@@ -208,26 +190,27 @@ def _summaries(sides: list[Side]) -> str:
 def _pairs(sides: list[Side]) -> str:
     pairs = list(combinations(range(len(sides)), 2))
     tables = {(i, j): pair_studies(sides[i].export.cases, sides[j].export.cases) for i, j in pairs}
-    adjusted = dict(zip(pairs, holm([tables[p].p for p in pairs])))
+    adjusted = dict(zip(pairs, holm([tables[p].mcnemar_p for p in pairs])))
     out = ""
     for (i, j), t in tables.items():
         a, b = sides[i].name, sides[j].name
         key = f"pair.{i}-{j}"
         rows = [
-            (f"assisted succeeded in {a} only", "first_only", t.first_only, None),
-            (f"assisted succeeded in {b} only", "second_only", t.second_only, None),
-            ("succeeded in both", "both_success", t.both_success, None),
-            ("failed in both", "both_fail", t.both_fail, None),
+            (f"assisted succeeded in {a} only", "first_only", t.pairs.first_only, None),
+            (f"assisted succeeded in {b} only", "second_only", t.pairs.second_only, None),
+            ("succeeded in both", "both_success", t.pairs.both_success, None),
+            ("failed in both", "both_fail", t.pairs.both_fail, None),
             ("K: cases in E in both (main cohort)", "k", t.k, None),
-            ("exact McNemar p (discordant pairs)", "mcnemar_p", t.p, f"{t.p:.4f}"),
+            ("exact McNemar p (discordant pairs)", "mcnemar_p", t.mcnemar_p, f"{t.mcnemar_p:.4f}"),
         ]
         if len(pairs) > 1:
             rows.append((f"Holm-adjusted p ({len(pairs)} pairs)", "holm_p", adjusted[(i, j)], f"{adjusted[(i, j)]:.4f}"))
+        ci = t.diff_ci
         rows += [(f"paired difference, {a} - {b}", "diff", t.diff, pct(t.diff)),
-                 ("95% CI (Newcombe)", "diff_ci", list(t.ci) if t.ci else None,
-                  "n/a" if t.ci is None else f"[{pct(t.ci[0])}, {pct(t.ci[1])}]")]
+                 ("95% CI (Newcombe)", "diff_ci", list(ci) if ci else None,
+                  "n/a" if ci is None else f"[{pct(ci[0])}, {pct(ci[1])}]")]
         body = "".join(f"<tr><th>{esc(title)}</th>{figure(f'{key}.{name}', v, text)}</tr>" for title, name, v, text in rows)
-        reading = significance_reading(t.first_only, t.second_only, t.p, t.ci, other=b,
+        reading = significance_reading(t.pairs.first_only, t.pairs.second_only, t.mcnemar_p, t.diff_ci, other=b,
                                        subject=f"the assisted arm of {a} (against {b}'s)", first=a)
         out += (f'<h3>{esc(a)} vs {esc(b)}</h3><div class="cols"><div><table>{body}</table>'
                 f'<p class="reading" data-reading="{esc(key)}">{esc(reading)}</p></div><div>{_moves(sides[i], sides[j], key)}</div></div>')
@@ -257,7 +240,7 @@ def _index(sides: list[Side], hrefs: list[str | None], files: str) -> dict[str, 
         fields += [f"label{i}", f"assisted{i}", f"sham{i}", f"subgoal{i}", f"reason{i}", f"link{i}"]
         columns += [[f"label{i}", f"class · {s.name}", "label"], [f"assisted{i}", f"assisted · {s.name}", "ok"],
                     [f"subgoal{i}", f"subgoal · {s.name}", "text"]]
-        if s.export.summary.sham is not None:
+        if _sham_value(s, "k") is not None:
             columns.append([f"sham{i}", f"sham class · {s.name}", "label"])
         if hrefs[i]:
             columns.append([f"link{i}", s.name, "href"])
@@ -273,7 +256,8 @@ def _index(sides: list[Side], hrefs: list[str | None], files: str) -> dict[str, 
         for i, x in enumerate(entries):
             row[f"label{i}"] = (x.label or x.state) if x else None
             row[f"assisted{i}"] = x.assisted.success if x and x.assisted else None
-            row[f"sham{i}"] = x.sham_label if x else None
+            sham = x.verdicts.get("sham") if x else None
+            row[f"sham{i}"] = sham.label if sham else None
             row[f"subgoal{i}"] = x.assisted.subgoal if x and x.assisted else None
             row[f"reason{i}"] = x.reason if x else None
             row[f"link{i}"] = f"{hrefs[i]}#case={e.case_id}" if hrefs[i] else None
