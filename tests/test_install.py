@@ -43,6 +43,9 @@ def test_wheel_installed_elsewhere_finds_its_prompt_and_models(tmp_path):
         assert zipfile.ZipFile(wheel).read(f"rescue/assets/{data}") == (ROOT / data).read_bytes()
     assert {"rescue/env/libero.py", "rescue/embedded/endpoint.py", "rescue/embedded/learned.py",
             "rescue/embedded/vision_language.py", "wrappers/injection.py"} <= names
+    # The report's templates, style sheet and script ship with the package.
+    templates = {f"rescue/read/html/templates/{p.name}" for p in (ROOT / "rescue/read/html/templates").iterdir()}
+    assert "rescue/read/html/templates/study.html" in templates and templates <= names
 
     site = tmp_path / "site"
     run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q", "--target", str(site), str(wheel)])
@@ -62,5 +65,9 @@ def test_wheel_installed_elsewhere_finds_its_prompt_and_models(tmp_path):
     assert Path(found["prompts"]).is_relative_to(site) and Path(found["policy_checkpoint"]).is_relative_to(site)
     assert found["template_sha256"] == found["receipt_template_sha256"]
     assert found["status"] == "ok" and "bbq sauce" in found["subgoal"]
+    # The installed copy writes a report from its own templates, from any directory.
+    study = shutil.copytree(ROOT / "tests" / "data" / "study_v4_plain", tmp_path / "study")
+    run([sys.executable, "-m", "rescue.cli", "report", str(study)], cwd=elsewhere, env=env)
+    assert "Summary (main cohort)" in (study / "report.html").read_text(encoding="utf-8")
     assert found["policy_actions_shape"] == [8, 7]
     assert found["vision_language_actions_shape"] == [8, 7] and Path(found["locator_checkpoint"]).is_relative_to(site)

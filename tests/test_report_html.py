@@ -7,6 +7,8 @@ test_export_verify.build_study); the real one runs LIBERO through the CLI.
 
 from __future__ import annotations
 
+import ast
+from html import unescape
 import json
 import math
 import re
@@ -16,13 +18,13 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import rescue_cli, write_cases
+from conftest import ROOT, rescue_cli, write_cases
 from test_export_verify import build_study
 
 from rescue.core.stats import mcnemar_exact, paired_diff_ci
 from rescue.read.export import StudyExport, export_study
 from rescue.read.html.app import read_index_script, read_panel_script
-from rescue.read.html.page import pct
+from rescue.read.html.render import pct
 from rescue.read.html.report import write_report
 from rescue.read.html.significance import significance_reading
 from rescue.study.journal import Journal
@@ -601,7 +603,7 @@ def test_a_study_run_with_default_settings_has_images_in_its_report(tmp_path):
         assert len(re.findall("<img ", views)) >= 1, case.case_id
         assert "agentview" in views and "view 1" not in views  # named by camera
         assert "rendered prompt" in panel and "raw answer" in panel and "raw receipt line" in panel
-        assert "receipt line: matches the arm&#x27;s reference" in panel
+        assert "receipt line: matches the arm's reference" in unescape(panel)  # text, however it is escaped
         # Both arms at q and at the end (StudyConfig.keyframes is on by default), and an mp4 of each.
         for arm in ("control", "assisted"):
             frames = panel.split(f'data-arm="{arm}"')[1].split('class="arm"')[0]
@@ -612,3 +614,36 @@ def test_a_study_run_with_default_settings_has_images_in_its_report(tmp_path):
             reader = imageio.get_reader(video)
             assert reader.count_frames() == 2
             reader.close()
+
+
+MARKUP = re.compile(r"<(/?)(html|head|body|main|div|p|table|tr|td|th|span|h\d|svg|a|img|ul|li|details|summary|pre|code|"
+                    r"figure|section|script|style|button|input|label|br|b|video)[\s>/]")
+
+
+def _markup_in_python(path: Path) -> list[str]:
+    """String constants of a module that spell HTML tags (docstrings aside)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [f"{path.name}:{n.lineno}" for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings and MARKUP.search(n.value)]
+
+
+def test_the_page_comes_from_autoescaped_templates_shipped_with_the_package():
+    from rescue.read.html.render import environment
+
+    env = environment()
+    names = set(env.list_templates())
+    assert {"page.html", "study.html", "panel.html", "path.html", "comparison.html", "summary.html", "list.js",
+            "report.css"} <= names
+    assert env.autoescape is True
+    for name in sorted(n for n in names if n.endswith(".html")):
+        source = env.loader.get_source(env, name)[0]
+        assert "|safe" not in source and "autoescape" not in source and "Markup" not in source, name
+    # The markup lives in the templates: no module of the report spells a tag in Python.
+    found = [hit for path in sorted((ROOT / "rescue" / "read" / "html").glob("*.py")) for hit in _markup_in_python(path)]
+    assert found == []
+    assert _markup_in_python(Path(__file__)) != []  # the check sees a tag where there is one
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"read/html/templates/*"' in pyproject and '"jinja2>=3.1"' in pyproject

@@ -48,7 +48,7 @@ MOVED: dict[str, str] = {
     "rescue.report": "rescue.read.terminal",
     "rescue.htmlreport": "rescue.read.html.report",
     "rescue.report_html.cases": "rescue.read.html.cases",
-    "rescue.report_html.page": "rescue.read.html.page",
+    "rescue.report_html.page": "rescue.read.html.render",
     "rescue.report_html.plots": "rescue.read.html.plots",
     "rescue.report_html.reading": "rescue.read.html.significance",
     "rescue.report_html.video": "rescue.read.html.video",

@@ -10,8 +10,8 @@ from typing import Any
 from rescue.core.arms import advisor_arm
 from rescue.core.records import ArmResult, Receipt
 from rescue.read.export import CaseEntry
-from rescue.read.html.page import esc
-from rescue.read.html.paths import path_svg, shared_bounds
+from rescue.read.html.paths import shared_bounds
+from rescue.read.html.render import macro
 
 # A file href (relative to the page) or None when the file could not be placed.
 Href = str | None
@@ -76,10 +76,6 @@ def reason_kind(reason: str | None) -> str:
         return ""
     text = re.sub(r"\d+", "N", reason)
     return text if len(text) <= 80 else text[:79] + "\u2026"
-
-
-def _ok(x: bool | None) -> str:
-    return "" if x is None else ("✔" if x else "✘")
 
 
 # The index's row layout; the page reads cells by these names.
@@ -157,152 +153,9 @@ def case_index(entries: Sequence[CaseEntry], arms: Sequence[str], files: str, ad
     }
 
 
-def _img(href: Href, caption: str, width: int = 160) -> str:
-    if href is None:
-        return f"<figure><figcaption>{esc(caption)}: file missing</figcaption></figure>"
-    return (f'<figure><img src="{esc(href)}" loading="lazy" decoding="async" width="{width}" height="{width}" '
-            f'alt="{esc(caption)}"><figcaption>{esc(caption)}</figcaption></figure>')
-
-
-def _check(name: str, result: tuple[bool, str] | None) -> str:
-    if result is None:
-        return ""
-    ok, why = result
-    return f'<li><span class="{"ok" if ok else "bad"}">{esc(name)}: {"ok" if ok else "failed"}</span> ({esc(why)})</li>'
-
-
-def _go(case_id: str) -> str:
-    return f'<a href="#case={esc(case_id)}" data-go="{esc(case_id)}">{esc(case_id)}</a>'
-
-
-def _call(r: Receipt) -> str:
-    latency = "" if r.latency_s is None else f" · {r.latency_s:.2f} s"
-    return (f"call <code>{esc(r.call_id)}</code> · {esc(r.status)} · model {esc(r.model_reported or r.model_requested)}"
-            f"{latency} · attempts {r.attempt}")
-
-
-def _sham_source(arm: ArmResult, v: CaseView) -> str:
-    """Where the sham arm's subgoal came from: the fixed text, or the donor case and the donor's call."""
-    a = arm.assistance
-    subgoal = a.subgoal if a.subgoal is not None else v.sham_text
-    text = f'<p class="sham-subgoal"><b>sham subgoal</b>: <code>{esc(subgoal) if subgoal else "none"}</code>'
-    if v.sham_source == "fixed" or a.source == "fixed":
-        text += " (the study's declared fixed text" + ("" if a.subgoal is not None else "; never applied") + ")</p>"
-        return text
-    donor = a.donor_case_id or v.sham_donor
-    text += "</p>"
-    if donor is None:
-        return text + '<p class="note">no donor declared</p>'
-    line = f'<p class="sham-donor">from donor case {_go(donor)}'
-    if v.sham_donor is not None and donor != v.sham_donor:
-        line += f' <span class="bad">(the declared donor is {_go(v.sham_donor)})</span>'
-    r = v.sham_receipt
-    if r is not None:
-        line += f"; the donor's {_call(r)}"
-        if a.request_id:
-            line += f", request <code>{esc(a.request_id)}</code>"
-    elif a.call_id:
-        line += f"; the donor's call <code>{esc(a.call_id)}</code> (its outcome receipt was not found)"
-    else:
-        line += "; the donor's call gave no answer" + (f" ({esc(a.error_kind)})" if a.error_kind else "")
-    return text + line + "</p>"
-
-
-def _vlm_call(who: str, views, views_note: str, prompt: str | None, response: str | None, receipt, size: int) -> str:
-    """One VLM call: the views it saw at q (by camera), its rendered prompt, its raw answer and its receipt."""
-    out = ""
-    if views:
-        out += f'<p class="note">what {who} saw at q{esc(views_note)}</p><div class="frames vlm-views">'
-        out += "".join(_img(href, caption, size) for caption, href in views) + "</div>"
-    if prompt is not None:
-        out += f"<details><summary>rendered prompt</summary><pre>{esc(prompt)}</pre></details>"
-    if response is not None:
-        out += f"<details><summary>raw answer</summary><pre>{esc(response)}</pre></details>"
-    if receipt is not None:
-        out += f'<p class="note">{_call(receipt)}</p>'
-    return out
-
-
-def _advisors(v: CaseView) -> str:
-    """Every advisor side by side: its verdict against control, the subgoal it answered, what it saw, its prompt
-    and raw answer, and its evidence."""
-    cols = ""
-    for a in v.advisors:
-        label = a.label or "no verdict"
-        col = (f'<div class="arm advisor" data-advisor="{esc(a.name)}"><h4>{esc(a.name)}{" (primary)" if a.primary else ""}</h4>'
-               f'<p><span class="{esc(label)}">{esc(label)}</span>' + (f", rule {esc(a.rule)}: {esc(a.reason)}" if a.rule else "") + "</p>")
-        col += (f'<p><b>subgoal</b>: <code>{esc(a.subgoal)}</code></p>' if a.subgoal
-                else f'<p class="note">no subgoal applied ({esc(a.status or "no arm")})</p>')
-        col += _vlm_call("it", a.views, a.views_note, a.prompt, a.response, a.receipt, 120)
-        if a.evidence is not None:
-            col += "<ul>" + _check("evidence", a.evidence) + "</ul>"
-        cols += col + "</div>"
-    # Inline: long call ids wrap inside their column (the page's style sheet is every report's).
-    return (f'<h4>the advisors at q, side by side</h4><div class="arms advisors" style="overflow-wrap:anywhere">'
-            f"{cols}</div>")
-
-
-def _arm(name: str, arm: ArmResult, v: CaseView, video_note: str, bounds) -> str:
-    a = arm.assistance
-    lines = [
-        f"status {esc(arm.status)}, success {_ok(arm.success)}, {arm.steps} steps"
-        + (f", episode protocol {esc(arm.episode_protocol)}" if getattr(arm, "episode_protocol", None) else "")
-        + (f", error: {esc(arm.error)}" if arm.error else ""),
-        f"assistance {esc(a.status)}" + (f" at step {a.query_step}" if a.query_step is not None else "")
-        + (f" ({esc(a.error_kind)})" if a.error_kind else ""),
-    ]
-    body = f'<div class="arm" data-arm="{esc(name)}"><h4>{esc(name)}</h4><p>{"<br>".join(lines)}</p>'
-    advisor = next((x for x in v.advisors if x.arm == name), None)
-    if advisor is not None and advisor.label is not None:
-        body += (f'<p><b>vs control</b>: <span class="{esc(advisor.label)}">{esc(advisor.label)}</span>, '
-                 f"rule {esc(advisor.rule)}: {esc(advisor.reason)}</p>")
-    if name == "sham":
-        body += _sham_source(arm, v)
-        sham = v.entry.verdicts.get("sham")
-        if sham is not None:
-            body += (f'<p><b>sham vs control</b>: <span class="{esc(sham.label)}">{esc(sham.label)}</span>, '
-                     f"rule {esc(sham.rule)}: {esc(sham.reason)}</p>")
-    body += path_svg(arm, v.entry.query_step, bounds)
-    frames = v.keyframes.get(name, [])
-    if frames:
-        body += '<div class="frames">' + "".join(_img(href, f"{name} {k}", 128) for k, href in frames) + "</div>"
-    else:
-        body += '<p class="note">no keyframes stored (the study ran with keyframes off)</p>'
-    if name in v.videos:
-        href = v.videos[name]
-        body += f'<video controls preload="none" width="256" src="{esc(href)}"></video><p class="note">{esc(video_note)}</p>'
-    if name in v.traces:
-        body += f'<p><a href="{esc(v.traces[name])}">trace rows ({len(arm.trace)})</a></p>'
-    return body + "</div>"
-
-
 def case_panel(v: CaseView, arm_order: Callable[[str], tuple[int, str]], video_note: str) -> str:
     """One case: verdict with rule and reason, what the VLM saw (by camera) and answered, the arms side by side
-    with their end-effector paths, the sham arm's source, checks, links."""
-    e = v.entry
-    label = e.label or e.state
-    head = (
-        f'<h3>{esc(e.case_id)} <span class="{esc(label)}">{esc(label)}</span>{" · pilot" if e.pilot else ""}</h3>'
-        f"<p>{esc(e.task)} · group {esc(e.group)} · horizon {v.horizon} · query point q = {esc(e.query_step)}</p>"
-    )
-    verdict = (f'<p class="verdict" data-label="{esc(label)}" data-rule="{esc(e.rule)}"><b>verdict</b>: rule {esc(e.rule)}: '
-               f"{esc(e.reason)}" + (f" ({esc(e.deviation)})" if e.deviation else "") + "</p>")
-    subgoal = v.entry.assisted.subgoal if v.entry.assisted is not None else None
-    vlm = ""
-    if subgoal:
-        vlm += f'<p class="subgoal"><b>subgoal</b>: <code>{esc(subgoal)}</code></p>'
-    vlm += _vlm_call("the VLM", v.views, v.views_note, v.prompt, v.response, v.receipt, 200)
-    if v.advisors:
-        vlm = _advisors(v)
+    with their end-effector paths (on shared axes), the sham arm's source, checks, links."""
     order = sorted(v.arms, key=arm_order)
     bounds = shared_bounds([v.arms[n] for n in order], v.horizon)
-    arms = '<div class="arms">' + "".join(_arm(n, v.arms[n], v, video_note, bounds) for n in order) + "</div>"
-    if not v.arms:
-        arms = f'<p class="note">no arm recorded ({esc(e.state)})</p>'
-    checks = "<ul>" + _check("prefix match", v.prefix) + _check("evidence", v.evidence)
-    if v.receipt_line is not None:
-        state = "matches the arm's reference" if v.receipt_check is None else v.receipt_check
-        link = f' <a href="{esc(v.receipt_href)}">raw receipt line</a>' if v.receipt_href else ""
-        checks += f"<li>receipt line: {esc(state)}{link}</li>"
-    checks += f"<li>in M: {_ok(e.in_m)} · in E: {_ok(e.in_e)}</li></ul>"
-    return head + verdict + vlm + arms + checks
+    return macro("panel.html", "case_panel", v, order, bounds, video_note)

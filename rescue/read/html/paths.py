@@ -75,11 +75,43 @@ def _scale(v: float, lo: float, hi: float, a: float, b: float) -> float:
     return a + (v - lo) / (hi - lo) * (b - a)
 
 
-def path_svg(arm: ArmResult, q: int | None, bounds: Bounds | None) -> str:
-    """The arm's path plot, or a note when it recorded no end-effector position."""
+@dataclass(frozen=True)
+class PathPlot:
+    """What the template draws for one arm (rescue/read/html/templates/path.html): coordinates already in pixels
+    and formatted, so the markup holds no arithmetic."""
+
+    arm: str
+    points: int
+    q: int | None
+    steps: int
+    success: bool
+    width: int
+    inner: int
+    left: float
+    right: float
+    top_line: str
+    start: tuple[str, str]
+    at_q: tuple[str, str] | None
+    end: tuple[str, str]
+    last_step: int
+    end_colour: str
+    value_hi: str
+    value_lo: str
+    zero: str | None
+    steps_total: int
+    axes: list[tuple[str, str, str, int]]  # name, colour, polyline points, label x
+    q_x: str | None
+    q_label_x: str | None
+    end_x: str
+    end_label_x: str
+    caption: str
+
+
+def path_plot(arm: ArmResult, q: int | None, bounds: Bounds | None) -> PathPlot | None:
+    """The arm's path plot, or None when it recorded no end-effector position."""
     pts = points(arm)
     if not pts or bounds is None:
-        return '<p class="note">no end-effector positions recorded for this arm</p>'
+        return None
     b = bounds
     inner = TOP - 2 * PAD
 
@@ -94,45 +126,22 @@ def path_svg(arm: ArmResult, q: int | None, bounds: Bounds | None) -> str:
     def sy(v: float) -> float:
         return _scale(v, *b.value, HEIGHT - PAD, PAD)
 
-    out = [(f'<svg class="ee-path" data-of="{arm.arm}" data-points="{len(pts)}" data-q="{"" if q is None else q}" '
-           f'data-end="{arm.steps}" data-success="{str(bool(arm.success)).lower()}" width="{TOP + TIME}" height="{HEIGHT}" '
-           f'viewBox="0 0 {TOP + TIME} {HEIGHT}" style="width:100%;max-width:{TOP + TIME}px;height:auto" role="img" '
-           'font-size="9" font-family="system-ui,sans-serif">'),
-           f"<title>{arm.arm}: end-effector path, {len(pts)} queries</title>",
-           f'<rect x="{PAD}" y="{PAD}" width="{inner}" height="{inner}" fill="#fafafa" stroke="#ccc"/>',
-           f'<text x="{PAD}" y="{PAD - 4}">top view (x, y)</text>']
-    line = " ".join(f"{x:.1f},{y:.1f}" for x, y in (top(p) for _, p in pts))
-    out.append(f'<polyline points="{line}" fill="none" stroke="#455a64" stroke-width="1.2"/>')
-    sx0, sy0 = top(pts[0][1])
-    out.append(f'<circle cx="{sx0:.1f}" cy="{sy0:.1f}" r="3" fill="none" stroke="#455a64"><title>start</title></circle>')
+    def xy(p: tuple[float, float]) -> tuple[str, str]:
+        return f"{p[0]:.1f}", f"{p[1]:.1f}"
+
     at_q = next((p for s, p in pts if q is not None and s >= q), None)
-    if at_q is not None:
-        x, y = top(at_q)
-        out.append(f'<rect x="{x - 3:.1f}" y="{y - 3:.1f}" width="6" height="6" fill="#000"><title>at q = {q}</title></rect>')
-    end_colour = "#2e7d32" if arm.success else "#9e9e9e"
-    x, y = top(pts[-1][1])
-    out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{end_colour}"><title>last query (step {pts[-1][0]})</title></circle>')
-    # x, y, z over the steps.
-    out.append(f'<rect x="{left}" y="{PAD}" width="{right - left}" height="{HEIGHT - 2 * PAD}" fill="#fafafa" stroke="#ccc"/>')
-    out.append(f'<text x="{left}" y="{PAD - 4}">x, y, z from the start (m) over env steps</text>')
-    out.append(f'<text x="{left - 3}" y="{PAD + 7}" text-anchor="end">{b.value[1]:+.2f}</text>')
-    out.append(f'<text x="{left - 3}" y="{HEIGHT - PAD}" text-anchor="end">{b.value[0]:+.2f}</text>')
-    if b.value[0] < 0 < b.value[1]:
-        out.append(f'<line x1="{left}" x2="{right}" y1="{sy(0):.1f}" y2="{sy(0):.1f}" stroke="#ddd"/>')
     first = pts[0][1]
-    out.append(f'<text x="{left}" y="{HEIGHT - 4}">0</text><text x="{right}" y="{HEIGHT - 4}" text-anchor="end">{b.steps}</text>')
-    for i, (name, colour) in enumerate(AXIS_COLOURS.items()):
-        line = " ".join(f"{sx(s):.1f},{sy(p[i] - first[i]):.1f}" for s, p in pts)
-        out.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="1.2"><title>{name}</title></polyline>')
-        out.append(f'<text x="{left + 4 + 9 * i}" y="{PAD + 10}" fill="{colour}">{name}</text>')
-    if q is not None:
-        out.append(f'<line class="q" x1="{sx(q):.1f}" x2="{sx(q):.1f}" y1="{PAD}" y2="{HEIGHT - PAD}" stroke="#000" '
-                   f'stroke-dasharray="3,2"/><text x="{sx(q) + 2:.1f}" y="{HEIGHT - PAD - 3}">q {q}</text>')
-    what = f"success {arm.steps}" if arm.success else f"end {arm.steps}"
-    out.append(f'<line class="end" x1="{sx(arm.steps):.1f}" x2="{sx(arm.steps):.1f}" y1="{PAD}" y2="{HEIGHT - PAD}" '
-               f'stroke="{end_colour}" stroke-width="1.5"/><text x="{sx(arm.steps) - 2:.1f}" y="{PAD + 20}" '
-               f'text-anchor="end" fill="{end_colour}">{what}</text>')
-    out.append("</svg>")
     after = f", {path_length(pts, q):.2f} m from q" if q is not None else ""
-    caption = f"end-effector path {path_length(pts):.2f} m over {len(pts)} queries{after}"
-    return "".join(out) + f'<p class="note">{caption}</p>'
+    return PathPlot(
+        arm=arm.arm, points=len(pts), q=q, steps=arm.steps, success=bool(arm.success), width=TOP + TIME, inner=inner,
+        left=left, right=right, top_line=" ".join(f"{x:.1f},{y:.1f}" for x, y in (top(p) for _, p in pts)),
+        start=xy(top(pts[0][1])), at_q=None if at_q is None else (f"{top(at_q)[0] - 3:.1f}", f"{top(at_q)[1] - 3:.1f}"),
+        end=xy(top(pts[-1][1])), last_step=pts[-1][0], end_colour="#2e7d32" if arm.success else "#9e9e9e",
+        value_hi=f"{b.value[1]:+.2f}", value_lo=f"{b.value[0]:+.2f}",
+        zero=f"{sy(0):.1f}" if b.value[0] < 0 < b.value[1] else None, steps_total=b.steps,
+        axes=[(name, colour, " ".join(f"{sx(s):.1f},{sy(p[i] - first[i]):.1f}" for s, p in pts), left + 4 + 9 * i)
+              for i, (name, colour) in enumerate(AXIS_COLOURS.items())],
+        q_x=None if q is None else f"{sx(q):.1f}", q_label_x=None if q is None else f"{sx(q) + 2:.1f}",
+        end_x=f"{sx(arm.steps):.1f}", end_label_x=f"{sx(arm.steps) - 2:.1f}",
+        caption=f"end-effector path {path_length(pts):.2f} m over {len(pts)} queries{after}",
+    )

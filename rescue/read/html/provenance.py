@@ -19,7 +19,6 @@ from rescue.core.baseline import Baseline, BaselineSource
 from rescue.core.config import StudyConfig, url_without_secrets
 from rescue.core.episode_protocol import PROTOCOLS
 from rescue.core.records import Receipt
-from rescue.read.html.page import esc
 
 # Meta keys under which a study may record the tool that created it (see the report's note on this).
 VERSION_KEYS = ("rescue_version", "version")
@@ -155,16 +154,6 @@ def _api_text(v: Any) -> str:
             f"{v.prompt_template}, image detail {v.image_detail}, up to {v.batch_size} case(s) per call")
 
 
-def provenance_block(config: StudyConfig, meta: dict[str, Any], receipts: Iterable[Receipt],
-                     protocols: Iterable[str | None] = ()) -> str:
-    """The header's table of what produced the study; each value carries `data-prov` with its key."""
-    rows = "".join(
-        f'<tr><th>{esc(head)}</th><td data-prov="{esc(key)}">{esc(text)}</td></tr>'
-        for key, head, text in provenance_rows(config, meta, receipts, protocols)
-    )
-    return f'<details class="prov" open><summary>What produced it</summary><table class="prov">{rows}</table></details>'
-
-
 def _source_text(s: BaselineSource, n: int) -> str:
     if s.kind == "evaluation":
         where = f"evaluation study {s.eval_study}" + (f" (config sha256 {s.eval_config_sha256[:12]}…)" if s.eval_config_sha256 else "")
@@ -198,10 +187,3 @@ def baseline_sentences(baseline: Baseline, n: int) -> list[str]:
         out.append(f"{whose} names no baseline evaluation: written by hand (no case carries an eval_study or "
                    "results_sha256 tag, as `rescue manifest from-eval`, `from-lerobot` and `from-openpi` write them).")
     return out
-
-
-def baseline_block(baseline: Baseline, n: int) -> str:
-    """The page's paragraph naming the baseline the failures came from."""
-    kind = "hand" if baseline.written_by_hand else ",".join(s.kind for s in baseline.sources)
-    return (f'<p class="baseline" data-baseline="{esc(kind)}"><b>Where the failures came from.</b> '
-            + " ".join(esc(t) for t in baseline_sentences(baseline, n)) + "</p>")

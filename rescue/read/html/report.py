@@ -19,29 +19,21 @@ import hashlib
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from rescue.core.baseline import baseline_of
 from rescue.core.images import VLM_VIEWS
+from rescue.core.arms import advisor_arm, arm_advisor, is_assisted
 from rescue.core.manifest import Case
 from rescue.core.proofs import check_evidence, prefix_match
-from rescue.core.arms import advisor_arm, arm_advisor, is_assisted
 from rescue.core.stats import wilson_interval
 from rescue.read.export import StudyExport, export_study
 from rescue.read.html import plots
-from rescue.read.html.app import index_script, list_shell, panel_script
+from rescue.read.html.app import index_script, panel_script
 from rescue.read.html.cases import AdvisorView, CaseView, case_index, case_panel, keyframe_order
-from rescue.read.html.page import (
-    advisor_usage_block,
-    advisors_block,
-    breakdown_table,
-    esc,
-    page,
-    pct,
-    summary_block,
-    usage_block,
-)
-from rescue.read.html.provenance import baseline_block, created_text, episode_protocol, provenance_block
+from rescue.read.html.provenance import baseline_sentences, created_text, episode_protocol, provenance_rows
+from rescue.read.html.render import render
 from rescue.study.files import write_atomic
 from rescue.study.folder import StudyRecords, open_journal, read_study
 from rescue.study.layout import LayoutError, StudyLayout, report_files, safe_part
@@ -216,7 +208,8 @@ def _call_view(layout: StudyLayout, r, request_id: str | None, assets: Assets):
     return views_out, views_note, prompt, response
 
 
-def _plots(export: StudyExport, records: StudyRecords, assets: Assets) -> str:
+def _plots(export: StudyExport, records: StudyRecords, assets: Assets) -> list[tuple[str, str]]:
+    """The plots as (href, name), each written into the report's folder."""
     s = export.summary
     figs: list[tuple[str, bytes | None]] = []
     if s is not None:
@@ -240,9 +233,7 @@ def _plots(export: StudyExport, records: StudyRecords, assets: Assets) -> str:
         figs.append(("steps", plots.steps_plot(steps)))
     latencies = sorted(r.latency_s for r in records.receipts.values() if r.latency_s is not None)
     figs.append(("latency", plots.latency_plot(latencies)))
-    imgs = [f'<img src="{esc(assets.write(f"plot-{name}.png", png))}" alt="{esc(name)}" data-plot="{esc(name)}">'
-            for name, png in figs if png is not None]
-    return '<div class="plots">' + "".join(imgs) + "</div>" if imgs else '<p class="note">nothing to plot yet</p>'
+    return [(assets.write(f"plot-{name}.png", png), name) for name, png in figs if png is not None]
 
 
 def _partition_dirs(study: Path, meta: dict) -> list[tuple[str, Path]]:
@@ -268,48 +259,51 @@ def _partition_dirs(study: Path, meta: dict) -> list[tuple[str, Path]]:
     return parts
 
 
-def _partitions(study: Path, export: StudyExport, meta: dict) -> str:
+@dataclass
+class Part:
+    """One part of a partitioned study: its role, its folder and its export (None: not found)."""
+
+    role: str
+    path: Path
+    export: StudyExport | None
+
+
+@dataclass
+class Partitions:
+    """The parts of a continued study, and their cases merged by case id."""
+
+    rows: list[Part]
+    merged: int
+    counts: str
+    conflicts: list[str]
+
+
+def _partitions(study: Path, export: StudyExport, meta: dict) -> Partitions | None:
     others = _partition_dirs(study, meta)
     if not others:
-        return ""
-    rows = [("this study", study, export)]
+        return None
+    rows = [Part("this study", study, export)]
     for role, path in others:
-        rows.append((role, path, export_study(path) if StudyLayout.of(path).is_study() else None))
-    head = "<tr><th>part</th><th>study</th><th class=num>cases</th><th class=num>summarized</th><th class=num>R</th><th class=num>M</th><th class=num>E</th><th class=num>R/N</th></tr>"
-    body, merged = "", {}
-    for role, path, ex in rows:
-        if ex is None or ex.summary is None:
-            body += f"<tr><td>{esc(role)}</td><td>{esc(path)}</td><td colspan=6>not found</td></tr>"
+        rows.append(Part(role, path, export_study(path) if StudyLayout.of(path).is_study() else None))
+    merged: dict[str, list[str]] = {}
+    for part in rows:
+        if part.export is None or part.export.summary is None:
+            part.export = None
             continue
-        s, cov = ex.summary, ex.coverage["main"]
-        body += (f"<tr><td>{esc(role)}</td><td>{esc(ex.study.study_id)}</td><td class=num>{cov.n_manifest}</td><td class=num>{cov.n_summarized}</td>"
-                 f"<td class=num>{s.r}</td><td class=num>{s.m}</td><td class=num>{s.e}</td><td class=num>{pct(s.r_over_n)}</td></tr>")
-        for e in ex.cases:
+        for e in part.export.cases:
             if e.label is not None and not e.pilot:
                 merged.setdefault(e.case_id, []).append(e.label)
-    conflicts = sorted(k for k, labels in merged.items() if len(labels) > 1)
     counts: dict[str, int] = {}
     for labels in merged.values():
         counts[labels[0]] = counts.get(labels[0], 0) + 1
-    text = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-    note = f"Merged by case id (each case counted in the part that claimed it): {len(merged)} case(s): {esc(text)}."
-    if conflicts:
-        note += f" <span class=bad>Classified in more than one part: {esc(', '.join(conflicts))}</span>"
-    return ("<h2>Continuation partitions</h2><p class=note>A continuation runs the complement of the cases claimed before it; "
-            f"each part is reported on its own and merged only by case id.</p><table>{head}{body}</table><p>{note}</p>")
+    return Partitions(rows, len(merged), ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+                      sorted(k for k, labels in merged.items() if len(labels) > 1))
 
 
-def _evaluation(export: StudyExport) -> str:
+def _episodes(export: StudyExport) -> list[tuple[str, dict]]:
+    """An evaluation's rows: each task's counts and success rate, then overall."""
     ep = export.episodes.model_dump(mode="json") if export.episodes else {}
-    cols = ("n", "success", "failure", "unknown", "unexecuted")
-    rows = [*sorted((ep.get("per_task") or {}).items()), ("overall", ep.get("overall") or {})]
-    body = "".join(
-        f"<tr><td>{esc(task)}</td>" + "".join(f"<td class=num>{esc(r.get(c))}</td>" for c in cols)
-        + f"<td class=num>{pct(r.get('rate'))}</td></tr>"
-        for task, r in rows
-    )
-    head = "<tr><th>task</th>" + "".join(f"<th class=num>{c}</th>" for c in ("episodes", *cols[1:])) + "<th class=num>success rate</th></tr>"
-    return f"<h2>Episodes (baseline evaluation)</h2><table>{head}{body}</table>"
+    return [*sorted((ep.get("per_task") or {}).items()), ("overall", ep.get("overall") or {})]
 
 
 def write_report(study_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, video: bool = False) -> Path:
@@ -329,14 +323,13 @@ def write_report(study_dir: str | os.PathLike[str], out: str | os.PathLike[str] 
     shutil.rmtree(building, ignore_errors=True)
     assets = Assets(building, final)
     try:
-        body = _body(study, export, records, assets, video)
+        html = _render(study, export, records, assets, video)
         if final.exists():
             shutil.rmtree(final)
         os.rename(building, final)
     finally:
         shutil.rmtree(building, ignore_errors=True)
-    info = export.study
-    write_atomic(out_path, page(f"{_display_name(study, info.study_id, info.kind)} · {info.kind} study report", body))
+    write_atomic(out_path, html + "\n")
     return out_path
 
 
@@ -345,59 +338,19 @@ def arm_protocols(records: StudyRecords) -> set[str | None]:
     return {getattr(arm, "episode_protocol", None) for arms in records.arms.values() for arm in arms.values()}
 
 
-def _header(study: Path, export: StudyExport, records: StudyRecords) -> str:
+def _render(study: Path, export: StudyExport, records: StudyRecords, assets: Assets, video: bool) -> str:
+    """Write each case's panel file, then render the page (templates/study.html)."""
     info = export.study
     name = _display_name(study, info.study_id, info.kind)
     protocols = arm_protocols(records)
-    return (
-        f'<h1 data-study="{esc(info.study_id)}">{esc(name)}</h1>'
-        f'<p class="sub">{esc(info.kind)} study · {len(export.cases)} case(s) · created {esc(created_text(info.created_at))} · '
-        f"replanning interval C = {esc(info.replan_interval)} · observation profile {esc(info.observation or 'unknown')} · "
-        f"episode protocol {esc(episode_protocol(records.config, protocols))}<br>"
-        f"config sha256 <code>{esc((info.config_sha256 or '')[:16])}</code> · manifest sha256 <code>{esc((info.manifest_sha256 or '')[:16])}</code></p>"
-        + (baseline_block(baseline_of(records.cases), len(records.cases)) if info.kind == "rescue" else "")
-        + provenance_block(records.config, records.meta, records.receipts.values(), protocols)
-        + '<p class="toc"><a href="#sec-summary">summary</a>'
-        + ('<a href="#sec-advisors">advisors</a>' if records.config.advisors else "")
-        + '<a href="#sec-usage">VLM usage</a><a href="#sec-cases">cases</a><a href="#sec-panels">case panels</a></p>'
-    )
-
-
-def _body(study: Path, export: StudyExport, records: StudyRecords, assets: Assets, video: bool) -> str:
-    cov = export.coverage.get("main")
-    out = _header(study, export, records)
-    if cov is not None and not cov.complete:
-        out += (f'<p class="reading">Incomplete: {cov.n_summarized} of {cov.n_manifest} main cases have a verdict '
-                f"({cov.n_pending} never started, {cov.n_in_flight} in flight, {cov.n_without_verdict} without a verdict); "
-                "the figures below cover those with a verdict only.</p>")
-    s = export.summary
-    if s is None:
-        out += '<h2 id="sec-summary">Summary</h2>' + _evaluation(export) + "<h2>Plots</h2>" + _plots(export, records, assets)
-    else:
-        out += '<h2 id="sec-summary">Summary (main cohort)</h2>' + summary_block("main", s)
-        if records.config.advisors:
-            primary = records.config.advisors[0].name
-            out += (f'<h2 id="sec-advisors">Advisors (DESIGN §11)</h2><p class="note">Each advisor\'s arm against control by '
-                    f"the same nine rules (the summary above is the primary advisor's, {esc(primary)}), against the sham "
-                    "arm, and every pair of advisors over the cases where both are in E.</p>"
-                    + advisors_block("main", s, export.study.advisors))
-        out += "<h2>Plots</h2>" + _plots(export, records, assets)
-        out += "<h2>Per group</h2>" + breakdown_table("main", "group", s.per_group, s.arm)
-        out += "<h2>Per task</h2>" + breakdown_table("main", "task", s.per_task, s.arm)
-        if s.pilot is not None:
-            out += (f"<h2>Pilot cases (apart: not in N)</h2><p>Declared before the run: {esc(', '.join(s.pilot_ids))}</p>"
-                    + summary_block("pilot", s.pilot))
-        out += _partitions(study, export, records.meta)
-    out += '<h2 id="sec-usage">VLM usage</h2>' + usage_block(export.usage)
-    if export.usage_by_advisor:
-        out += advisor_usage_block(export.usage_by_advisor)
     cache: dict[str, list[bytes]] = {}
     by_id = {c.case_id: c for c in records.cases}
     declared = {arm: i for i, arm in enumerate(records.config.arms)}
 
-    def arm_order(name: str) -> tuple[int, int, str]:
+    def arm_order(arm: str) -> tuple[int, int, str]:
         # control, the assisted arms in declared order, the sham
-        return _arm_order(name)[0], declared.get(name, 99), name
+        return _arm_order(arm)[0], declared.get(arm, 99), arm
+
     any_video = False
     for e in export.cases:
         # One case at a time: its panel goes to its own file and is not kept.
@@ -406,9 +359,17 @@ def _body(study: Path, export: StudyExport, records: StudyRecords, assets: Asset
         assets.write(f"case/{e.case_id}.js", panel_script(e.case_id, case_panel(v, arm_order, VIDEO_NOTE)).encode())
     index = case_index(export.cases, records.config.arms, assets.prefix, [a.name for a in records.config.advisors or []])
     assets.write("cases.js", index_script(index).encode())
-    out += ('<h2 id="sec-cases">Cases</h2><p class="note">Sort by a column\'s heading; search and filters narrow the list '
-            "and the panels below it alike. Each case's panel and images load when scrolled to.</p>")
-    if video and not any_video:
-        out += '<p class="note">--video: no arm has stored frames (keyframes were off), so there is no video.</p>'
-    out += list_shell(assets.prefix, panels=True)
-    return out
+    baseline = None
+    if info.kind == "rescue":
+        found = baseline_of(records.cases)
+        kind = "hand" if found.written_by_hand else ",".join(src.kind for src in found.sources)
+        baseline = {"kind": kind, "sentences": baseline_sentences(found, len(records.cases))}
+    return render(
+        "study.html", title=f"{name} · {info.kind} study report", export=export, name=name,
+        created=created_text(info.created_at), protocol=episode_protocol(records.config, protocols), baseline=baseline,
+        provenance=provenance_rows(records.config, records.meta, records.receipts.values(), protocols),
+        advisors=records.config.advisors or [], plots=_plots(export, records, assets),
+        episodes=_episodes(export) if export.summary is None else [],
+        partitions=_partitions(study, export, records.meta) if export.summary is not None else None,
+        video=video, any_video=any_video, files=assets.prefix,
+    )

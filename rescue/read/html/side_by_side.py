@@ -25,8 +25,8 @@ from rescue.core.config import StudyConfig
 from rescue.core.records import Receipt
 from rescue.core.stats import LABELS, PairedComparison, PairedTable, compare, holm
 from rescue.read.export import CaseEntry, StudyExport, export_study
-from rescue.read.html.app import index_script, list_shell
-from rescue.read.html.page import esc, figure, page, pct
+from rescue.read.html.app import index_script
+from rescue.read.html.render import ci_text, pct, render
 from rescue.read.html.provenance import provenance_rows
 from rescue.read.html.significance import significance_reading
 from rescue.study.files import write_atomic
@@ -155,46 +155,41 @@ def _sham_value(side: Side, key: str) -> Any:
     return _comparison_value(s.comparison(s.arm, "sham"), key)
 
 
-def _studies_table(sides: list[Side], hrefs: list[str | None]) -> str:
-    head = "<tr><th></th>" + "".join(
-        f'<th data-side="{i}">{esc(s.name)}' + (f' · <a href="{esc(h)}">report</a>' if h else "") + "</th>"
-        for i, (s, h) in enumerate(zip(sides, hrefs))) + "</tr>"
+def _studies_rows(sides: list[Side]) -> list[tuple[str, str, list[str], bool]]:
+    """What produced each study, row by row: (key, heading, each study's text, whether they differ)."""
     rows = [provenance_rows(s.config, s.meta, s.receipts, s.protocols) for s in sides]
-    body = ""
+    out = []
     for i, (key, heading, _) in enumerate(rows[0]):
         texts = [r[i][2] for r in rows]
-        differs = len(set(texts)) > 1
-        cls, mark = (' class="differs"', " \u2260") if differs else ("", "")
-        body += (f'<tr data-prov-row="{esc(key)}"{cls}><th>{esc(heading)}{mark}</th>'
-                 + "".join(f'<td data-prov="{esc(key)}" data-side="{j}">{esc(t)}</td>' for j, t in enumerate(texts)) + "</tr>")
-    return f'<div class="scroll"><table class="prov compare">{head}{body}</table></div>'
+        out.append((key, heading, texts, len(set(texts)) > 1))
+    return out
 
 
-def _summaries(sides: list[Side]) -> str:
-    head = "<tr><th></th>" + "".join(f"<th>{esc(s.name)}</th>" for s in sides) + "</tr>"
-    body = "".join(
-        f"<tr><th>{esc(title)}</th>" + "".join(
-            figure(f"s{i}.main.{key}", v := _summary_value(s, key), _shown(key, v)) for i, s in enumerate(sides)) + "</tr>"
-        for key, title in SUMMARY_ROWS
-    )
-    if any(_sham_value(s, "k") is not None for s in sides):
-        body += f'<tr><th colspan="{len(sides) + 1}">assisted vs sham (DESIGN §8)</th></tr>'
-        body += "".join(
-            f"<tr><th>{esc(title)}</th>" + "".join(
-                figure(f"s{i}.main.sham.{key}", v := _sham_value(s, key), _shown(key, v)) for i, s in enumerate(sides)) + "</tr>"
-            for key, title in SHAM_ROWS
-        )
-    return f"<table>{head}{body}</table>"
+def _summary_rows(sides: list[Side], rows: Sequence[tuple[str, str]], prefix: str, value) -> list[tuple[str, list]]:
+    """(title, each study's (figure name, value, text)) of each summary row."""
+    return [(title, [(f"s{i}.main.{prefix}{key}", v := value(s, key), _shown(key, v)) for i, s in enumerate(sides)])
+            for key, title in rows]
 
 
-def _pairs(sides: list[Side]) -> str:
+@dataclass
+class StudyPair:
+    """Two studies of the comparison, paired over the main cases in E in both."""
+
+    a: str
+    b: str
+    key: str
+    rows: list[tuple[str, str, Any, str | None]]
+    reading: str
+    moved: Counter
+
+
+def _pairs(sides: list[Side]) -> list[StudyPair]:
     pairs = list(combinations(range(len(sides)), 2))
     tables = {(i, j): pair_studies(sides[i].export.cases, sides[j].export.cases) for i, j in pairs}
     adjusted = dict(zip(pairs, holm([tables[p].mcnemar_p for p in pairs])))
-    out = ""
+    out = []
     for (i, j), t in tables.items():
         a, b = sides[i].name, sides[j].name
-        key = f"pair.{i}-{j}"
         rows = [
             (f"assisted succeeded in {a} only", "first_only", t.pairs.first_only, None),
             (f"assisted succeeded in {b} only", "second_only", t.pairs.second_only, None),
@@ -207,28 +202,18 @@ def _pairs(sides: list[Side]) -> str:
             rows.append((f"Holm-adjusted p ({len(pairs)} pairs)", "holm_p", adjusted[(i, j)], f"{adjusted[(i, j)]:.4f}"))
         ci = t.diff_ci
         rows += [(f"paired difference, {a} - {b}", "diff", t.diff, pct(t.diff)),
-                 ("95% CI (Newcombe)", "diff_ci", list(ci) if ci else None,
-                  "n/a" if ci is None else f"[{pct(ci[0])}, {pct(ci[1])}]")]
-        body = "".join(f"<tr><th>{esc(title)}</th>{figure(f'{key}.{name}', v, text)}</tr>" for title, name, v, text in rows)
+                 ("95% CI (Newcombe)", "diff_ci", list(ci) if ci else None, ci_text(ci))]
         reading = significance_reading(t.pairs.first_only, t.pairs.second_only, t.mcnemar_p, t.diff_ci, other=b,
                                        subject=f"the assisted arm of {a} (against {b}'s)", first=a)
-        out += (f'<h3>{esc(a)} vs {esc(b)}</h3><div class="cols"><div><table>{body}</table>'
-                f'<p class="reading" data-reading="{esc(key)}">{esc(reading)}</p></div><div>{_moves(sides[i], sides[j], key)}</div></div>')
+        out.append(StudyPair(a, b, f"pair.{i}-{j}", rows, reading, _moves(sides[i], sides[j])))
     return out
 
 
-DOWN, RIGHT = "\u2193", "\u2192"
-
-
-def _moves(first: Side, second: Side, key: str) -> str:
-    """How the main cases' classes moved from one study to the other."""
+def _moves(first: Side, second: Side) -> Counter:
+    """How the main cases' classes moved from one study to the other: (from, to) -> cases."""
     other = {e.case_id: e for e in second.export.cases}
-    moved = Counter((e.label, other[e.case_id].label) for e in first.export.cases
-                    if not e.pilot and e.label is not None and e.case_id in other and other[e.case_id].label is not None)
-    head = f"<tr><th>{esc(first.name)} {DOWN} / {esc(second.name)} {RIGHT}</th>" + "".join(f"<th class=num>{esc(k)}</th>" for k in LABELS) + "</tr>"
-    body = "".join(f"<tr><th>{esc(a)}</th>" + "".join(figure(f"{key}.moved.{a}.{b}", moved.get((a, b), 0)) for b in LABELS) + "</tr>"
-                   for a in LABELS)
-    return f"<p class=note>classes of the main cases, from one study to the other</p><table>{head}{body}</table>"
+    return Counter((e.label, other[e.case_id].label) for e in first.export.cases
+                   if not e.pilot and e.label is not None and e.case_id in other and other[e.case_id].label is not None)
 
 
 def _index(sides: list[Side], hrefs: list[str | None], files: str) -> dict[str, Any]:
@@ -293,16 +278,13 @@ def write_comparison_report(studies: Sequence[str | os.PathLike[str]], out: str 
     finally:
         shutil.rmtree(building, ignore_errors=True)
     manifest = sides[0].export.study.manifest_sha256 or ""
-    n = len(sides[0].export.cases)
-    body = (
-        f'<h1 data-manifest="{esc(manifest)}">{len(sides)} studies of one manifest, case by case</h1>'
-        f'<p class="sub">manifest sha256 <code>{esc(manifest)}</code> · {n} case(s), paired by case id</p>'
-        "<h2>What produced each study</h2><p class=note>Rows marked \u2260 differ between the studies.</p>"
-        + _studies_table(sides, hrefs)
-        + "<h2>Summaries side by side (main cohort)</h2>" + _summaries(sides)
-        + "<h2>Paired between studies</h2><p class=note>Over the main cases in E in both studies: whether each "
-          "study's assisted arm succeeded. The same case, the same initial state, different studies.</p>" + _pairs(sides)
-        + '<h2 id="sec-cases">Cases</h2>' + list_shell(files.name, panels=False)
+    shams = any(_sham_value(s, "k") is not None for s in sides)
+    html = render(
+        "comparison.html", title=f"{' vs '.join(s.name for s in sides)} · comparison", sides=sides, hrefs=hrefs,
+        manifest=manifest, n=len(sides[0].export.cases), studies=_studies_rows(sides),
+        summaries=_summary_rows(sides, SUMMARY_ROWS, "", _summary_value),
+        sham_rows=_summary_rows(sides, SHAM_ROWS, "sham.", _sham_value) if shams else [],
+        pairs=_pairs(sides), files=files.name,
     )
-    write_atomic(out_path, page(f"{' vs '.join(s.name for s in sides)} · comparison", body))
+    write_atomic(out_path, html + "\n")
     return out_path
