@@ -104,6 +104,15 @@ def test_the_report_names_the_baseline_and_says_when_there_is_none(tmp_path):
     with Journal.open(study, readonly=True) as journal:
         sha = journal.meta()["config_sha256"][:12]
     assert said.format(sha=sha) in page and 'data-baseline="evaluation"' in page
+    # The export carries it (rescue-export/5, `study.baseline`), read back whole; an evaluation has none.
+    from rescue.read.export import export_study, read_export, write_export
+
+    export = export_study(rescue)
+    assert export.study.baseline == baseline_of(load_manifest(tmp_path / "failures.jsonl").cases)
+    write_export(export, tmp_path / "export.json", tmp_path / "export.csv")
+    assert read_export(tmp_path / "export.json").study.baseline.sources[0].policy == "my_lab.policies:pi05_libero"
+    assert json.loads((tmp_path / "export.json").read_text())["study"]["baseline"]["sources"][0]["successes"] == 3
+    assert export_study(study).study.baseline is None
     by_hand = baseline_sentences(baseline_of([_case(0), _case(1)]), 2)
     assert by_hand == ["The manifest names no baseline evaluation: written by hand (no case carries an eval_study or "
                        "results_sha256 tag, as `rescue manifest from-eval`, `from-lerobot` and `from-openpi` write them)."]

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rescue.core.baseline import Baseline, baseline_of
 from rescue.core.classify import deviation_detail
 from rescue.core.config import StudyConfig, endpoint_host
 from rescue.core.digest import digest_json
@@ -48,7 +49,8 @@ from rescue.study.usage import UsageSummary, study_usage
 #    each advisor's figures and every pair of advisors, usage per advisor; cost under a declared price.
 # 5: one record family for an arm against another arm: per case every arm by name (`arms`) and every other
 #    arm's verdict against control (`verdicts`); in the summary the primary's figures with its comparison
-#    against control (`versus_control`), every other arm's figures (`arms`) and the comparisons between arms.
+#    against control (`versus_control`), every other arm's figures (`arms`) and the comparisons between arms;
+#    the study names the baseline its failures came from (`study.baseline`).
 EXPORT_SCHEMA = "rescue-export/5"
 # The versions `read_export` reads; a document of an earlier one is read into today's shape (rescue/read/legacy.py).
 READABLE_SCHEMAS = ("rescue-export/3", "rescue-export/4", "rescue-export/5")
@@ -85,6 +87,11 @@ class StudyInfo(BaseModel):
     """Whether the journal holds a stored summary (`rescue verify` re-checks it)."""
     advisors: list[AdvisorInfo] | None = Field(default=None, exclude_if=lambda v: v is None)
     """The study's advisors in declared order, the primary first (DESIGN §11); absent: a study of one `[vlm]`."""
+    baseline: Baseline | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Where a rescue study's failures came from, as its cases' provenance tags name it (rescue/core/baseline.py):
+    the evaluation study or results file, its policy, success rate, episode protocol and split; `sources` empty and
+    every case `by_hand` for a manifest written by hand. Absent: an evaluation study (or an export written before
+    it was recorded)."""
 
 
 class AdvisorInfo(BaseModel):
@@ -444,6 +451,7 @@ def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
             draining=draining,
             summary_stored=SUMMARY_KEY in meta,
             advisors=_advisor_info(records.config),
+            baseline=None if evaluation else baseline_of(records.cases),
         ),
         coverage={"main": coverage(records, pilot=False), "pilot": coverage(records, pilot=True)},
         summary=summary,
