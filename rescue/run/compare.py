@@ -389,13 +389,13 @@ def create_compare(
         # Each side's identity (C, observation, what its server announces) is fixed in the plan.
         config = asyncio.run(resolved_config(config.model_copy(update={"arms": ("control",)})))
         sides.append(Side(name=name, config_sha256=config.sha256(), config=config.model_dump(mode="json")))
-    protocols = {StudyConfig.model_validate(side.config).env.protocol() for side in sides}
-    if len({p.sha256() for p in protocols}) > 1:
-        names = sorted(f"{p.name} telling {p.instruction}" for p in protocols)
+    protocols = {p.sha256(): p for p in (StudyConfig.model_validate(side.config).env.protocol() for side in sides)}
+    if len(protocols) > 1:
+        names = sorted(f"{p.name} telling {p.instruction}" for p in protocols.values())
         raise StudyError(f"the two sides would start their episodes by different protocols ({', '.join(names)}); "
                          "a paired comparison needs the same episodes: set the same [env] episode_protocol (and "
                          "[env] instruction) on both")
-    horizon = request.horizon or protocols.pop().horizon(request.suite)
+    horizon = request.horizon or next(iter(protocols.values())).horizon(request.suite)
     plan = ComparePlan(**request.model_dump(exclude={"horizon"}), horizon=horizon, a=sides[0], b=sides[1])
     study_dir.mkdir(parents=True, exist_ok=True)
     write_json(study_dir / PLAN_FILE, plan.model_dump(mode="json"))
