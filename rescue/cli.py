@@ -725,6 +725,7 @@ def main(argv: list[str] | None = None) -> int:
     from rescue.core.config import ConfigError
     from rescue.core.failfast import PeerUnreachable
     from rescue.core.identity import IdentityError
+    from rescue.core.inputs import InputFileError
     from rescue.core.manifest import ManifestError
     from rescue.env.backend import BackendError
     from rescue.study import logs
@@ -739,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (StudyError, IdentityError, ConfigError, JournalError, LayoutError, BackendError) as exc:
+    except (StudyError, IdentityError, ConfigError, InputFileError, JournalError, LayoutError, BackendError) as exc:
         print(f"rescue: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except PeerUnreachable as exc:

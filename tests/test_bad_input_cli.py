@@ -71,3 +71,79 @@ def test_failures_of_another_episode_protocol_are_refused_by_a_study_of_this_one
     assert out.returncode == 2 and not (tmp_path / "s").exists()
     assert "episodes of the 'openpi' episode protocol, this study runs 'rescue'" in out.stderr
     assert "episode_protocol = 'openpi'" in out.stderr
+
+
+def _study_commands(tmp_path, flag: str, bad: str) -> list[list[str]]:
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps(CASE) + "\n")
+    return {
+        "--config": [["run", str(manifest), "--study", str(tmp_path / "s"), "--config", bad],
+                     ["submit", str(manifest), "--queue", str(tmp_path / "q"), "--config", bad],
+                     ["eval", "--tasks", "0", "--study", str(tmp_path / "e"), "--config", bad],
+                     ["serve", "--queue", str(tmp_path / "q"), "--port", "0", "--config", bad]],
+        "--service-config": [["submit", str(manifest), "--queue", str(tmp_path / "q"), "--service-config", bad]],
+    }[flag]
+
+
+@pytest.mark.parametrize("flag", ["--config", "--service-config"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder", "huge"])
+def test_a_config_that_is_not_a_bounded_regular_file_is_one_line_at_once(tmp_path, flag, kind):
+    """A FIFO would hang the reader, /dev/zero exhaust its memory: both are refused before a byte is read."""
+    bad = {"fifo": tmp_path / "c.toml", "dev-zero": "/dev/zero", "folder": tmp_path, "huge": tmp_path / "big.toml"}[kind]
+    if kind == "fifo":
+        os.mkfifo(bad)  # nobody ever writes
+    if kind == "huge":
+        with open(bad, "wb") as f:
+            f.truncate(2 * 1024 * 1024)  # sparse, past the 1 MiB bound
+    for command in _study_commands(tmp_path, flag, str(bad)):
+        # The timeout bounds the hang this test is about (a blocked reader), not the command's speed.
+        out = rescue_cli(*command, check=False, timeout=120)
+        line = out.stderr.strip()
+        assert out.returncode == 2 and len(line.splitlines()) == 1 and "Traceback" not in line, (command, out.stderr)
+        expected = {"fifo": "is a FIFO (named pipe), not a file", "dev-zero": "is a character device, not a file",
+                    "folder": "is a folder, not a file", "huge": "bytes long, at most 1048576"}[kind]
+        assert f"{bad}: " in line and expected in line, (command, line)
+        assert not (tmp_path / "s").exists() and not (tmp_path / "e").exists() and not (tmp_path / "q" / "jobs").exists()
+
+
+def test_a_service_config_named_by_the_environment_gets_the_same_guard(tmp_path):
+    fifo = tmp_path / "service.toml"
+    os.mkfifo(fifo)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps(CASE) + "\n")
+    env = {**os.environ, "RESCUE_SERVICE_CONFIG": str(fifo)}
+    import subprocess
+    import sys
+
+    from conftest import ROOT, cli_env
+
+    out = subprocess.run([sys.executable, "-m", "rescue.cli", "submit", str(manifest), "--queue", str(tmp_path / "q")],
+                         cwd=ROOT, env={**cli_env(), **env}, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().endswith("is a FIFO (named pipe), not a file; give the service "
+                                                               "configuration file as a regular file"), out.stderr
+
+
+def test_results_to_import_that_are_not_a_regular_file_are_named_as_results(tmp_path):
+    fifo = tmp_path / "results.jsonl"
+    os.mkfifo(fifo)
+    for kind in ("from-openpi", "from-lerobot"):
+        out = rescue_cli("manifest", kind, str(fifo), "--out", str(tmp_path / "m.jsonl"), check=False, timeout=120)
+        assert out.returncode == 2 and out.stderr.strip() == (f"{fifo}: is a FIFO (named pipe), not a file; give the "
+                                                              "results file as a regular file"), out.stderr
+    assert not (tmp_path / "m.jsonl").exists()
+
+
+def test_a_prompt_template_that_is_not_a_regular_file_is_one_line(tmp_path):
+    """`prompt_root` + `prompt_template` name a FIFO: refused before the study starts, without hanging."""
+    root = tmp_path / "prompts"
+    root.mkdir()
+    os.mkfifo(root / "mine.txt")
+    config = tmp_path / "c.toml"
+    config.write_text(f'[vlm]\nprompt_template = "mine"\nprompt_root = "{root}"\n')
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps(CASE) + "\n")
+    out = rescue_cli("run", str(manifest), "--study", str(tmp_path / "s"), "--config", str(config), check=False,
+                     timeout=300)
+    line = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else ""
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert f"{root / 'mine.txt'}: is a FIFO (named pipe), not a file; give the prompt template as a regular file" in line

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 
 from rescue.core.digest import canonical_json, digest_text
 from rescue.core.episode_protocol import EpisodeProtocol, InstructionChoice, get_protocol
+from rescue.core.inputs import MAX_CONFIG_BYTES, InputFileError, read_input
 from rescue.core.names import EMBEDDED_POLICY
 from rescue.core.prompts import DEFAULT_ROOT
 from rescue.core.arms import ADVISOR_NAME, advisor_arm, arm_advisor, is_assisted
@@ -506,14 +507,7 @@ def config_data(path: str | Path | None = None, overrides: dict[str, Any] | None
     """A TOML file's tables (if any) with dotted-key overrides applied (None values skipped), not yet validated."""
     data: dict[str, Any] = {}
     if path is not None:
-        try:
-            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such configuration file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: cannot read it ({exc})") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+        data = read_toml(path, "configuration file")
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
@@ -523,6 +517,18 @@ def config_data(path: str | Path | None = None, overrides: dict[str, Any] | None
             node = node.setdefault(p, {})
         node[leaf] = value
     return data
+
+
+def read_toml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+    """A TOML file's tables, read with the input guard (rescue/core/inputs.py); ConfigError names what is wrong."""
+    try:
+        return tomllib.loads(read_input(path, MAX_CONFIG_BYTES, what).decode("utf-8"))
+    except InputFileError as exc:
+        raise ConfigError(str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
 
 
 def validate_config(data: dict[str, Any], where: str) -> StudyConfig:

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import re
-import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -35,6 +34,7 @@ from pydantic import (
 )
 
 from rescue.core.catalog import Catalog, libero_catalog
+from rescue.core.inputs import InputFileError, read_input
 
 # One case is a few hundred bytes; a line far beyond that is a mistake, and
 # parsing it would cost many times its size in memory.
@@ -518,42 +518,13 @@ def parse_manifest(
     return Manifest(cases=cases, source=source, sha256=hashlib.sha256(data).hexdigest())
 
 
-_FILE_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
-
-
-def read_manifest_bytes(path: str | os.PathLike[str]) -> bytes:
-    """A manifest file's bytes, at most MAX_MANIFEST_BYTES; ManifestError for anything but a regular file.
-
-    Opened without blocking and checked before a byte is read: a FIFO would hang the reader,
-    `/dev/zero` would never end."""
-    path = Path(path)
+def read_manifest_bytes(path: str | os.PathLike[str], what: str = "manifest") -> bytes:
+    """A manifest file's bytes, at most MAX_MANIFEST_BYTES; ManifestError for anything but a regular
+    file (rescue/core/inputs.py). `what`: the file's role in the message (another evaluation's results)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        raise ManifestError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)), "not a regular file")
-            raise ManifestError([f"{path}: is {kind}, not a file; give the manifest as a regular file"])
-        if info.st_size > MAX_MANIFEST_BYTES:  # refused before reading any of it
-            raise ManifestError([f"{path}: the file is {info.st_size} bytes long, at most {MAX_MANIFEST_BYTES}"])
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            # Read what stat promises plus one byte: a buffer of the file's size, not of the
-            # limit. One byte over the limit is enough to refuse a file that keeps growing.
-            want = min(info.st_size + 1, MAX_MANIFEST_BYTES + 1)
-            data = f.read(want)
-            if len(data) == want:
-                data += f.read(MAX_MANIFEST_BYTES + 1 - len(data))
-    except OSError as exc:
-        raise ManifestError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestError([f"{path}: the file grew past {MAX_MANIFEST_BYTES} bytes while it was read"])
-    return data
+        return read_input(path, MAX_MANIFEST_BYTES, what)
+    except InputFileError as exc:
+        raise ManifestError([str(exc)]) from None
 
 
 def load_manifest(

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from rescue.core.inputs import MAX_PROMPT_BYTES, read_input
+
 # Package data (a link to the top-level prompts/ in a checkout), so any install finds it.
 DEFAULT_ROOT = Path(str(resources.files("rescue") / "assets" / "prompts"))
 
@@ -27,10 +29,11 @@ class Template(BaseModel):
 
 
 def load_template(name: str, root: Path | str | None = None) -> Template:
-    """Read `<root>/<name>.txt` (default root: the repository's `prompts/`)."""
+    """Read `<root>/<name>.txt` (default root: the repository's `prompts/`); InputFileError names a file
+    that cannot be one."""
     folder = Path(root) if root is not None else DEFAULT_ROOT
     path = folder / f"{name}.txt"
-    data = path.read_bytes()
+    data = read_input(path, MAX_PROMPT_BYTES, "prompt template")  # InputFileError: not a regular file, or too long
     return Template(name=name, text=data.decode("utf-8"), sha256=hashlib.sha256(data).hexdigest())
 
 

@@ -248,7 +248,7 @@ def manifest_from_results(
     from rescue.core.results import lerobot_episodes, openpi_episodes
     from rescue.env.pool import SimProcess
 
-    data = read_manifest_bytes(results)  # a regular file, bounded, as a manifest is read
+    data = read_manifest_bytes(results, "results file")  # a regular file, bounded, as a manifest is read
     protocol = get_protocol(kind)
     read = lerobot_episodes if kind == "lerobot" else openpi_episodes
     episodes = read(data, str(results), libero_catalog(), **({"seed": seed} if seed is not None else {}))

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +56,7 @@ from rescue.core.config import (
     PolicyConfig,
     StudyConfig,
     VLMConfig,
+    read_toml,
     validate_config,
 )
 from rescue.core.prompts import DEFAULT_ROOT
@@ -263,14 +263,7 @@ def load_service_config(path: str | os.PathLike[str] | None) -> ServiceConfig:
     """The service's configuration from a TOML file; None: the embedded defaults. ConfigError names what is wrong."""
     if path is None:
         return ServiceConfig()
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such service configuration file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read it ({exc})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    data = read_toml(path, "service configuration file")
     try:
         return ServiceConfig.model_validate(data)
     except ValidationError as exc:
