@@ -8,10 +8,13 @@ A simulator process is held by one arm at a time.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
+import time
 import traceback
 from typing import Any, Callable
 
@@ -42,8 +45,39 @@ def _quiet(log_path: str | None) -> None:
 DRIVER_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _serve(conn, adapter_spec: str, adapter_kwargs: dict, log_path: str | None = None) -> None:
+# How often a simulator's watchdog looks whether its driver still lives.
+PARENT_POLL_S = 0.5
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with(parent: int, by_signal: bool) -> None:
+    """A simulator never outlives its driver, however the driver ends (SIGKILL included): the kernel
+    kills it when its creating thread ends (`PR_SET_PDEATHSIG`, Linux; only when the driver's main
+    thread spawned it, since a worker thread may end before the process does), and a watchdog thread
+    ends it once its parent is no longer `parent` (any POSIX system; within PARENT_POLL_S). Without them a
+    simulator that was booting or stepping when the driver died went on for as long as that took,
+    and kept the multiprocessing resource tracker alive with it."""
+    if by_signal and sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the watchdog still does it
+    if os.getppid() != parent:  # the driver died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _serve(conn, adapter_spec: str, adapter_kwargs: dict, log_path: str | None = None,
+           parent: int | None = None, pdeathsig: bool = False) -> None:
     """Process main: build the adapter, then answer (method, args) requests until told to stop."""
+    if parent is not None:
+        _die_with(parent, pdeathsig)
     for sig in DRIVER_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, DRIVER_SIGNALS)  # a pending one is discarded: ignored
@@ -145,7 +179,10 @@ class SimProcess(Simulator):
     ):
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        args = (child, adapter_spec, adapter_kwargs or {}, log_path)
+        # The child dies with this process (see `_die_with`); by the kernel's signal only when this is
+        # the main thread, whose end is the process's.
+        args = (child, adapter_spec, adapter_kwargs or {}, log_path, os.getpid(),
+                threading.current_thread() is threading.main_thread())
         self._proc = ctx.Process(target=_serve, args=args, name=name, daemon=True)
         self._lock = threading.Lock()
         self.name = name
