@@ -20,6 +20,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TIERS = ("fast", "sim", "e2e")
+# The bound on a wait that would otherwise hang (a child that never answers, a server that never
+# listens): far beyond what a busy machine makes of a few seconds, never a claim about speed.
+# Tests assert behaviour; speed is measured in benchmarks/.
+HANG_S = 600
 # Modules only the simulator brings in: loading one means the test runs LIBERO.
 SIM_MODULES = ("mujoco", "robosuite", "libero")
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cli_env, rescue_cli, write_cases
+from conftest import HANG_S, ROOT, cli_env, rescue_cli, write_cases
 
 from rescue.core.config import StudyConfig, load_config
 from rescue.core.identity import IdentityError, identity_changes, resolve_interval
@@ -39,7 +39,7 @@ def _serve(factory: str) -> tuple[subprocess.Popen, str]:
         [sys.executable, "-m", "rescue.cli", "serve-policy", "--policy", factory, "--port", str(port)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    deadline = time.time() + 60
+    deadline = time.time() + HANG_S
     while time.time() < deadline:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
@@ -118,7 +118,7 @@ def test_resume_and_continuation_refuse_a_server_announcing_another_horizon(tmp_
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.time() + 60
+        deadline = time.time() + HANG_S
         while time.time() < deadline:
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", int(port))) == 0:

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import HANG_S
 
 from rescue.core.manifest import Case
 from rescue.core.records import ArmResult, Assistance, Verdict
@@ -213,7 +214,7 @@ def test_processes_never_share_a_case(study):
         "print(json.dumps(ids))\n"
     )
     procs = [run_python(code) for _ in range(4)]
-    outputs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    outputs = [json.loads(p.communicate(timeout=HANG_S)[0]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
     everything = [cid for ids in outputs for cid in ids]
     assert len(everything) == len(set(everything)) == 200
@@ -273,7 +274,7 @@ def test_killed_worker_leaves_its_case_claimed_then_interrupted(journal, study):
         assert claimed == "case-00000"
     finally:
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+        proc.wait(timeout=HANG_S)
         proc.stdout.close()
     assert proc.returncode == -signal.SIGKILL
 

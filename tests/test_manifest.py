@@ -6,7 +6,6 @@ import hashlib
 import json
 import subprocess
 import sys
-import time
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -372,22 +371,21 @@ def test_shipped_catalog_equals_the_installed_libero():
     assert render(built) == shipped, "regenerate with `python -m rescue.core.catalog_build`"
 
 
-def test_checking_a_manifest_starts_no_simulator_and_is_fast(tmp_path):
+def test_checking_a_manifest_starts_no_simulator(tmp_path):
+    # What keeps the check fast is that it loads nothing heavy; its speed is measured in
+    # benchmarks/journal_scale.py (a 100,000-case manifest), not asserted here.
     rows = [object_case(i, task_id=i % 10, init_state_index=i % 50) for i in range(200)]
     path = write_lines(tmp_path / "m.jsonl", [json.dumps(r) for r in rows])
     code = (
-        "import sys, time\n"
-        "t = time.perf_counter()\n"
+        "import sys\n"
         "from rescue.core.manifest import load_manifest\n"
         f"m = load_manifest({str(path)!r})\n"
-        "elapsed = time.perf_counter() - t\n"
         "heavy = sorted({n.split('.')[0] for n in sys.modules} & {'libero', 'robosuite', 'mujoco', 'torch', 'openai'})\n"
-        "print(len(m.cases), elapsed, heavy)\n"
+        "print(len(m.cases), heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, check=True)
-    n, elapsed, heavy = out.stdout.split(" ", 2)
+    n, heavy = out.stdout.split(" ", 1)
     assert n == "200" and heavy.strip() == "[]"
-    assert float(elapsed) < 1.0, f"import and check took {elapsed} s"
 
 
 # --- checks against the catalog ----------------------------------------------
@@ -516,7 +514,6 @@ def test_a_50_mb_line_is_refused_without_being_parsed(tmp_path):
         f.write((json.dumps(object_case(0)) + "\n").encode())
         f.write(json.dumps(object_case(1, tags={"blob": "x" * size})).encode() + b"\n")
     tracemalloc.start()
-    t = time.perf_counter()
     try:
         problems = problems_of(path)
         peak = tracemalloc.get_traced_memory()[1]
@@ -524,7 +521,6 @@ def test_a_50_mb_line_is_refused_without_being_parsed(tmp_path):
         tracemalloc.stop()
     line_bytes = path.stat().st_size - len(json.dumps(object_case(0))) - 2
     assert problems == [f"{path}:2: line is {line_bytes} bytes long, at most {MAX_LINE_BYTES}"]
-    assert time.perf_counter() - t < 5
     # The file is read once; parsing the line would take several times its size.
     assert peak < path.stat().st_size + 8 * 1024 * 1024
 

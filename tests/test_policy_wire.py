@@ -17,6 +17,7 @@ import msgpack
 import numpy as np
 import pytest
 import structlog
+from conftest import HANG_S
 from openpi_client import msgpack_numpy as openpi_msgpack
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from openpi_server import WebsocketPolicyServer
@@ -191,7 +192,7 @@ def test_metadata_is_the_first_frame_and_healthz():
                 async with session.get(_http(url) + "healthz") as resp:
                     assert resp.status == 200
                 async with session.ws_connect(url + "any/path") as ws:
-                    first = await ws.receive(timeout=5)  # sent before we send anything
+                    first = await ws.receive(timeout=HANG_S)  # sent before we send anything
                     assert first.type is aiohttp.WSMsgType.BINARY
                     assert msgpack_numpy.unpackb(first.data)["name"] == "test-policy"
         finally:
@@ -239,10 +240,10 @@ def test_server_exception_arrives_as_policy_server_error():
 def test_connect_gives_up_when_nothing_listens():
     async def main():
         url = f"ws://127.0.0.1:{_free_port()}/"
-        start = asyncio.get_running_loop().time()
+        # It gives up (the error) instead of retrying for ever; the outer bound catches only a hang
+        # and is generous on purpose (a busy machine is slow, not that slow).
         with pytest.raises(aiohttp.ClientConnectorError):
-            await WebsocketPolicyClient.connect(url, connect_timeout_s=0.5)
-        assert asyncio.get_running_loop().time() - start < 3
+            await asyncio.wait_for(WebsocketPolicyClient.connect(url, connect_timeout_s=0.5), HANG_S)
 
     asyncio.run(main())
 
@@ -404,7 +405,7 @@ def test_our_client_against_openpi_server():
         task = asyncio.create_task(openpi.run())
         try:
             # The server starts concurrently: connect() retries while the port refuses.
-            async with await WebsocketPolicyClient.connect(f"ws://127.0.0.1:{port}", connect_timeout_s=10) as client:
+            async with await WebsocketPolicyClient.connect(f"ws://127.0.0.1:{port}", connect_timeout_s=HANG_S) as client:
                 assert client.metadata == {"name": "openpi"}
                 assert not client.supports_rng
                 reply = await client.infer(_obs())
@@ -464,16 +465,16 @@ def test_our_server_answers_episode_frames_without_feeding_the_policy():
             # The frames exactly as openpi's client packs them, on a raw socket.
             async with aiohttp.ClientSession() as session:
                 async with session.ws_connect(url) as ws:
-                    await ws.receive(timeout=5)  # metadata
+                    await ws.receive(timeout=HANG_S)  # metadata
                     for frame in _ctrl_frames():
                         await ws.send_bytes(openpi_msgpack.packb(frame))
-                        reply = await ws.receive(timeout=5)
+                        reply = await ws.receive(timeout=HANG_S)
                         assert reply.type is aiohttp.WSMsgType.BINARY
                         answer = openpi_msgpack.unpackb(reply.data)
                         assert isinstance(answer, dict) and answer["ok"] is True and answer["ctrl"] == frame["__ctrl__"]
                     # An unknown control op is an error, still never an observation.
                     await ws.send_bytes(openpi_msgpack.packb({"__ctrl__": "episode_pause"}))
-                    reply = await ws.receive(timeout=5)
+                    reply = await ws.receive(timeout=HANG_S)
                     assert reply.type is aiohttp.WSMsgType.TEXT and "unknown __ctrl__ message 'episode_pause'" in reply.data
         finally:
             await server.stop()
@@ -490,14 +491,14 @@ def test_episode_frames_are_not_sent_to_a_plain_openpi_server():
         openpi = WebsocketPolicyServer(RecordingPolicy(), host="127.0.0.1", port=port, metadata={})
         task = asyncio.create_task(openpi.run())
         try:
-            async with await WebsocketPolicyClient.connect(f"ws://127.0.0.1:{port}", connect_timeout_s=10) as client:
+            async with await WebsocketPolicyClient.connect(f"ws://127.0.0.1:{port}", connect_timeout_s=HANG_S) as client:
                 assert not client.supports_episode_control
                 assert await client.episode_start("exp", "pick up the cup", "ep-1") is None
                 await client.infer(_obs())
                 assert await client.episode_end(True) is None
             assert [obs["prompt"] for obs in RecordingPolicy.seen] == ["pick up the cup"]
             # Why the client must hold back: openpi's server hands such a frame to the policy.
-            async with await WebsocketPolicyClient.connect(f"ws://127.0.0.1:{port}", connect_timeout_s=10) as client:
+            async with await WebsocketPolicyClient.connect(f"ws://127.0.0.1:{port}", connect_timeout_s=HANG_S) as client:
                 await client._request(_ctrl_frames()[0])
             assert RecordingPolicy.seen[-1]["__ctrl__"] == "episode_start"
         finally:
@@ -568,7 +569,7 @@ def test_serve_main_in_a_subprocess():
 
     async def main():
         async with await WebsocketPolicyClient.connect(
-            f"ws://127.0.0.1:{port}/", api_key="k1", connect_timeout_s=30
+            f"ws://127.0.0.1:{port}/", api_key="k1", connect_timeout_s=HANG_S  # the subprocess's start
         ) as client:
             assert client.metadata["policy"] == "test_policy_wire:NoisePolicy"
             assert client.metadata["action_horizon"] == CHUNK
@@ -579,6 +580,6 @@ def test_serve_main_in_a_subprocess():
         asyncio.run(main())
     finally:
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 0, err.decode()
     assert b"serving policy at ws://127.0.0.1:" in out

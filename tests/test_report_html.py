@@ -18,7 +18,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, rescue_cli, write_cases
+
+from conftest import HANG_S, ROOT, rescue_cli, write_cases
 from test_export_verify import build_study
 
 from rescue.core.stats import mcnemar_exact, paired_diff_ci
@@ -549,7 +550,7 @@ def chromium(*args: str, url: str, tmp: Path) -> subprocess.CompletedProcess:
     cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp / 'profile'}",
            *args, url]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S, check=True)
 
 
 @pytest.mark.e2e

@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TIERS, module_tiers
+from conftest import HANG_S, ROOT, TIERS, module_tiers
 
 pytestmark = pytest.mark.fast
 
@@ -24,7 +24,7 @@ def pytest_in(folder: Path, files: dict[str, str], *args: str) -> subprocess.Com
         (folder / name).write_text("import pytest\n\n" + textwrap.dedent(text))
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning", *args],
-        cwd=folder, capture_output=True, text=True, timeout=300,
+        cwd=folder, capture_output=True, text=True, timeout=HANG_S,
     )
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import structlog
+from conftest import HANG_S
 from PIL import Image
 from structlog.testing import capture_logs
 
@@ -45,7 +46,8 @@ from rescue.vlm.client import VLMClient
 pytestmark = pytest.mark.fast
 
 REPO = Path(__file__).resolve().parent.parent
-FAST = dict(backoff_initial_s=0.01, backoff_max_s=0.05, backoff_jitter_s=0.01, request_timeout_s=10.0)
+# request_timeout_s bounds only a hang (conftest.HANG_S): a busy machine's loopback call can take seconds.
+FAST = dict(backoff_initial_s=0.01, backoff_max_s=0.05, backoff_jitter_s=0.01, request_timeout_s=HANG_S)
 
 CASES = [
     ("pick up the black bowl between the plate and the ramekin and place it on the plate", "black bowl between the plate and the ramekin"),
@@ -127,7 +129,7 @@ def test_models_route_answers_the_sdk():
 
     async def go():
         runner, base_url = await start_endpoint(EndpointOptions())
-        client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0)
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=HANG_S)
         try:
             return [m.id async for m in client.models.list()]
         finally:
@@ -163,7 +165,9 @@ def test_retry_after_is_capped_by_the_maximum_backoff(tmp_path):
     )
     elapsed = time.monotonic() - started
     assert answer.status == "ok" and answer.receipt.attempt == 3 and state.counter == 3
-    assert 0.6 <= elapsed < 5.0
+    # Two waits of the 0.3 s cap at least; the bound only tells a cap from the hour asked for
+    # (generous: a busy machine is slow, never an hour slow).
+    assert 0.6 <= elapsed < HANG_S
 
 
 def test_server_error_is_retried(tmp_path):
@@ -214,9 +218,8 @@ def test_overlong_subgoal_is_rejected_not_trimmed(tmp_path):
 
 
 def test_latency_beyond_the_deadline_is_a_timeout(tmp_path):
-    started = time.monotonic()
+    # The endpoint would answer after 5 s: a client that waited for it would get "ok", not a timeout.
     answer, _, receipts = ask_one(tmp_path, EndpointOptions(latency_s=5.0), deadline_s=0.4)
-    assert time.monotonic() - started < 2.0
     assert answer.status == "timeout" and answer.error_kind == "timeout" and answer.subgoal is None
     assert [(r.kind, r.status) for r in receipts] == [
         ("attempt_started", "started"), ("attempt", "timeout"), ("outcome", "timeout")
@@ -390,7 +393,7 @@ def test_outcome_receipt_is_on_disk_when_ask_returns(tmp_path):
                 sys.executable, "-c", child, base_url, env=env,
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             )
-            _, err = await asyncio.wait_for(proc.communicate(), 30)
+            _, err = await asyncio.wait_for(proc.communicate(), HANG_S)
             return proc.returncode, err.decode()
         finally:
             await runner.cleanup()
@@ -479,11 +482,11 @@ def test_serve_vlm_runs_until_sigterm():
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
     try:
         base_url = proc.stdout.readline().split(" at ")[1].split()[0]
-        client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+        client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=HANG_S)
         assert [m.id for m in client.models.list()] == ["rescue-advisor-v0"]
         client.close()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(10) == 0
+        assert proc.wait(HANG_S) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -589,10 +592,9 @@ def test_a_kill_during_an_attempt_leaves_its_started_line(tmp_path):
                 sys.executable, "-c", child, base_url, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             )
             state = endpoint_state(runner)
-            for _ in range(300):  # the request has reached the endpoint: the attempt is in flight
-                if state.counter:
-                    break
-                await asyncio.sleep(0.05)
+            deadline = time.monotonic() + HANG_S  # the child's start is slow on a busy machine, not this slow
+            while not state.counter and time.monotonic() < deadline and proc.returncode is None:
+                await asyncio.sleep(0.05)  # until the request reaches the endpoint: the attempt is in flight
             proc.kill()
             await proc.wait()
             return state.counter, proc.returncode
@@ -766,7 +768,7 @@ def test_the_endpoint_answers_a_free_form_question_over_both_apis():
 
     async def go():
         runner, base_url = await start_endpoint(EndpointOptions())
-        client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0)
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=HANG_S)
         try:
             chat = await client.chat.completions.create(
                 model="rescue-advisor-v0",

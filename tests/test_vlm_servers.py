@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pytest
+from conftest import HANG_S
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from structlog.testing import capture_logs
@@ -40,7 +41,8 @@ from rescue.vlm.wire import probe_kwargs
 
 pytestmark = pytest.mark.fast
 
-FAST = dict(backoff_initial_s=0.01, backoff_max_s=0.05, backoff_jitter_s=0.01, request_timeout_s=10.0, max_attempts=2)
+# request_timeout_s bounds only a hang (conftest.HANG_S).
+FAST = dict(backoff_initial_s=0.01, backoff_max_s=0.05, backoff_jitter_s=0.01, request_timeout_s=HANG_S, max_attempts=2)
 SUBGOAL = "grasp the black bowl between the plate and the ramekin again, lift it, then place it on the plate"
 CHARS_PER_TOKEN = 4  # the fake model's tokens: four characters each
 
