@@ -27,7 +27,8 @@ from rescue.core.stats import Summary, ranked
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "models" / "advisors" / "three_advisors.toml"
-SERVERS = (("8011", "wrong-object"), ("8012", "fixed:Continue with the task."))
+# Port, answer and the model each reports (the advisors' `model` in three_advisors.toml).
+SERVERS = (("8011", "wrong-object", "wrong-object"), ("8012", "fixed:Continue with the task.", "content-free"))
 
 
 def env() -> dict:
@@ -54,9 +55,9 @@ def main() -> None:
     manifest, study = out / "held_out.jsonl", out / "study"
     rescue("manifest", "from-eval", str(eval_study), "--out", str(manifest), "--inits", inits)
     n = sum(1 for line in manifest.read_text().splitlines() if line.strip())
-    servers = [subprocess.Popen([sys.executable, "-m", "rescue.cli", "serve-vlm", "--port", port, "--answer", answer],
-                                cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True) for port, answer in SERVERS]
+    servers = [subprocess.Popen([sys.executable, "-m", "rescue.cli", "serve-vlm", "--port", port, "--answer", answer,
+                                 "--model", model], cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True) for port, answer, model in SERVERS]
     try:
         time.sleep(5)
         t0 = time.time()

@@ -26,10 +26,10 @@ CONTINUE = "Continue with the task."
 ADVISORS = ("local", "wrong", "continue")
 
 
-def serve_vlm(answer: str) -> tuple[subprocess.Popen, str]:
-    """A loopback `rescue serve-vlm` on a free port, answering as `answer` says; its base URL."""
+def serve_vlm(answer: str, model: str) -> tuple[subprocess.Popen, str]:
+    """A loopback `rescue serve-vlm` on a free port, answering as `answer` says and as `model`; its base URL."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rescue.cli", "serve-vlm", "--port", "0", "--answer", answer],
+        [sys.executable, "-m", "rescue.cli", "serve-vlm", "--port", "0", "--answer", answer, "--model", model],
         cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
     )
     line = proc.stdout.readline()
@@ -50,8 +50,8 @@ def test_the_wrong_object_answer_names_the_scenes_first_other_object_as_the_posi
 
 
 def test_three_advisors_and_a_sham_killed_resumed_verified_exported_and_reported(tmp_path):
-    wrong, wrong_url = serve_vlm("wrong-object")
-    cont, cont_url = serve_vlm(f"fixed:{CONTINUE}")
+    wrong, wrong_url = serve_vlm("wrong-object", "wrong-object")
+    cont, cont_url = serve_vlm(f"fixed:{CONTINUE}", "content-free")
     try:
         _study(tmp_path, wrong_url, cont_url)
     finally:

@@ -158,6 +158,17 @@ class VLMConfig(BaseModel):
     lab_ledger: str | None = None
     """The folder of the lab's ledger (`ledger.sqlite`), made absolute when the study is created; None: `receipts/`
     in the working directory then. Only with `lab_budget`."""
+    require_model_match: bool | None = None
+    """Whether an answer from an endpoint that reports another model than `model` is refused
+    (`invalid_response`, error kind `model_mismatch`; rescue/core/reported_model.py says what matches).
+    None: true, since an answer of another model is no evidence about the one the study names. False
+    (e.g. a proxy that reports its deployment's own name): the answer is applied, and preflight, the
+    terminal summary and the report warn."""
+
+    @property
+    def refuses_other_models(self) -> bool:
+        """`require_model_match` resolved: True unless set false."""
+        return self.require_model_match is not False
 
     @model_validator(mode="before")
     @classmethod
@@ -486,9 +497,9 @@ class StudyConfig(BaseModel):
 HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute"), ("sham", "by_task"),
                    ("vlm", "startup_check"), ("vlm", "server"), ("env", "episode_protocol"), ("env", "episode_protocol_sha256"),
                    ("env", "max_simulator_rss_gb"), ("vlm", "price"), ("sham", "advisor"), (None, "advisors"),
-                   ("vlm", "lab_budget"), ("vlm", "lab_ledger"), ("env", "instruction"))
+                   ("vlm", "lab_budget"), ("vlm", "lab_ledger"), ("env", "instruction"), ("vlm", "require_model_match"))
 # The same for the keys of each `[[advisor]]` table added after advisors existed.
-ADVISOR_HASHED_WHEN_SET = ("lab_budget", "lab_ledger")
+ADVISOR_HASHED_WHEN_SET = ("lab_budget", "lab_ledger", "require_model_match")
 # The [vlm] keys of the lab budget: one for a study's calls, also when its advisors are [[advisor]] tables.
 LAB_KEYS = ("lab_budget", "lab_ledger")
 

@@ -18,7 +18,7 @@ from rescue.core.records import ArmResult
 from rescue.core.arms import is_assisted
 
 # VLM error kinds that no retry and no other case can fix.
-SYSTEMATIC_VLM_ERRORS = frozenset({"auth", "permission", "not_found", "quota", "connection"})
+SYSTEMATIC_VLM_ERRORS = frozenset({"auth", "permission", "not_found", "quota", "connection", "model_mismatch"})
 
 _FIXES = {
     "KeyError": "the policy reads an observation key the study's observation profile does not send: "
@@ -32,6 +32,8 @@ _FIXES = {
     "not_found": "the VLM endpoint does not know the model or path: fix [vlm] model or [vlm] base_url",
     "quota": "the VLM account is out of quota",
     "connection": "the VLM endpoint cannot be reached: fix [vlm] base_url",
+    "model_mismatch": "the VLM endpoint answers as another model than [vlm] model: fix [vlm] base_url (is another "
+    "server on that port?) or [vlm] model; behind a proxy that renames models, set [vlm] require_model_match = false",
 }
 
 

@@ -16,14 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 import aiohttp
+import structlog
 
 from rescue.core.config import ConfigError, PolicyConfig, StudyConfig, VLMConfig
 from rescue.core.episode_protocol import BUNDLED_DEFAULT as BUNDLED_DEFAULT_PROTOCOL
 from rescue.core.episode_protocol import EXTERNAL_DEFAULT as EXTERNAL_DEFAULT_PROTOCOL
 from rescue.core.episode_protocol import EpisodeProtocol, get_protocol
-from rescue.core.failfast import PeerUnreachable, one_line
+from rescue.core.failfast import PeerUnreachable, fix_for, one_line
 from rescue.core.identity import IdentityError, announced_identity, identity_changes, resolve_interval, resolve_observation
 from rescue.core.observation import ObservationProfile, get_profile
+from rescue.core.reported_model import mismatch, model_matches
 from rescue.env.backend import LOCAL, Backend
 from rescue.env.pool import SimPool
 from rescue.policy.client import PolicyServerError, WebsocketPolicyClient
@@ -32,6 +34,8 @@ from rescue.study.ledger import LabBudget
 from rescue.study.receipts import ReceiptLog
 from rescue.vlm.client import VLMClient
 from wrappers.async_rules import LIBERO_LAYOUT, RulesConfig
+
+log = structlog.get_logger()
 
 # How long the policy server may take to answer with its metadata at a start.
 POLICY_ANSWER_S = 5.0
@@ -96,11 +100,23 @@ async def _check_one_vlm(vlm: VLMConfig, advisor: str | None) -> None:
     client = openai.AsyncOpenAI(base_url=vlm.base_url, api_key=vlm.resolved_api_key(), max_retries=0, timeout=VLM_ANSWER_S)
     try:
         if check == "models":
-            await client.models.list()
+            listed = [m.id for m in (await client.models.list()).data]
+            if listed and not any(model_matches(vlm.model, m) for m in listed):
+                # Said, not refused: a list is not an answer (answers are refused, by require_model_match).
+                log.warning("vlm.model_not_listed", advisor=advisor, base_url=vlm.base_url, model=vlm.model,
+                            listed=listed[:10], detail="another server on that port? its answers will be refused"
+                            if vlm.refuses_other_models else "another server on that port?")
         else:
             from rescue.vlm.wire import probe_kwargs
 
-            await client.chat.completions.create(**probe_kwargs(vlm))
+            reply = await client.chat.completions.create(**probe_kwargs(vlm))
+            other = mismatch(vlm.model, reply.model)
+            if other is not None and vlm.refuses_other_models:
+                raise PeerUnreachable(f"the VLM endpoint{_of(advisor)} at {vlm.base_url}: {other}; {fix_for('model_mismatch')}; "
+                                      "nothing was claimed")
+            if other is not None:
+                log.warning("vlm.model_mismatch", advisor=advisor, requested=vlm.model, reported=reply.model,
+                            detail=f"{other}; its answers will be applied ([vlm] require_model_match = false)")
     except openai.APIStatusError as exc:
         if exc.status_code == 404 and check == "models":
             return  # a server without /models: it answered, and did not refuse the key

@@ -29,10 +29,12 @@ from pydantic import BaseModel
 
 from rescue.core.config import MissingAPIKey, StudyConfig, VLMConfig
 from rescue.core.episode_protocol import get_protocol
+from rescue.core.failfast import fix_for
 from rescue.core.images import VLM_VIEWS
 from rescue.core.manifest import Case, load_manifest
 from rescue.core.observation import get_profile
 from rescue.core.records import ArmResult
+from rescue.core.reported_model import mismatch
 from rescue.policy.client import PolicyConnectionClosed, PolicyServerError, WebsocketPolicyClient
 from rescue.run.arm import ArmSpec, KeepaliveError, run_arm, wait_with_keepalive
 from rescue.run.peers import Peers, resolved_config, start_services
@@ -202,6 +204,8 @@ async def _vlm_views(case: Case, config: StudyConfig, peers: Peers) -> tuple[str
 
 
 def _vlm_hint(kind: str | None, error: str, key_env: str) -> str:
+    if kind == "model_mismatch":
+        return fix_for(kind)
     text = error.lower()
     if "401" in text or "403" in text or "api key" in text or "api_key" in text:
         return f"the VLM refused the API key: put a valid key in ${key_env} (vlm.api_key_env)"
@@ -251,7 +255,12 @@ async def check_vlm_call(case: Case, config: StudyConfig, peers: Peers, workdir:
             error = error.replace(key, "[redacted]")  # some providers echo the key
         hint = _vlm_hint(answer.error_kind, error, vlm.api_key_env)
         return Check(name=name, verdict="fail", detail=f"{hint} ({where}: {answer.error_kind or answer.status}: {error})")
-    return Check(name=name, verdict="pass", detail=f"{where} answered a subgoal of {len(answer.subgoal or '')} characters")
+    answered = f"{where} answered a subgoal of {len(answer.subgoal or '')} characters"
+    other = mismatch(vlm.model, answer.receipt.model_reported if answer.receipt is not None else None)
+    if other is not None:  # applied only because [vlm] require_model_match = false
+        return Check(name=name, verdict="warn", detail=f"{other}; its answers will be applied "
+                     f"([vlm] require_model_match = false) ({answered})")
+    return Check(name=name, verdict="pass", detail=answered)
 
 
 async def _first_obs(case: Case, config: StudyConfig, peers: Peers) -> dict:

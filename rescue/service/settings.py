@@ -84,7 +84,7 @@ JOB_KEYS: frozenset[str] = frozenset({
     "vlm.backoff_initial_s", "vlm.backoff_max_s", "vlm.backoff_jitter_s", "vlm.max_subgoal_chars",
     "vlm.prompt_template", "vlm.max_concurrent_calls", "vlm.requests_per_minute", "vlm.batch_size",
     "vlm.batch_window_s", "vlm.image_format", "vlm.image_detail", "vlm.max_output_tokens", "vlm.temperature",
-    "vlm.seed", "vlm.reasoning_effort", "vlm.store", "vlm.startup_check", "vlm.price",
+    "vlm.seed", "vlm.reasoning_effort", "vlm.store", "vlm.startup_check", "vlm.price", "vlm.require_model_match",
     # Each entry's keys are checked on their own (ADVISOR_JOB_KEYS): an advisor names a service endpoint.
     "advisors",
 })

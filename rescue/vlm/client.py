@@ -43,6 +43,7 @@ from rescue.core.config import VLMConfig
 from rescue.core.images import VLM_VIEWS, contact_sheet, encode_png
 from rescue.core.prompts import Template, load_template, prompt_sha256, render
 from rescue.core.records import Receipt, ReceiptRef
+from rescue.core.reported_model import mismatch
 from rescue.study.files import fsync_dir, write_atomic
 from rescue.study.ledger import LabBudget
 from rescue.study.receipts import ReceiptLog, artifact_path
@@ -120,6 +121,7 @@ class VLMClient:
         self._pending: list[_Pending] = []
         self._window: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
+        self._other_models: set[str] = set()  # reported models that are not the requested one, warned about
 
     async def ask(self, req: SubgoalRequest) -> SubgoalAnswer:
         """One subgoal for one case; waits for batch partners when batching is on."""
@@ -454,6 +456,20 @@ class VLMClient:
             "usage": reply.usage,
             "response_sha256": reply.body_sha256,
         }
+        other = mismatch(self.config.model, reply.model)
+        if other is not None and self.config.refuses_other_models:
+            # Another model's answer is no evidence about this one: refused like an unusable answer.
+            error = f"{other} ([vlm] require_model_match)"
+            return "invalid_response", common | {
+                "error_kind": "model_mismatch",
+                "error": error,
+                "subgoals": {rid: None for rid in tokens},
+                "request_errors": {rid: error for rid in tokens},
+            }
+        if other is not None and reply.model not in self._other_models:
+            self._other_models.add(reply.model)  # said once per model and client; every receipt keeps it
+            log.warning("vlm.model_mismatch", advisor=self.advisor, requested=self.config.model, reported=reply.model,
+                        detail=f"{other}; its answers are applied ([vlm] require_model_match = false)")
         if reply.refusal is not None and reply.n_outputs == 1:
             # A refusal is an answer, not a missing one: unusable, never asked again, named as such.
             error = f"the model refused: {reply.refusal[:500]}"
