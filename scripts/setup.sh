@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh machine: the system libraries MuJoCo's software rendering
 # needs, then a virtual environment in .venv with the project and its
-# simulator installed. Safe to run again; it skips what is already there.
+# simulator installed. Safe to run again; it skips what is already there (on a
+# set-up machine it installs nothing: see the stamp below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,8 +26,21 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
 fi
+
+# A re-run on a set-up machine skips the Python packages when nothing they come from changed since
+# the last complete install here (the stamp: pyproject.toml, this script, the interpreter and this
+# checkout's path) and pip finds what is installed consistent. SETUP_FORCE=1 installs again.
+STAMP=.venv/.setup-stamp
+stamp() { { cat pyproject.toml scripts/setup.sh; .venv/bin/python -VV; pwd -P; } | sha256sum | cut -d" " -f1; }
+if [ "${SETUP_FORCE:-0}" != 1 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(stamp)" ] \
+    && .venv/bin/python -m pip check >/dev/null 2>&1; then
+  echo "setup: .venv is in place (installed from this pyproject.toml; SETUP_FORCE=1 installs again)"
+  exit 0
+fi
+rm -f "$STAMP"
 # torch first and pinned: its CPU build; a looser requirement resolved later
 # would pull a multi-GB CUDA build.
 .venv/bin/python -m pip install -q "torch==2.13.0"
 # The project's pins; --upgrade-strategy only-if-needed keeps this fast on a re-run.
 .venv/bin/python -m pip install -q -e ".[libero,test,learned,video,ray]"
+stamp > "$STAMP"
