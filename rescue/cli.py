@@ -35,6 +35,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "vlm.api": getattr(args, "vlm_api", None),
         "vlm.batch_size": getattr(args, "batch_size", None),
         "env.episode_protocol": getattr(args, "episode_protocol", None),
+        "continuations": getattr(args, "continuations", None),
     }
 
 
@@ -484,6 +485,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vlm-model", help="model name sent to the VLM endpoint")
     p.add_argument("--vlm-api", choices=["chat", "responses"], help="Chat Completions or Responses (config default: chat)")
     p.add_argument("--batch-size", type=int, help="cases per VLM call (1: no batching)")
+    p.add_argument("--continuations", type=int, metavar="K",
+                   help="continue every arm K times from the snapshot at q (config default: 1; needs fork at q)")
     _add_protocol_option(p)
 
 

@@ -106,3 +106,35 @@ def test_a_snapshot_of_another_compiled_model_is_refused():
             sim._call("restore", snap)
     finally:
         sim.stop()
+
+
+# Several snapshots of one run (a fork's leader at each declared query point, DESIGN §14): each restored in a
+# process that never built the task, the later ones first and then an earlier one over them, continues exactly
+# as the leader went on from it.
+RUN = _actions(5, 96, (40, 64))
+FORKS = (16, 48, 80)
+
+
+def test_every_snapshot_of_one_run_restores_exactly_in_any_order_in_another_process():
+    spec = "restore_probe:ProbeAdapter"
+    leader, other = SimProcess(spec, name="probe-leader"), SimProcess(spec, name="probe-several")
+    try:
+        leader._call("reset", CASE, PROFILE)
+        snaps, seen = {}, {}
+        for step in range(0, len(RUN), CHUNK):
+            if step in FORKS:
+                snaps[step] = leader._call("snapshot")
+            seen[step] = leader._call("probe")
+            leader._call("run_chunk", RUN[step:step + CHUNK], CHUNK, "always")
+        seen[len(RUN)] = leader._call("probe")
+        for fork in (80, 48, 16, 80):
+            other._call("restore", snaps[fork])
+            for step in range(fork, len(RUN) + 1, CHUNK):
+                now = other._call("probe")
+                changed = sorted(k for k in seen[step] if seen[step][k] != now.get(k))
+                assert not changed, f"restored at {fork}, at step {step}: {', '.join(changed[:8])}"
+                if step < len(RUN):
+                    other._call("run_chunk", RUN[step:step + CHUNK], CHUNK, "always")
+    finally:
+        leader.stop()
+        other.stop()

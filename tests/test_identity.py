@@ -144,12 +144,12 @@ def test_resume_and_continuation_refuse_a_server_announcing_another_horizon(tmp_
 def test_an_older_studys_config_digest_holds_after_later_settings_were_added():
     # A config.json written before [vlm] max_concurrent_calls / requests_per_minute / startup_check or [sham] by_task
     # existed lacks them; loaded today it must hash as it did then, or verify would fail every older study.
-    from rescue.core.config import HASHED_WHEN_SET
+    from rescue.core.config import HASHED_UNLESS_DEFAULT, HASHED_WHEN_SET
     from rescue.core.digest import canonical_json, digest_text
 
     now = StudyConfig().model_dump(mode="json")
     older = {sec: ({k: v for k, v in part.items() if (sec, k) not in HASHED_WHEN_SET} if isinstance(part, dict) else part)
-             for sec, part in now.items() if (None, sec) not in HASHED_WHEN_SET}
+             for sec, part in now.items() if (None, sec) not in HASHED_WHEN_SET and (None, sec, part) not in HASHED_UNLESS_DEFAULT}
     # vlm: the two limits, startup_check, server, price, lab_budget, lab_ledger, require_model_match; sham: by_task,
     # advisor; the top level: advisors.
     assert len(older["vlm"]) == len(now["vlm"]) - 8 and len(older["sham"]) == len(now["sham"]) - 2

@@ -72,7 +72,7 @@ def test_every_key_of_a_study_configuration_is_settable_by_a_job_or_refused_by_n
     assert refused == {
         "vlm.base_url", "vlm.api_key", "vlm.api_key_env", "vlm.api_key_from_config", "vlm.prompt_root",
         "policy.url", "policy.factory", "policy.api_key_env", "policy.observation_sha256", "policy.announced",
-        "env.adapter", "env.episode_protocol_sha256", "vlm.server", "vlm.lab_budget", "vlm.lab_ledger",
+        "env.adapter", "env.episode_protocol_sha256", "vlm.server", "vlm.lab_budget", "vlm.lab_ledger", "policy.rng_control",
     }
     assert all(not key_problem(k) for k in JOB_KEYS)
     assert JOB_KEYS <= leaves  # no typo in the allow-list

@@ -29,7 +29,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from structlog.testing import capture_logs
 
-from rescue.core.config import HASHED_WHEN_SET, StudyConfig, VLMConfig
+from rescue.core.config import HASHED_UNLESS_DEFAULT, HASHED_WHEN_SET, StudyConfig, VLMConfig
 from rescue.core.digest import canonical_json, digest_text
 from rescue.core.images import VLM_VIEWS
 from rescue.core.records import Receipt
@@ -660,6 +660,8 @@ def test_an_older_studys_digest_holds_with_server_unset_and_counts_once_set():
     older["vlm"] = {k: v for k, v in older["vlm"].items() if (("vlm", k) not in HASHED_WHEN_SET)}
     older["sham"] = {k: v for k, v in older["sham"].items() if (("sham", k) not in HASHED_WHEN_SET)}
     older["env"] = {k: v for k, v in older["env"].items() if (("env", k) not in HASHED_WHEN_SET)}
-    older = {k: v for k, v in older.items() if (None, k) not in HASHED_WHEN_SET}  # the top level's (advisors)
+    older["policy"] = {k: v for k, v in older["policy"].items() if (("policy", k) not in HASHED_WHEN_SET)}
+    # The top level's: advisors, query points; continuations at its default.
+    older = {k: v for k, v in older.items() if (None, k) not in HASHED_WHEN_SET and (None, k, v) not in HASHED_UNLESS_DEFAULT}
     assert config.sha256() == digest_text(canonical_json(older))
     assert StudyConfig(vlm=VLMConfig(server="ollama")).sha256() != config.sha256()

@@ -10,6 +10,7 @@ reads exactly as before continuations existed.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Annotated
 
@@ -79,3 +80,21 @@ def query_point_of(arm: str) -> str | None:
 def query_point_arm(arm: str, point: str | None) -> str:
     """An assisted arm asking at a declared extra query point (`assisted`, `early` -> `assisted@early`)."""
     return arm if point is None else f"{base_arm(arm, query_point=False)}@{point}"
+
+
+def continuation_seed(policy_seed: int, k: int) -> int:
+    """The seed a policy with RNG control is reset to at q for continuation k >= 2 of every arm: the same for each
+    arm's k-th continuation (its draws are paired across arms), independent of the others (DESIGN §13)."""
+    if k < 2:
+        raise ValueError(f"continuation 1 keeps the policy's own stream; got k = {k}")
+    return int.from_bytes(hashlib.sha256(f"continuation:{int(policy_seed)}:{k}".encode()).digest()[:4], "big") >> 1
+
+
+def answered_at_q(arm: str) -> bool:
+    """Whether an arm is answered at its query point: an assisted arm (a VLM), or the sham (its declared source)."""
+    return is_assisted(arm) or base_arm(arm, query_point=False) == "sham"
+
+
+def shown(arm: str) -> str:
+    """An arm as tables name it: an advisor's without the `assisted:` prefix (`gpt`, `gpt@early`), others as they are."""
+    return arm[len(ADVISOR_ARM_PREFIX):] if arm.startswith(ADVISOR_ARM_PREFIX) else arm

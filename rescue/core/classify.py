@@ -6,20 +6,20 @@ is judged against the control arm by the same rules; the primary's verdict is th
 
 from __future__ import annotations
 
-from rescue.core.arms import arm_advisor, is_assisted
+from rescue.core.arms import arm_advisor, base_arm, continuation, continuation_arm, is_assisted
 from rescue.core.proofs import check_evidence, check_sham_evidence, prefix_match, q_state_match
-from rescue.core.records import ArmResult, ArmVerdict, CaseRecord, Verdict
+from rescue.core.records import ArmResult, ArmVerdict, CaseRecord, ContinuationCount, Verdict
 
 # Assistance statuses that mean the VLM request failed (rule 3).
 ASSISTANCE_FAILURES = frozenset({"broker_error", "invalid_response", "timeout"})
 
 
-def deviation_reason(rec: CaseRecord, arm: str | None = None) -> str | None:
-    """Why the case's initial state deviates (rule 1) for the control arm and `arm` (the primary by default),
-    or None when it does not."""
+def deviation_reason(rec: CaseRecord, arm: str | None = None, against: str = "control") -> str | None:
+    """Why the case's initial state deviates (rule 1) for `against` (the control arm) and `arm` (the primary by
+    default), or None when it does not."""
     judged = rec.arms.get(arm or rec.primary)
     # An arm that never reset has no fingerprint; it is rule 2's business, not a deviation.
-    arms = [(a.arm, a.fingerprint) for a in (rec.control, judged) if a is not None]
+    arms = [(a.arm, a.fingerprint) for a in (rec.arms.get(against), judged) if a is not None]
     seen = [(name, fp) for name, fp in arms if fp is not None]
     if rec.historical_fingerprint is not None:
         for name, fp in seen:
@@ -61,17 +61,17 @@ def arm_problem(rec: CaseRecord, arm: ArmResult | None, name: str) -> str | None
         return f"{name} slot holds {arm.arm} arm of case {arm.case_id!r}"
     if arm.success is None:
         return f"{name} arm complete but its success is unknown"
-    if (name == "control") != (arm.assistance.status == "control"):
+    if (base_arm(name, query_point=False) == "control") != (arm.assistance.status == "control"):
         return f"{name} arm has assistance status {arm.assistance.status!r}"
     return None
 
 
-def invalid_reason(rec: CaseRecord, arm: str | None = None) -> str | None:
-    """Why the control arm and `arm` (the primary by default) are missing, interrupted or invalid (rule 2),
-    or None when both are sound."""
+def invalid_reason(rec: CaseRecord, arm: str | None = None, against: str = "control") -> str | None:
+    """Why `against` (the control arm) and `arm` (the primary by default) are missing, interrupted or invalid
+    (rule 2), or None when both are sound."""
     if rec.interrupted:
         return "case interrupted"
-    for name in ("control", arm or rec.primary):
+    for name in (against, arm or rec.primary):
         problem = arm_problem(rec, rec.arms.get(name), name)
         if problem is not None:
             return problem
@@ -86,53 +86,92 @@ def evidence(rec: CaseRecord, arm: str) -> tuple[bool, str]:
     return check_sham_evidence(rec, arm)
 
 
-def judge(rec: CaseRecord, arm: str) -> ArmVerdict:
-    """DESIGN §3 for the control arm against `arm`."""
-    deviation = deviation_reason(rec, arm)
-    invalid = invalid_reason(rec, arm)
-    judged = rec.arms.get(arm)
+def judge(rec: CaseRecord, arm: str, against: str = "control") -> ArmVerdict:
+    """DESIGN §3 for `against` (the control arm, or one of its continuations) against `arm`."""
+    deviation = deviation_reason(rec, arm, against)
+    invalid = invalid_reason(rec, arm, against)
+    judged, control = rec.arms.get(arm), rec.arms.get(against)
     in_m = False
     prefix_ok, prefix_why = False, "not checked"
+    q = rec.q_of(arm)
     if invalid is None:
-        assert rec.control is not None and judged is not None
-        prefix_ok, prefix_why = prefix_match(rec.control.trace, judged.trace, rec.query_step)
+        assert control is not None and judged is not None
+        prefix_ok, prefix_why = prefix_match(control.trace, judged.trace, q)
         if prefix_ok:
-            prefix_ok, prefix_why = q_state_match(rec.control, judged, prefix_why)
+            # At a declared extra query point the leader (the control arm) proves the state: only it stood there.
+            at = None if q == rec.query_step else q
+            prefix_ok, prefix_why = q_state_match(control if at is None else rec.control, judged, prefix_why, at)
         in_m = deviation is None and prefix_ok
     evidence_ok, evidence_why = evidence(rec, arm) if in_m else (False, "not checked")
     # The evidence checks demand status 'applied', so E is "M with the subgoal applied and valid evidence".
     in_e = in_m and evidence_ok
 
     def verdict(label: str, rule: int, reason: str) -> ArmVerdict:
-        return ArmVerdict(label=label, rule=rule, reason=reason, in_m=in_m, in_e=in_e)
+        return ArmVerdict(against=against, label=label, rule=rule, reason=reason, in_m=in_m, in_e=in_e)
 
     if deviation is not None:
         return verdict("initial_state_deviation", 1, deviation)
     if invalid is not None:
         return verdict("unknown", 2, invalid)
-    assert rec.control is not None and judged is not None
+    assert control is not None and judged is not None
     status = judged.assistance.status
     if status in ASSISTANCE_FAILURES:
         kind = judged.assistance.error_kind
         what = "assistance" if is_assisted(arm) else f"{arm} subgoal"
         return verdict("unknown", 3, f"{what} {status}" + (f" ({kind})" if kind else ""))
     if status == "not_reached":
-        return verdict("not_rescued", 4, f"{arm} arm ended at step {judged.steps}, before the query point {rec.query_step}")
+        return verdict("not_rescued", 4, f"{arm} arm ended at step {judged.steps}, before the query point {q}")
     if not prefix_ok:
         return verdict("unknown", 5, prefix_why)
     if not evidence_ok:
         return verdict("unknown", 6, f"evidence invalid: {evidence_why}")
-    if rec.control.success:
-        return verdict("not_rescued", 7, "control arm succeeded")
+    if control.success:
+        return verdict("not_rescued", 7, f"{against} arm succeeded")
     if not judged.success:
         return verdict("not_rescued", 8, f"{arm} arm failed")
-    return verdict("rescued", 9, f"control failed, {arm} succeeded, prefix and evidence hold")
+    return verdict("rescued", 9, f"{against} failed, {arm} succeeded, prefix and evidence hold")
+
+
+def control_sound(rec: CaseRecord, name: str) -> bool:
+    """Whether a continuation of the control arm completed and stood where its leader stood at q (the control arm
+    itself: whether it completed)."""
+    arm = rec.arms.get(name)
+    if rec.interrupted or arm_problem(rec, arm, name) is not None:
+        return False
+    if continuation(name) == 1:
+        return True
+    leader = rec.control
+    if leader is None or arm_problem(rec, leader, "control") is not None:
+        return False
+    ok, why = prefix_match(leader.trace, arm.trace, rec.query_step)
+    return ok and q_state_match(leader, arm, why)[0]
+
+
+def continuation_counts(rec: CaseRecord) -> dict[str, ContinuationCount]:
+    """Every arm's successes of its K continuations, and whether each continuation k is in M and in E with the
+    control arm's k-th (DESIGN §13); empty with one continuation per arm."""
+    k_max = rec.continuations
+    if k_max < 2:
+        return {}
+    out = {}
+    for base in ["control", *rec.judged()]:
+        names = [continuation_arm(base, k) for k in range(1, k_max + 1)]
+        successes = sum(bool(a.success) for a in (rec.arms.get(n) for n in names) if a is not None and a.status == "complete")
+        if base == "control":
+            sound = all(control_sound(rec, n) for n in names)
+            out[base] = ContinuationCount(successes=successes, continuations=k_max, in_m=sound, in_e=sound)
+            continue
+        pairs = [judge(rec, n, continuation_arm("control", k)) for k, n in enumerate(names, start=1)]
+        out[base] = ContinuationCount(successes=successes, continuations=k_max, in_m=all(v.in_m for v in pairs),
+                                      in_e=all(v.in_e for v in pairs))
+    return out
 
 
 def classify(rec: CaseRecord) -> Verdict:
     """Classify one case by DESIGN §3: the primary arm against control is the label; every other arm the case
-    judges (the sham, further advisors, extra query points) gets its own verdict against control."""
+    judges (the sham, further advisors, extra query points) gets its own verdict against control; with K
+    continuations, every arm's successes of K."""
     primary = judge(rec, rec.primary)
     others = {arm: judge(rec, arm) for arm in rec.judged()[1:]}
     return Verdict(case_id=rec.case_id, label=primary.label, rule=primary.rule, reason=primary.reason,
-                   in_m=primary.in_m, in_e=primary.in_e, arms=others)
+                   in_m=primary.in_m, in_e=primary.in_e, arms=others, continuations=continuation_counts(rec))

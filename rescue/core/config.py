@@ -19,7 +19,17 @@ from rescue.core.episode_protocol import EpisodeProtocol, InstructionChoice, get
 from rescue.core.inputs import MAX_CONFIG_BYTES, InputFileError, read_input
 from rescue.core.names import EMBEDDED_POLICY
 from rescue.core.prompts import DEFAULT_ROOT
-from rescue.core.arms import ADVISOR_NAME, advisor_arm, arm_advisor, is_assisted
+from rescue.core.querypoint import query_point
+from rescue.core.arms import (
+    ADVISOR_NAME,
+    QUERY_POINT_NAME,
+    advisor_arm,
+    arm_advisor,
+    continuation_arm,
+    is_assisted,
+    query_point_arm,
+    query_point_of,
+)
 from rescue.core.sham import ShamConfig
 from wrappers.async_rules import RulesConfig
 
@@ -256,6 +266,18 @@ class AdvisorConfig(VLMConfig):
         return data
 
 
+class QueryPointConfig(BaseModel):
+    """A declared extra query point (DESIGN §14): the primary advisor's arm `assisted@<name>` asks at
+    q_f = ceil(f * H / C) * C, forking from the one prefix run at its own q with its own three views and call."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str = Field(pattern=rf"^{QUERY_POINT_NAME}$")
+    """The query point's name: letters, digits, `_` or `-`; its arm is `assisted@<name>`."""
+    fraction: float = Field(gt=0.0, lt=1.0)
+    """f, the fraction of the horizon it asks at (rounded up to the replan grid, like the pre-registered 1/2)."""
+
+
 class PolicyConfig(BaseModel):
     """Where the frozen policy is served, or which in-process policy to serve."""
 
@@ -280,6 +302,16 @@ class PolicyConfig(BaseModel):
     announced: dict[str, Any] | None = None
     """What the server announced about itself when the study was created (identity.IDENTITY_KEYS);
     a later start against a server announcing otherwise is refused. None before a study is created."""
+    stateless: bool | None = None
+    """Whether the policy keeps no state between calls (openpi's `Policy.infer` keeps none), so that a forked
+    arm can continue from the snapshot at q on a fresh connection without replaying the prefix through the
+    policy (DESIGN §13). None before a study is created: then what the server announces (`stateless` in its
+    metadata), else true for a server without the RNG extension, else unset (under RNG control the prefix is
+    replayed, whatever the policy keeps). A stateful policy whose server gives no RNG control is refused."""
+    rng_control: bool | None = None
+    """Whether the policy server announced the RNG extension (reset and read a connection's sampling RNG) when
+    the study was created; a later start against a server that differs is refused. None: a study made before
+    it was recorded."""
 
     def name(self) -> str:
         """The policy as a record names it: its server's URL without secrets, or the factory served on loopback."""
@@ -336,8 +368,14 @@ class StudyConfig(BaseModel):
     """Cases run at once."""
     release_simulator_while_waiting: bool = True
     """Whether an assisted arm waiting at q snapshots its simulator and gives it back to the pool."""
-    fork_at_q: bool = False
-    """Opt-in: run the common prefix once and every arm from one snapshot at q (a disclosed mode)."""
+    fork_at_q: bool | None = None
+    """Run the common prefix once and every arm from one snapshot at q (DESIGN §13; a disclosed mode). None before a
+    study is created: then true against a policy server without the RNG extension (a policy that samples gives
+    two independent replays different prefixes) or with `continuations` above 1, else false (each arm runs whole)."""
+    continuations: int = Field(default=1, ge=1, le=100)
+    """K: how many times every arm (control, each assisted arm, the sham) continues from the one snapshot at q with
+    independent draws of the policy (DESIGN §13); the case's label comes from continuation 1. Above 1 needs
+    `fork_at_q`."""
     keyframes: bool = True
     """Whether to render one view of each arm at q and at its end into the study's frames (for `rescue report`)."""
     keepalive_s: float = 120.0
@@ -356,6 +394,9 @@ class StudyConfig(BaseModel):
     """The sham (placebo) arm, off by default: DESIGN §8 and rescue/core/sham.py."""
     query_rule: Literal["ceil(H/2/C)*C"] = "ceil(H/2/C)*C"
     """The query point: the first regular policy query at or after half the horizon (DESIGN §2)."""
+    query_points: list[QueryPointConfig] | None = None
+    """Extra query points (`[[query_point]]` tables, DESIGN §14), in declared order: each adds the primary advisor's
+    arm `assisted@<name>`, asking at its own q; the pre-registered q (1/2 of H) keeps the case's label. None: none."""
     advisors: list[AdvisorConfig] | None = None
     """The study's advisors (`[[advisor]]` tables, DESIGN §11), in declared order, the first the study's primary
     (its verdict is the case's label): one assisted arm each, `assisted:<name>`. None: the one advisor is
@@ -364,12 +405,13 @@ class StudyConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _advisor_tables(cls, data: Any) -> Any:
-        # TOML's `[[advisor]]` tables arrive under `advisor`.
-        if isinstance(data, dict) and "advisor" in data:
-            data = dict(data)
-            if "advisors" in data:
-                raise ValueError("give [[advisor]] tables or advisors, not both")
-            data["advisors"] = data.pop("advisor")
+        # TOML's `[[advisor]]` and `[[query_point]]` tables arrive under `advisor` and `query_point`.
+        for table, key in (("advisor", "advisors"), ("query_point", "query_points")):
+            if isinstance(data, dict) and table in data:
+                data = dict(data)
+                if key in data:
+                    raise ValueError(f"give [[{table}]] tables or {key}, not both")
+                data[key] = data.pop(table)
         return data
 
     @model_validator(mode="after")
@@ -409,6 +451,45 @@ class StudyConfig(BaseModel):
             if unpriced:
                 raise ValueError(f"vlm.lab_budget needs a declared price for every call: {', '.join(unpriced)} "
                                  "declares none (price = {input = ..., output = ...})")
+        return self
+
+    @model_validator(mode="after")
+    def _query_point_arms(self) -> "StudyConfig":
+        # Each declared query point is an arm of the primary advisor's, after the arms asking at the pre-registered q.
+        if self.query_points is None:
+            if any(query_point_of(a) for a in self.arms):
+                raise ValueError("arms lists a query point's arm (assisted@<name>) but no [[query_point]] is declared")
+            return self
+        names = [p.name for p in self.query_points]
+        if not names or len(set(names)) != len(names):
+            raise ValueError("query_points: declare each [[query_point]] once, by a name of its own")
+        if self.is_evaluation or not any(is_assisted(a) for a in self.arms):
+            raise ValueError("query_points: an evaluation asks nothing; a query point is an arm that asks")
+        if self.fork_at_q is False:
+            raise ValueError("query points fork from the one prefix at their own q: they need fork_at_q "
+                             "(leave it unset, or set it true)")
+        wanted = [query_point_arm(self.primary_arm, n) for n in names]
+        given = [a for a in self.arms if query_point_of(a)]
+        if given and given != wanted:
+            raise ValueError(f"arms: {', '.join(given)} are not the declared query points' arms ({', '.join(wanted)})")
+        if not given:
+            at = max(i for i, a in enumerate(self.arms) if is_assisted(a)) + 1
+            self.arms = (*self.arms[:at], *wanted, *self.arms[at:])
+        return self
+
+    def query_step(self, arm: str, horizon: int) -> int:
+        """The env step an arm asks at: its declared query point's, else the pre-registered q (DESIGN §2, §14)."""
+        point = query_point_of(arm)
+        if point is None:
+            return query_point(horizon, self.interval)
+        fraction = next(p.fraction for p in self.query_points or [] if p.name == point)
+        return query_point(horizon, self.interval, fraction)
+
+    @model_validator(mode="after")
+    def _continuations_fork(self) -> "StudyConfig":
+        if self.continuations > 1 and self.fork_at_q is False:
+            raise ValueError("continuations above 1 continue every arm from one snapshot at q: they need fork_at_q "
+                             "(leave it unset, or set it true)")
         return self
 
     @model_validator(mode="after")
@@ -453,6 +534,18 @@ class StudyConfig(BaseModel):
         return None
 
     @property
+    def case_arms(self) -> tuple[str, ...]:
+        """Every arm a case runs: the study's arms, then (with `continuations` K above 1, in a rescue study) their
+        continuations 2 to K (`control#2`, `assisted#2`, ...)."""
+        k_max = 1 if self.is_evaluation else self.continuations
+        return tuple(continuation_arm(arm, k) for k in range(1, k_max + 1) for arm in self.arms)
+
+    @property
+    def forked(self) -> bool:
+        """Whether the arms continue from one snapshot at q (a created study's resolved `fork_at_q`)."""
+        return bool(self.fork_at_q) and not self.is_evaluation
+
+    @property
     def primary_arm(self) -> str:
         """The arm whose verdict is the case's label: `assisted`, or the first advisor's `assisted:<name>`."""
         return "assisted" if not self.advisors else advisor_arm(self.advisors[0].name)
@@ -490,6 +583,10 @@ class StudyConfig(BaseModel):
             for key in ADVISOR_HASHED_WHEN_SET:
                 if advisor.get(key) is None:
                     advisor.pop(key, None)
+        for section, key, default in HASHED_UNLESS_DEFAULT:
+            node = data if section is None else data[section]
+            if node.get(key) == default:
+                node.pop(key, None)
         return digest_text(canonical_json(data))
 
 
@@ -497,9 +594,13 @@ class StudyConfig(BaseModel):
 HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute"), ("sham", "by_task"),
                    ("vlm", "startup_check"), ("vlm", "server"), ("env", "episode_protocol"), ("env", "episode_protocol_sha256"),
                    ("env", "max_simulator_rss_gb"), ("vlm", "price"), ("sham", "advisor"), (None, "advisors"),
-                   ("vlm", "lab_budget"), ("vlm", "lab_ledger"), ("env", "instruction"), ("vlm", "require_model_match"))
+                   ("vlm", "lab_budget"), ("vlm", "lab_ledger"), ("env", "instruction"), ("vlm", "require_model_match"),
+                   ("policy", "stateless"), ("policy", "rng_control"), (None, "query_points"))
 # The same for the keys of each `[[advisor]]` table added after advisors existed.
 ADVISOR_HASHED_WHEN_SET = ("lab_budget", "lab_ledger", "require_model_match")
+# (section, key, value) of settings added after studies existed whose absence meant that value: in the digest only
+# when they differ from it.
+HASHED_UNLESS_DEFAULT = ((None, "continuations", 1),)
 # The [vlm] keys of the lab budget: one for a study's calls, also when its advisors are [[advisor]] tables.
 LAB_KEYS = ("lab_budget", "lab_ledger")
 

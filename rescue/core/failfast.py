@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from rescue.core.records import ArmResult
-from rescue.core.arms import is_assisted
+from rescue.core.arms import continuation, is_assisted
 
 # VLM error kinds that no retry and no other case can fix.
 SYSTEMATIC_VLM_ERRORS = frozenset({"auth", "permission", "not_found", "quota", "connection", "model_mismatch"})
@@ -104,7 +104,9 @@ class FailFast:
         for arm in results:
             if len(self.arms) < self.k:
                 self.arms.append(arm_cause(arm))
-            calls = self.calls.setdefault(arm.arm, []) if is_assisted(arm.arm) and arm.status == "complete" else None
+            # An arm's continuations share its one call: only the first's counts.
+            asked = is_assisted(arm.arm) and continuation(arm.arm) == 1 and arm.status == "complete"
+            calls = self.calls.setdefault(arm.arm, []) if asked else None
             if calls is not None and len(calls) < self.k:
                 calls.append(vlm_cause(arm))
         for name, seen in (("arms", self.arms), *((_calls_of(a), c) for a, c in self.calls.items())):
@@ -116,25 +118,22 @@ class FailFast:
                     f"{cause}; {fix_for(cause)}, then `rescue resume` runs the cases never started"
                 )
         return None
-        for arm in results:
-            if len(self.arms) < self.k:
-                self.arms.append(arm_cause(arm))
-            if is_assisted(arm.arm) and arm.status == "complete":
-                first = self.calls if not self.advisor_calls or arm.arm in self.advisor_calls else None
-                calls = self.advisor_calls.setdefault(arm.arm, self.calls if first is not None and not self.calls
-                                                      and not self.advisor_calls else [])
-                if len(calls) < self.k:
-                    calls.append(vlm_cause(arm))
-        for seen in (self.arms, *self.advisor_calls.values()):
-            if len(seen) == self.k and seen[0] is not None and all(c == seen[0] for c in seen):
-                cause = seen[0]
-                seen.append(None)  # say it once
-                return (
-                    f"the first {self.k} {'arms' if seen is self.arms else 'VLM calls'} all failed with "
-                    f"{cause}; {fix_for(cause)}, then `rescue resume` runs the cases never started"
-                )
-        return None
 
 
 def _calls_of(arm: str) -> str:
     return "VLM calls" if arm == "assisted" else f"VLM calls of {arm}"
+
+
+def sampling_without_control(arms: list[ArmResult]) -> str | None:
+    """Why a case's independent arms can never share a prefix, when they show it: without RNG control, the policy
+    answered the first observation, the same in every arm, with different chunks (it samples). None otherwise."""
+    firsts = [a.trace[0] for a in arms if a.trace and a.policy_rng_control is False]
+    if len(firsts) < 2:
+        return None
+    same_input = len({(r.state, tuple(sorted(r.images.items())), r.instruction) for r in firsts}) == 1
+    if same_input and len({r.actions for r in firsts}) > 1:
+        return ("the policy server gives no RNG control and answered the same first observation differently in the "
+                "case's arms (a policy that samples): independent replays of it never share a prefix; run the study "
+                "again with fork_at_q unset or true (the default for such a server: every arm continues from one "
+                "snapshot at q), or serve the policy with RNG control (`rescue serve-policy`, docs/own-vla.md)")
+    return None

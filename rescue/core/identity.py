@@ -66,3 +66,35 @@ def identity_changes(recorded: dict[str, Any], metadata: dict[str, Any]) -> list
         for key in IDENTITY_KEYS
         if recorded.get(key) != now.get(key)
     ]
+
+
+# The metadata key a server announces a stateless policy with (DESIGN §13).
+STATELESS_KEY = "stateless"
+
+
+def resolve_stateless(configured: bool | None, metadata: dict[str, Any], rng_control: bool) -> bool | None:
+    """Whether the policy keeps no state between calls: configured, else announced, else true for a server
+    without the RNG extension (openpi's `Policy.infer` keeps none), else unset (under RNG control the prefix is
+    replayed). IdentityError for a stateful policy whose server gives no RNG control: neither a replay nor a
+    snapshot at q can put it where the prefix left it."""
+    announced = _plain(metadata.get(STATELESS_KEY))
+    stateless = configured if configured is not None else announced if isinstance(announced, bool) else None
+    if stateless is None and not rng_control:
+        stateless = True
+    if stateless is False and not rng_control:
+        where = "policy.stateless = false" if configured is False else "the server announces stateless = false"
+        raise IdentityError(
+            f"the policy keeps state between calls ({where}) and its server gives no RNG control: neither replaying "
+            "the prefix nor continuing from the snapshot at q puts it where the prefix left it; serve it behind "
+            "`rescue serve-policy` with reset_rng (docs/own-vla.md), or declare it stateless if it is"
+        )
+    return stateless
+
+
+def resolve_fork(configured: bool | None, rng_control: bool, continuations: int, query_points: bool = False) -> bool:
+    """Whether the arms fork at q: configured, else whenever the server gives no RNG control (two independent
+    replays of a sampling policy part at step 0), the arms continue more than once (DESIGN §13) or the study
+    declares extra query points (DESIGN §14)."""
+    if configured is not None:
+        return configured
+    return not rng_control or continuations > 1 or query_points

@@ -49,13 +49,17 @@ def prefix_match(
     return True, f"{len(control)} rows before step {q} match"
 
 
-def q_state_match(control: ArmResult, assisted: ArmResult, prefix_why: str) -> tuple[bool, str]:
+def q_state_match(control: ArmResult, assisted: ArmResult, prefix_why: str, q: int | None = None) -> tuple[bool, str]:
     """Whether both arms stood in one simulator state at q (the digest of its full state).
 
     In fork mode the prefix is shared by construction and this is its proof; in
     independent mode it backs the trace prefix. Only an adapter that records no
     state digest at all (both missing, independent mode) leaves the trace alone as the proof.
+    `q`: a declared extra query point's step (DESIGN §14), where the leader's state and render are its
+    `fork_states` and `fork_renders`; None: the case's q.
     """
+    if q is not None and q in control.fork_states:
+        control = control.model_copy(update={"q_state": control.fork_states[q], "q_render": control.fork_renders.get(q)})
     if control.mode != assisted.mode:
         return False, f"arms ran in different modes ({control.mode}, {assisted.mode})"
     if assisted.assistance.status == "not_reached":
@@ -110,21 +114,22 @@ def _advisor_problem(r: Receipt | None, advisor: str | None) -> str | None:
 
 
 def _applied_problem(rec: CaseRecord, arm: ArmResult) -> str | None:
-    """Why the applied instruction is not what the arm queried with from q on (None: it is)."""
+    """Why the applied instruction is not what the arm queried with from its q on (None: it is)."""
     a = arm.assistance
-    if a.query_step != rec.query_step:
-        return f"assistance at step {a.query_step}, query point is {rec.query_step}"
+    q = rec.q_of(arm.arm)
+    if a.query_step != q:
+        return f"assistance at step {a.query_step}, query point is {q}"
     if a.instruction is None or a.instruction_digest is None:
         return "applied instruction or its digest is missing"
     if digest_text(a.instruction) != a.instruction_digest:
         return "applied instruction does not hash to its recorded digest"
     if a.subgoal is None or a.subgoal.strip() not in a.instruction:
         return "applied instruction does not carry the subgoal"
-    rows = [row for row in arm.trace if row.step == rec.query_step]
+    rows = [row for row in arm.trace if row.step == q]
     if len(rows) != 1:
-        return f"{len(rows)} {arm.arm} trace rows at step {rec.query_step}, expected 1"
+        return f"{len(rows)} {arm.arm} trace rows at step {q}, expected 1"
     if rows[0].instruction != a.instruction_digest:
-        return f"trace row at step {rec.query_step} was not queried with the applied instruction"
+        return f"trace row at step {q} was not queried with the applied instruction"
     return None
 
 
@@ -144,7 +149,7 @@ def check_evidence(rec: CaseRecord, name: str | None = None, advisor: str | None
     problem = _receipt_problem(a, receipt, rec.case_id) or _advisor_problem(receipt, advisor) or _applied_problem(rec, arm)
     if problem is not None:
         return False, problem
-    return True, f"receipt {receipt.call_id}/{a.request_id} applied at step {rec.query_step}"
+    return True, f"receipt {receipt.call_id}/{a.request_id} applied at step {rec.q_of(name)}"
 
 
 def check_sham_evidence(rec: CaseRecord, name: str = "sham") -> tuple[bool, str]:
@@ -173,4 +178,4 @@ def check_sham_evidence(rec: CaseRecord, name: str = "sham") -> tuple[bool, str]
     problem = _applied_problem(rec, arm)
     if problem is not None:
         return False, problem
-    return True, f"{where} applied at step {rec.query_step}"
+    return True, f"{where} applied at step {rec.q_of(name)}"

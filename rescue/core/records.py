@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rescue.core.arms import ADVISOR_ARM_PREFIX, ArmName
+from rescue.core.arms import ADVISOR_ARM_PREFIX, ArmName, base_arm, continuation
 from rescue.core.digest import digest_json, digest_text
 
 # How an arm ended. `complete`: ran to success or to its horizon.
@@ -237,6 +237,19 @@ class ArmResult(BaseModel):
     False: prefix equality with the other arm is not guaranteed by the server. None: the arm never reached the policy."""
     mode: Literal["independent", "fork"] = "independent"
     """`fork`: the prefix ran once and the arms continued from one snapshot at q; `independent`: each arm ran whole."""
+    prefix_replayed: bool | None = None
+    """A fork's follower: whether its policy connection replayed the prefix's queries (a server with RNG control:
+    the answers had to equal the leader's) or it continued from the snapshot at q on a fresh connection (a
+    stateless policy whose server gives no RNG control, DESIGN §13). None: the leader, an independent arm, or a
+    record made before it was noted."""
+    fork_states: dict[int, str | None] = Field(default_factory=dict, exclude_if=lambda v: not v)
+    """A fork's leader in a study with extra query points (DESIGN §14): the digest of its full simulator state at
+    each of them, by env step (the pre-registered q's is `q_state`); absent otherwise."""
+    fork_renders: dict[int, dict[str, str]] = Field(default_factory=dict, exclude_if=lambda v: not v)
+    """The same leader's render of the VLM views at each of them, camera -> digest, by env step; absent otherwise."""
+    continuation_seed: int | None = None
+    """The seed the policy's RNG was reset to at q: a continuation after the first under RNG control (the same for
+    every arm's k-th continuation, `rescue.core.arms.continuation_seed`); None otherwise."""
     episode_protocol: str | None = None
     """The episode protocol the arm's episode started under (`rescue`, `openpi`, `lerobot`); None: a record
     made before protocols (`rescue`)."""
@@ -382,6 +395,9 @@ class CaseRecord(BaseModel):
     primary: str = "assisted"
     """The arm whose verdict against control is the case's label: `assisted`, or the first advisor's
     `assisted:<name>` (DESIGN §11)."""
+    query_steps: dict[str, int] = Field(default_factory=dict)
+    """The env step each arm of a declared extra query point asks at (DESIGN §14), by arm (its continuations
+    ask where it does); every other arm asks at `query_step`."""
     arms: dict[str, ArmResult | None] = Field(default_factory=dict)
     """Every arm the study runs for the case, by name in the study's order (`control` first); None: not recorded."""
     receipts: dict[str, Receipt | None] = Field(default_factory=dict)
@@ -425,8 +441,18 @@ class CaseRecord(BaseModel):
         self.receipts[self.primary] = receipt
 
     def judged(self) -> list[str]:
-        """The arms judged against control, the primary first, then the others in the study's order."""
-        return [self.primary] + [a for a in self.arms if a not in ("control", self.primary)]
+        """The arms judged against control, the primary first, then the others in the study's order (each arm's
+        first continuation: its later ones are counted, not judged)."""
+        return [self.primary] + [a for a in self.arms if a not in ("control", self.primary) and continuation(a) == 1]
+
+    def q_of(self, arm: str) -> int:
+        """The env step an arm asks at (and, in a fork, forks at): its query point's, else the case's q."""
+        return self.query_steps.get(base_arm(arm), self.query_step)
+
+    @property
+    def continuations(self) -> int:
+        """K: how many times each arm continued from the snapshot at q (1 without continuations)."""
+        return max((continuation(a) for a in self.arms), default=1)
 
 
 class ArmVerdict(BaseModel):
@@ -447,6 +473,24 @@ class ArmVerdict(BaseModel):
     """Whether the pair is in M (both valid and complete, no deviation, exact prefix)."""
     in_e: bool = False
     """Whether it is in E: in M, with the arm's subgoal applied and valid evidence."""
+
+
+class ContinuationCount(BaseModel):
+    """One arm's K continuations from the snapshot at q, as its case's verdict counts them (DESIGN §13)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    successes: int
+    """How many of its continuations succeeded."""
+    continuations: int
+    """K: how many continuations it ran (its first is the arm judged for the case's label)."""
+    in_m: bool
+    """Whether every continuation k is in M with the control arm's continuation k (for the control arm itself:
+    every continuation completed and stood in the leader's state at q); only then does the case count in the
+    arm's paired estimate against control."""
+    in_e: bool
+    """Whether every continuation k is in E with the control arm's continuation k (the control arm: as `in_m`);
+    only then does the case count in the arm's paired estimate against another arm that asks."""
 
 
 class Verdict(BaseModel):
@@ -471,6 +515,9 @@ class Verdict(BaseModel):
     """The verdict of every other arm the case judges (the sham, each further advisor, each extra query point),
     by arm name in the study's order; the primary's is the label above. Empty (absent): a study of two arms,
     or an evaluation."""
+    continuations: dict[str, ContinuationCount] = Field(default_factory=dict, exclude_if=lambda v: not v)
+    """With K continuations per arm (K > 1, DESIGN §13): every arm's successes of K, the control arm's first, by
+    arm name. Empty (absent): one continuation per arm."""
 
     @model_validator(mode="before")
     @classmethod

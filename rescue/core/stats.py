@@ -10,6 +10,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.arms import base_arm, is_assisted, query_point_of
+from rescue.core.continuations import PairedEstimate, estimate
 from rescue.core.records import ArmVerdict, CaseRecord, Label, Verdict
 
 LABELS: tuple[Label, ...] = ("rescued", "not_rescued", "unknown", "initial_state_deviation")
@@ -178,6 +179,10 @@ class PairedComparison(BaseModel):
     """The first's minus the second's success rate over those cases; None when there are none."""
     diff_ci: tuple[float, float] | None
     """Newcombe square-and-add interval of `diff`, at the summary's confidence; None when there are no cases."""
+    estimate: PairedEstimate | None = Field(default=None, exclude_if=lambda v: v is None)
+    """With K continuations per arm (K > 1, DESIGN §13): the mean paired difference in success probability over the
+    cases whose continuations are all in M (against control) or all in E (between arms that ask), its bootstrap
+    interval and exact sign-flip p; absent with one continuation (the test above is then the same test)."""
 
 
 def compare(first: str, second: str, outcomes: Sequence[tuple[bool, bool]], confidence: float = 0.95) -> PairedComparison:
@@ -321,6 +326,22 @@ def _success(rec: CaseRecord, arm: str) -> bool:
     return bool(record.success)
 
 
+def _estimate(cases: Sequence[Judged], first: str, second: str, needs: str, confidence: float) -> PairedEstimate | None:
+    """The paired estimate over the cases whose continuations of both arms are all in M (`needs` = "in_m") or all
+    in E; None with one continuation per arm."""
+    k_max = max((rec.continuations for rec, _ in cases), default=1)
+    if k_max < 2:
+        return None
+    pairs = []
+    for rec, v in cases:
+        a, b = v.continuations.get(first), v.continuations.get(second)
+        if a is None or b is None or a.continuations != k_max or b.continuations != k_max:
+            raise ValueError(f"case {rec.case_id} has no count of {k_max} continuations of its {first} and {second} arms")
+        if getattr(a, needs) and getattr(b, needs):
+            pairs.append((a.successes, b.successes))
+    return estimate(pairs, k_max, confidence)
+
+
 def arm_figures(cases: Sequence[Judged], arm: str, confidence: float = 0.95) -> ArmFigures:
     """One arm's labels, R, M, E over its own verdicts, and its comparison with control over its M."""
     verdicts = [(rec, _verdict(rec, v, arm)) for rec, v in cases]
@@ -334,15 +355,19 @@ def arm_figures(cases: Sequence[Judged], arm: str, confidence: float = 0.95) -> 
     if not r <= e <= m <= n:
         raise ValueError(f"{arm}: invariant R <= E <= M <= N violated: R={r} E={e} M={m} N={n}")
     against = [(_success(rec, arm), _success(rec, "control")) for rec, v in verdicts if v.in_m]
+    versus = compare(arm, "control", against, confidence)
+    versus.estimate = _estimate(cases, arm, "control", "in_m", confidence)
     return ArmFigures(arm=arm, counts=counts, r=r, m=m, e=e, r_over_n=_ratio(r, n), r_over_m=_ratio(r, m),
-                      r_over_e=_ratio(r, e), versus_control=compare(arm, "control", against, confidence))
+                      r_over_e=_ratio(r, e), versus_control=versus)
 
 
 def compare_arms(cases: Sequence[Judged], first: str, second: str, confidence: float = 0.95) -> PairedComparison:
     """Two arms that ask, over the cases where both are in E."""
     both = [(rec, _verdict(rec, v, first), _verdict(rec, v, second)) for rec, v in cases]
     outcomes = [(_success(rec, first), _success(rec, second)) for rec, a, b in both if a.in_e and b.in_e]
-    return compare(first, second, outcomes, confidence)
+    found = compare(first, second, outcomes, confidence)
+    found.estimate = _estimate(cases, first, second, "in_e", confidence)
+    return found
 
 
 def comparison_families(judged: Sequence[str]) -> list[tuple[list[tuple[str, str]], bool]]:

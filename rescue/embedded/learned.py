@@ -97,6 +97,8 @@ class LearnedPolicy(SeededNoise):
 
     # The observation profile it reads (DESIGN §7), announced in the server's metadata.
     observation = "privileged"
+    # It keeps no state between calls but its sampling RNG (DESIGN §13).
+    stateless = True
 
     def __init__(self, checkpoint: str | Path = DEFAULT_CHECKPOINT, action_noise: float | None = None, seed: int = 0):
         import torch

@@ -27,6 +27,8 @@ class ScriptedPickPlace(SeededNoise):
 
     # The observation profile it reads (DESIGN §7), announced in the server's metadata.
     observation = "privileged"
+    # Its phase machine keeps state between calls: a fork replays the prefix to restore it (DESIGN §13).
+    stateless = False
 
     def __init__(self, action_horizon: int = 8, grasp_noise: float = 0.013, action_noise: float = 0.08, seed: int = 0):
         self.action_horizon = action_horizon

@@ -47,6 +47,8 @@ class VisionLanguagePolicy:
 
     # The observation profile it reads (DESIGN §7), announced in the server's metadata.
     observation = "openpi-libero"
+    # Neither network keeps state between calls: a fork may continue it on a fresh connection (DESIGN §13).
+    stateless = True
 
     def __init__(
         self,

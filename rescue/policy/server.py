@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from rescue.core.identity import STATELESS_KEY
 from rescue.core.names import EMBEDDED_POLICY, resolve
 from rescue.policy import msgpack_numpy
 from rescue.policy.protocol import (
@@ -268,6 +269,9 @@ def policy_metadata(factory: Callable[[], object], spec: str) -> dict:
     observation = getattr(sample, "observation", None)
     if observation is not None:
         metadata["observation"] = str(observation)
+    stateless = getattr(sample, "stateless", None)
+    if isinstance(stateless, bool):
+        metadata[STATELESS_KEY] = stateless  # whether a forked arm may skip replaying the prefix (DESIGN §13)
     return metadata
 
 

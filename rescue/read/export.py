@@ -24,8 +24,8 @@ from rescue.core.digest import digest_json
 from rescue.core.evaluation import EvalSummary
 from rescue.core.manifest import Case
 from rescue.core.querypoint import query_point
-from rescue.core.records import ArmResult, ArmVerdict, Receipt
-from rescue.core.arms import advisor_arm
+from rescue.core.records import ArmResult, ArmVerdict, ContinuationCount, Receipt
+from rescue.core.arms import advisor_arm, base_arm, continuation, query_point_of
 from rescue.core.stats import Summary
 from rescue.read.legacy import upgrade_export
 from rescue.study.files import write_atomic
@@ -41,7 +41,7 @@ from rescue.study.folder import (
 from rescue.study.journal import SUMMARY_KEY, CaseState, arm_digest
 from rescue.study.layout import StudyLayout
 from rescue.study.receipts import read_receipts
-from rescue.study.usage import UsageSummary, study_usage
+from rescue.study.usage import UsageSummary, study_usage, usage_summary
 
 # 2: cases name the fingerprint parts of a deviation; the study names its observation profile.
 # 3: the sham arm (DESIGN §8): per case its arm and verdict, in the summary its comparisons.
@@ -92,6 +92,16 @@ class StudyInfo(BaseModel):
     the evaluation study or results file, its policy, success rate, episode protocol and split; `sources` empty and
     every case `by_hand` for a manifest written by hand. Absent: an evaluation study (or an export written before
     it was recorded)."""
+    mode: Literal["fork", "independent"] | None = None
+    """How a case's arms ran: `fork` (the prefix once, every arm from one snapshot at q) or `independent` (each arm
+    whole); None: an evaluation, or an export of `rescue-export/4` or earlier."""
+    continuations: int = 1
+    """K: how many times each arm continued from the snapshot at q (DESIGN §13)."""
+    policy_rng_control: bool | None = None
+    """Whether the policy server gave RNG control (the RNG extension) when the study was created; None: not
+    recorded (a study made before it was)."""
+    policy_stateless: bool | None = None
+    """Whether the policy was declared or announced to keep no state between calls (DESIGN §13); None: undeclared."""
 
 
 class AdvisorInfo(BaseModel):
@@ -198,6 +208,9 @@ class CaseEntry(BaseModel):
     verdicts: dict[str, ArmVerdict] = Field(default_factory=dict)
     """The stored verdict of every other arm the case judges against control (the sham, further advisors, extra
     query points), by arm; empty without a verdict or in a study of two arms."""
+    continuations: dict[str, ContinuationCount] = Field(default_factory=dict, exclude_if=lambda v: not v)
+    """With K continuations per arm (DESIGN §13): each arm's successes of K, as the stored verdict counts them;
+    absent with one continuation per arm or without a verdict."""
 
     @property
     def control(self) -> ArmEntry | None:
@@ -305,6 +318,10 @@ class StudyExport(BaseModel):
     """VLM calls, tokens and latency over every receipts file of the study."""
     usage_by_advisor: dict[str, UsageSummary] | None = Field(default=None, exclude_if=lambda v: v is None)
     """The same per advisor, with its cost under its declared price (DESIGN §11); absent: a study of one `[vlm]`."""
+    usage_by_query_point: dict[str, UsageSummary] | None = Field(default=None, exclude_if=lambda v: v is None)
+    """With declared extra query points (DESIGN §14): the calls each query point's arm applied, by arm (the
+    pre-registered q's is the primary arm's), with the primary advisor's declared price; a call that batched two
+    query points' cases counts under both. Absent without query points."""
     cases: list[CaseEntry]
     """Every manifest case, in manifest order."""
 
@@ -374,8 +391,9 @@ def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
         deviation=deviation_detail(records.record(case)) if v and v.label == "initial_state_deviation" else None,
         query_step=query_point(case.horizon, records.interval),
         call_id=assisted.assistance.call_id if assisted else None,
-        arms={name: _arm_entry(arms.get(name), digests.get(name)) for name in records.config.arms},
+        arms={name: _arm_entry(arms.get(name), digests.get(name)) for name in records.config.case_arms},
         verdicts=dict(v.arms) if v else {},
+        continuations=dict(v.continuations) if v else {},
     )
 
 
@@ -452,6 +470,10 @@ def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
             summary_stored=SUMMARY_KEY in meta,
             advisors=_advisor_info(records.config),
             baseline=None if evaluation else baseline_of(records.cases),
+            mode=None if evaluation else ("fork" if records.config.forked else "independent"),
+            continuations=records.config.continuations,
+            policy_rng_control=records.config.policy.rng_control,
+            policy_stateless=records.config.policy.stateless,
         ),
         coverage={"main": coverage(records, pilot=False), "pilot": coverage(records, pilot=True)},
         summary=summary,
@@ -459,8 +481,22 @@ def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         episode_rows=rows,
         usage=usage,
         usage_by_advisor=by_advisor,
+        usage_by_query_point=_usage_by_query_point(records, all_receipts),
         cases=[_case_entry(records, case) for case in records.cases],
     )
+
+
+def _usage_by_query_point(records: StudyRecords, receipts: list[Receipt]) -> dict[str, UsageSummary] | None:
+    config = records.config
+    if not config.query_points:
+        return None
+    primary = config.advisor_configs()[0][2]
+    out = {}
+    for arm in [config.primary_arm, *(a for a in config.arms if query_point_of(a))]:
+        calls = {by_arm[name].assistance.call_id for by_arm in records.arms.values() for name in by_arm
+                 if base_arm(name) == arm and by_arm[name].assistance.call_id}
+        out[arm] = usage_summary([r for r in receipts if r.call_id in calls], primary.price)
+    return out
 
 
 def read_export(path: str | os.PathLike[str]) -> StudyExport:
@@ -490,6 +526,7 @@ CASE_COLUMNS = (
     "in_m", "in_e", "deviation", "query_step", "call_id",
 )
 VERDICT_COLUMNS = ("label", "rule", "reason", "in_m", "in_e")
+CONTINUATION_COLUMNS = ("successes", "continuations")
 
 
 def _cell(value: Any) -> str:
@@ -502,10 +539,15 @@ def _cell(value: Any) -> str:
 
 
 def _arm_names(export: StudyExport) -> list[str]:
+    """The arms the CSV has columns for: each arm's first continuation (the later ones are counted per arm)."""
     names: list[str] = []
     for entry in export.cases:
-        names += [n for n in entry.arms if n not in names]
+        names += [n for n in entry.arms if n not in names and continuation(n) == 1]
     return names or ["control", "assisted"]
+
+
+def _counted(export: StudyExport) -> bool:
+    return any(entry.continuations for entry in export.cases)
 
 
 def csv_columns(export: StudyExport) -> tuple[str, ...]:
@@ -517,6 +559,8 @@ def csv_columns(export: StudyExport) -> tuple[str, ...]:
         if arm not in ("control", primary):
             out += [f"{arm}_{col}" for col in VERDICT_COLUMNS]
         out += [f"{arm}_{col}" for col in ARM_COLUMNS]
+        if _counted(export):
+            out += [f"{arm}_{col}" for col in CONTINUATION_COLUMNS]
     return tuple(out)
 
 
@@ -533,6 +577,10 @@ def csv_rows(export: StudyExport) -> list[dict[str, str]]:
             record = entry.arms.get(arm)
             for col in ARM_COLUMNS:
                 row[f"{arm}_{col}"] = _cell(getattr(record, col) if record else None)
+            if _counted(export):
+                count = entry.continuations.get(arm)
+                for col in CONTINUATION_COLUMNS:
+                    row[f"{arm}_{col}"] = _cell(getattr(count, col) if count else None)
         rows.append(row)
     return rows
 

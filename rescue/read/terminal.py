@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rescue.core.evaluation import EvalSummary
-from rescue.core.arms import arm_advisor, is_assisted
+from rescue.core.arms import arm_advisor, is_assisted, query_point_of, shown
 from rescue.core.stats import ArmFigures, Summary, ranked
 
 LABEL_ORDER = ("rescued", "not_rescued", "unknown", "initial_state_deviation")
@@ -83,7 +83,7 @@ def advisor_table(summary: Summary, infos: Any = None) -> Table:
     R/N, R/M, R/E, and its paired comparison with control and with the sham arm."""
     models = {a.arm: f"{a.model} · {a.prompt_template}" for a in infos or []}
     figures = asking_arms(summary)
-    t = Table(title="advisors, ranked by R/E" if all(arm_advisor(f.arm) for f in figures) else "arms that ask, ranked by R/E")
+    t = Table(title="advisors, ranked by R/E" if not any(query_point_of(f.arm) for f in figures) else "arms that ask, ranked by R/E")
     sham = _sham(summary.arms) is not None
     cols = ["rank", "arm", "model · prompt", "R", "M", "E", "R/N", "R/M", "R/E", "vs control: b / c, p"]
     if sham:
@@ -91,7 +91,7 @@ def advisor_table(summary: Summary, infos: Any = None) -> Table:
     for col in cols:
         t.add_column(col)
     for i, a in enumerate(ranked(figures), start=1):
-        name = arm_advisor(a.arm) or a.arm
+        name = shown(a.arm)
         vc = a.versus_control
         row = [str(i), name + (" (primary)" if a.arm == summary.arm else ""), models.get(a.arm, ""), str(a.r), str(a.m),
                str(a.e), _pct(a.r_over_n), _pct(a.r_over_m), _pct(a.r_over_e),
@@ -113,16 +113,16 @@ def advisor_pairs_table(summary: Summary) -> Table:
     for pair in [c for c in summary.comparisons if c.holm_p is not None]:
         q = pair.pairs
         ci = "n/a" if pair.diff is None or pair.diff_ci is None else f"{_pct(pair.diff)} {_ci(pair.diff_ci)}"
-        first, second = arm_advisor(pair.first) or pair.first, arm_advisor(pair.second) or pair.second
+        first, second = shown(pair.first), shown(pair.second)
         t.add_row(f"{first} vs {second}", str(pair.k), str(q.first_only), str(q.second_only),
                   str(q.both_success), str(q.both_fail), _p(pair.mcnemar_p), _p(pair.holm_p), ci)
     return t
 
 
-def advisor_usage_table(by_advisor: dict[str, Any]) -> Table:
-    """Per advisor: calls and their statuses, tokens by kind, latency, cost (declared price only)."""
-    t = Table(title="VLM usage per advisor")
-    for col in ("advisor", "calls", "not ok", "input", "cached input", "output", "reasoning", "median latency", "cost"):
+def advisor_usage_table(by_advisor: dict[str, Any], title: str = "VLM usage per advisor", what: str = "advisor") -> Table:
+    """Per advisor (or per query point): calls and their statuses, tokens by kind, latency, cost (declared price only)."""
+    t = Table(title=title)
+    for col in (what, "calls", "not ok", "input", "cached input", "output", "reasoning", "median latency", "cost"):
         t.add_column(col)
     for name, u in by_advisor.items():
         tokens = [str(u.tokens[k].total) if u.tokens[k].total is not None else f"{u.tokens[k].known_sum}+?"
@@ -164,6 +164,36 @@ def usage_table(usage: Any) -> Table:
     return t
 
 
+def mode_line(study: Any) -> str | None:
+    """How the study's arms ran, in one line (DESIGN §13); None for an export that does not say."""
+    if study.mode is None:
+        return None
+    if study.mode == "independent":
+        return "arms: each run whole from the initial state (independent replays)"
+    how = ("followers replayed the prefix through their own policy connection (the server gives RNG control)"
+           if study.policy_rng_control is not False else
+           "followers continued on fresh policy connections (the server gives no RNG control: every continuation "
+           "is a new draw of the policy, the control arm a new draw from the historical initial state)")
+    k = f"; {study.continuations} continuations per arm" if study.continuations > 1 else ""
+    return f"arms: forked at q from one snapshot; {how}{k}"
+
+
+def estimate_table(summary: Summary) -> Table:
+    """With K continuations per arm: every comparison's paired estimate (mean difference in success probability,
+    bootstrap interval, exact sign-flip p) over the cases whose continuations all count (DESIGN §13)."""
+    t = Table(title="paired estimates over continuations (DESIGN §13)")
+    for col in ("first vs second", "cases", "K", "first rate", "second rate", "difference, 95% CI", "p (sign-flip)"):
+        t.add_column(col)
+    rows = [f.versus_control for f in summary.figures()] + list(summary.comparisons)
+    for c in rows:
+        e = c.estimate if c is not None else None
+        if e is None:
+            continue
+        t.add_row(f"{c.first} vs {c.second}", str(e.k), str(e.continuations), _pct(e.first_rate), _pct(e.second_rate),
+                  f"{_pct(e.diff)} {_ci(e.diff_ci)}", _p(e.p))
+    return t
+
+
 def render_summary(export: Any) -> Group:
     """A rescue study's export as tables: summary, per group, pilot apart, usage."""
     parts: list[Any] = []
@@ -172,12 +202,17 @@ def render_summary(export: Any) -> Group:
         parts.append(Text(f"{main.n_pending} case(s) never started and {main.n_in_flight} in flight: "
                           "they stay in N and outside these figures until run"))
     summary = export.summary
+    mode = mode_line(export.study)
+    if mode is not None:
+        parts.append(Text(mode))
     title = "rescue study"
     if arm_advisor(summary.arm):
         title += f" (the primary advisor's arm: {arm_advisor(summary.arm)})"
     parts += [summary_table(summary, title, main.n_manifest), group_table(summary)]
     if _sham(summary.arms) is not None:
         parts.append(sham_table(summary))
+    if summary.versus_control.estimate is not None:
+        parts.append(estimate_table(summary))
     if len(asking_arms(summary)) > 1:
         parts.append(advisor_table(summary, export.study.advisors))
         if any(c.holm_p is not None for c in summary.comparisons):
@@ -188,6 +223,9 @@ def render_summary(export: Any) -> Group:
     parts.append(usage_table(export.usage))
     if getattr(export, "usage_by_advisor", None):
         parts.append(advisor_usage_table(export.usage_by_advisor))
+    if getattr(export, "usage_by_query_point", None):
+        parts.append(advisor_usage_table({shown(a): u for a, u in export.usage_by_query_point.items()},
+                                         "VLM usage per query point", "query point's arm"))
     parts.append(Text("the words (q, C, H, N, M, E, K, R/N, prefix proof) are explained in docs/glossary.md"))
     return Group(*parts)
 

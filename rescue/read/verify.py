@@ -21,9 +21,8 @@ from rescue.core.config import StudyConfig
 from rescue.core.digest import digest_bytes, digest_text
 from rescue.core.manifest import Case, ManifestError, load_manifest
 from rescue.core.proofs import trace_is_regular
-from rescue.core.querypoint import query_point
 from rescue.core.records import ArmResult, Receipt, Verdict, chain_break
-from rescue.core.arms import is_assisted
+from rescue.core.arms import answered_at_q, base_arm, continuation, continuation_seed, is_assisted
 from rescue.core.sham import sham_donors
 from rescue.core.stats import Summary
 from rescue.read.legacy import is_legacy_summary, legacy_summary
@@ -282,7 +281,7 @@ class _Verifier:
     def check_assisted_refs(self, arms: dict[str, dict[str, ArmResult]]) -> None:
         """Each assisted (or permuted sham) arm's receipt reference points at unchanged bytes of its call's outcome line."""
         for case_id, by_arm in arms.items():
-            for name in [n for n in by_arm if is_assisted(n) or n == "sham"]:
+            for name in [n for n in by_arm if answered_at_q(n)]:
                 a = by_arm.get(name)
                 ref = a.assistance.receipt if a is not None else None
                 if ref is None:
@@ -437,9 +436,8 @@ class _Verifier:
         self.problem("trace", case_id, f"{arm.arm} trace is not regular for C={interval}: row {i} "
                      f"is at step {arm.trace[i].step}, expected {i * interval}")
 
-    def check_instructions(self, case: Case, arms: dict[str, ArmResult], interval: int) -> None:
+    def check_instructions(self, case: Case, arms: dict[str, ArmResult], config: StudyConfig) -> None:
         case_id = case.case_id
-        q = query_point(case.horizon, interval)
         control = arms.get("control")
         # The original instruction's digest: the manifest's text when given, else
         # the one the control arm queried with.
@@ -453,10 +451,22 @@ class _Verifier:
                 original = next(iter(seen))
             elif original not in seen:
                 self.problem("injection", case_id, "control arm did not query with the case's instruction")
-        for name in [n for n in arms if is_assisted(n) or n == "sham"]:
+        for name in [n for n in arms if n != "control" and base_arm(n) == "control"]:  # its continuations
+            if original is not None and any(row.instruction != original for row in arms[name].trace):
+                self.problem("injection", case_id, f"{name} arm queried with another instruction than the control arm")
+        for name in [n for n in arms if answered_at_q(n)]:
             arm_rec = arms.get(name)
             if arm_rec is not None and arm_rec.trace:
+                q = config.query_step(name, case.horizon)  # its declared query point's, else the case's q
                 self.check_injection(case_id, name, arm_rec, q, original_text, original)
+
+    def check_continuations(self, case: Case, arms: dict[str, ArmResult]) -> None:
+        """A continuation reseeded at q under RNG control got its continuation's declared seed (DESIGN §13)."""
+        for name, arm in arms.items():
+            k, seed = continuation(name), arm.continuation_seed
+            if seed is not None and (k < 2 or seed != continuation_seed(case.policy_seed, k)):
+                self.problem("continuation", case.case_id, f"{name} arm's policy RNG was reset to {seed} at q, "
+                             "not to its continuation's declared seed")
 
     def check_injection(
         self, case_id: str, name: str, arm_rec: ArmResult, q: int, original_text: str | None, original: str | None
@@ -590,8 +600,8 @@ def verify_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
             v.check_receipt_advisors(config)
         if config is not None:
             for case_id, by_arm in arms.items():
-                for name in sorted(set(by_arm) - set(config.arms)):
-                    v.problem("state", case_id, f"{name} arm recorded, but the study runs {', '.join(config.arms)}")
+                for name in sorted(set(by_arm) - set(config.case_arms)):
+                    v.problem("state", case_id, f"{name} arm recorded, but the study runs {', '.join(config.case_arms)}")
         stored = v.stored_verdicts()
         if config is not None:
             records = StudyRecords(
@@ -604,7 +614,8 @@ def verify_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
                 for arm in by_arm.values():
                     v.check_trace(case.case_id, arm, interval)
                     v.check_keyframes(case.case_id, arm)
-                v.check_instructions(case, by_arm, interval)
+                v.check_instructions(case, by_arm, config)
+                v.check_continuations(case, by_arm)
             if not config.is_evaluation:
                 v.check_invariant(records, stored, "stored")
                 v.check_invariant(records, fresh, "recomputed")

@@ -25,7 +25,7 @@ from rescue.core.images import VLM_VIEWS, view_digests
 from rescue.core.manifest import Case
 from rescue.core.observation import PRIVILEGED, ObservationProfile
 from rescue.core.querypoint import query_point
-from rescue.core.arms import ArmName
+from rescue.core.arms import ArmName, base_arm, continuation, continuation_seed
 from rescue.core.records import Answer, ArmResult, Assistance, TraceRow, chained
 from rescue.env.pool import SimLease, Simulator
 from rescue.policy.protocol import PolicyConnection
@@ -65,6 +65,9 @@ class ArmSpec:
     experiment: str = "rescue"
     # The reply key under which the policy reports its stage (recorded per query; the rules read it too).
     stage_key: str = "phase"
+    # The fraction of the horizon the arm asks at (a declared extra query point, DESIGN §14); None: the
+    # pre-registered q = ceil(H/2/C)*C.
+    query_fraction: float | None = None
 
 
 async def _query(policy: PolicyConnection, obs: dict, step: int, firings: list | None) -> dict:
@@ -105,14 +108,17 @@ def _check_same(before: Any, after: Any, case_id: str) -> None:
 class ArmRun:
     """One arm in progress: reset, run to a step, assist at q, finish. Both modes are built from it."""
 
-    def __init__(self, case: Case, spec: ArmSpec, sim: Simulator, policy: PolicyConnection, advisor: Advisor | None = None):
-        self.case, self.spec, self.sim, self.policy, self.advisor = case, spec, sim, policy, advisor
+    def __init__(self, case: Case, spec: ArmSpec, sim: Simulator | None, policy: PolicyConnection | None,
+                 advisor: Advisor | None = None):
+        self.case, self.spec, self.sim, self.advisor = case, spec, sim, advisor
         self.horizon, self.interval = case.horizon, spec.interval
-        self.q = query_point(self.horizon, self.interval)
+        self.q = (query_point(self.horizon, self.interval) if spec.query_fraction is None
+                  else query_point(self.horizon, self.interval, spec.query_fraction))
         self.log = log.bind(case_id=case.case_id, arm=spec.arm)
         self.started = time.time()
         self.trace: list[TraceRow] = []
-        self.assistance = Assistance(status="control" if spec.arm == "control" else "not_reached")
+        self.is_control = base_arm(spec.arm, query_point=False) == "control"
+        self.assistance = Assistance(status="control" if self.is_control else "not_reached")
         self.fingerprint: str | None = None
         self.fingerprint_parts: dict[str, str] = {}
         self.python_hash_seed: str | None = None
@@ -125,15 +131,30 @@ class ArmRun:
         self.restored_render: dict[str, str] | None = None
         self.q_views: dict | None = None
         self.episode_markers = False  # whether openpi's episode frames went to the server
-        # Rules between policy and simulator (wrappers/async_rules.py) log their firings here.
-        self.firings: list[dict] | None = getattr(policy, "firings", None)
-        self.rng_control = bool(policy.supports_rng)
+        self.policy: PolicyConnection | None = None
+        self.firings: list[dict] | None = None
+        self.rng_control: bool | None = None
+        if policy is not None:
+            self.attach(policy)
         self.queries: list[tuple[int, dict]] = []  # (step, policy input) of the prefix, for a fork's replay
+        # A fork's follower: whether it replayed the prefix through its own connection, and the seed its policy
+        # RNG was reset to at q (a continuation after the first, under RNG control).
+        self.prefix_replayed: bool | None = None
+        self.continuation_seed: int | None = None
+        # A fork's leader: its state digest and render at each declared extra query point (DESIGN §14).
+        self.fork_points: dict[int, tuple[str | None, dict[str, str]]] = {}
         self.keyframes: dict[str, str] = {}
         self.query_records: list[QueryRecord] = []
         self.original = self.instruction = ""
         self.obs: dict = {}
         self.action_space = None  # the simulator's, from the reset: every chunk is checked against it
+
+    def attach(self, policy: PolicyConnection) -> None:
+        """The policy connection the arm queries (a fork's follower gets its own at q)."""
+        self.policy = policy
+        # Rules between policy and simulator (wrappers/async_rules.py) log their firings here.
+        self.firings = getattr(policy, "firings", None)
+        self.rng_control = bool(policy.supports_rng)
 
     async def start(self) -> None:
         """Reset the case, check its instruction, reset the policy and its RNG."""
@@ -177,7 +198,7 @@ class ArmRun:
                 self.q_state = await self._state_digest()
             if self.step >= self.q and not any(k.startswith("q") for k in self.keyframes):
                 await self.keyframe(f"q{self.step}")
-            if self.spec.arm != "control" and self.step >= self.q and self.assistance.status == "not_reached":
+            if not self.is_control and self.step >= self.q and self.assistance.status == "not_reached":
                 views = self.q_views if self.q_views is not None else await self.sim.render(list(VLM_VIEWS), self.spec.image_size)
                 self.q_render = view_digests(views)
                 self.assistance, self.restored_render = await _assist(
@@ -259,6 +280,10 @@ class ArmRun:
             idle_rules=list(getattr(self.policy, "idle_rules", [])),
             policy_rng_control=self.rng_control,
             mode=mode,
+            prefix_replayed=self.prefix_replayed,
+            continuation_seed=self.continuation_seed,
+            fork_states={q: state for q, (state, _) in self.fork_points.items()},
+            fork_renders={q: render for q, (_, render) in self.fork_points.items()},
             episode_protocol=self.spec.protocol.name,
             episode_markers=self.episode_markers,
             q_state=self.q_state,
@@ -290,8 +315,17 @@ async def run_arm(
     return arm.result()
 
 
-# A forked arm after the prefix: its name, how it gets a simulator at q, its policy connection, its advisor.
-Follower = tuple[ArmName, Callable[[], Awaitable[Simulator]], "PolicyConnection", "Advisor | None"]
+@dataclass
+class Follower:
+    """An arm that continues from the snapshot at q: its name, how it gets a simulator and its own policy
+    connection at q, and who answers it there (None: a continuation of the control arm)."""
+
+    arm: ArmName
+    simulator: Callable[[], Awaitable[Simulator]]
+    connect: Callable[[], Awaitable[PolicyConnection]]
+    advisor: Advisor | None = None
+    # Where it forks and asks: a declared extra query point's fraction of the horizon; None: the pre-registered q.
+    query_fraction: float | None = None
 
 
 async def run_forked(
@@ -301,77 +335,72 @@ async def run_forked(
     control: tuple[Simulator, PolicyConnection],
     followers: list[Follower],
     control_done: Callable[[], None] = lambda: None,
+    replay: bool = True,
+    on_result: Callable[[ArmResult], None] = lambda result: None,
 ) -> list[ArmResult]:
     """Fork at q: run the common prefix once, snapshot the simulator at q, finish every arm from it.
 
-    Each follower (the assisted arm, and the sham arm when there is one) restores the
-    snapshot (its state digest must equal the control arm's at q) and its policy
-    connection replays the prefix queries, which must give the same action chunks: the
-    policy then stands where the control arm's does. Results: control first, then the followers.
+    The prefix's trace is every arm's prefix. Each follower (each assisted arm, the sham, every continuation)
+    restores the snapshot on a simulator of its own (its state digest and first render must equal the leader's
+    at q) and queries the policy on a fresh connection. With `replay` (a server with RNG control) the connection
+    first replays the prefix's queries, which must give the same action chunks: the policy then stands where the
+    leader's does, its RNG included; a continuation k >= 2 then reseeds it (`continuation_seed`). Without it (a
+    stateless policy whose server gives no RNG control, DESIGN §13) the follower continues at once: what the
+    policy answers from q on is a fresh draw. A follower of a declared extra query point (DESIGN §14) forks at its
+    own q: the leader snapshots at each of them as it passes, and the follower starts from that snapshot as soon
+    as it is taken. Results: the leader (control) first, then the followers in order; `on_result` hears each as
+    soon as its arm ends.
     """
-    # Followers take their simulator only at q, and the control arm gives its own back
+    # Followers take their simulator and connection only at q, and the control arm gives its own back
     # when done (`control_done`), so forked cases never wait on each other for simulators.
     ctrl = ArmRun(case, ArmSpec(arm="control", interval=interval, **spec_kwargs), *control)
-    runs = [
-        (ArmRun(case, ArmSpec(arm=name, interval=interval, **spec_kwargs), None, policy, advisor), acquire)
-        for name, acquire, policy, advisor in followers
-    ]
-    try:
-        await ctrl.start()
-        await ctrl.run_until(ctrl.q)
-    except Exception as exc:
-        control_done()
-        # The prefix is shared: its failure is every arm's failure.
-        for run, _ in runs:
-            run.fingerprint, run.fingerprint_parts = ctrl.fingerprint, ctrl.fingerprint_parts
-            run.python_hash_seed = ctrl.python_hash_seed
-            run.trace, run.step = list(ctrl.trace), ctrl.step
-        return [ctrl.result(exc, "fork")] + [run.result(exc, "fork") for run, _ in runs]
+    runs = [(ArmRun(case, ArmSpec(arm=f.arm, interval=interval, query_fraction=f.query_fraction, **spec_kwargs),
+                    None, None, f.advisor), f) for f in followers]
 
-    async def finish_control() -> ArmResult:
-        try:
-            await ctrl.run_until(ctrl.horizon)
-        except Exception as exc:
-            return ctrl.result(exc, "fork")
-        finally:
-            control_done()
-        await ctrl.end_policy(ctrl.success)
-        return ctrl.result(mode="fork")
-
-    # The followers start where the shared prefix ends (copied before the control arm goes on).
-    for run, _ in runs:
+    def start_at(run: ArmRun) -> None:
+        # A follower starts where the shared prefix stands now (copied before the leader goes on).
         run.fingerprint, run.fingerprint_parts = ctrl.fingerprint, ctrl.fingerprint_parts
         run.python_hash_seed, run.action_space = ctrl.python_hash_seed, ctrl.action_space
         run.trace, run.step, run.obs = list(ctrl.trace), ctrl.step, ctrl.obs
-        run.query_records = list(ctrl.query_records)
+        run.query_records, run.queries = list(ctrl.query_records), list(ctrl.queries)
         run.original = run.instruction = ctrl.original
         run.success = run.done = ctrl.done and ctrl.success
 
-    async def finish(run: ArmRun, acquire: Callable[[], Awaitable[Simulator]]) -> ArmResult:
+    async def replay_prefix(run: ArmRun, queries: list[tuple[int, dict]]) -> None:
+        for (step, policy_input), row in zip(queries, run.trace):
+            reply = await _query(run.policy, policy_input, step, run.firings)
+            chunk = checked_chunk(reply, interval=interval, due=min(interval, run.horizon - step), space=ctrl.action_space,
+                                  policy=getattr(run.policy, "url", type(run.policy).__name__), step=step)
+            if digest_array(chunk) != row.actions:
+                raise RuntimeError(f"fork replay: the policy answered step {step} differently (not deterministic under its seed)")
+
+    async def finish(run: ArmRun, follower: Follower, point: ForkPoint | None) -> ArmResult:
         try:
+            run.attach(await follower.connect())
             await run.start_policy()
-            for (step, policy_input), row in zip(ctrl.queries, run.trace):
-                reply = await _query(run.policy, policy_input, step, run.firings)
-                chunk = checked_chunk(reply, interval=interval, due=min(interval, run.horizon - step), space=ctrl.action_space,
-                                      policy=getattr(run.policy, "url", type(run.policy).__name__), step=step)
-                if digest_array(chunk) != row.actions:
-                    raise RuntimeError(f"fork replay: the policy answered step {step} differently (not deterministic under its seed)")
-            run.queries = list(ctrl.queries)
-            if not run.done:
-                run.sim = await acquire()
+            run.prefix_replayed = replay
+            if replay:
+                await replay_prefix(run, run.queries)
+            k = continuation(run.spec.arm)
+            if k > 1 and run.rng_control:
+                # Each continuation its own draws, the same for every arm's k-th (paired across arms).
+                run.continuation_seed = continuation_seed(case.policy_seed, k)
+                await run.policy.reset_rng(run.continuation_seed)
+            if point is not None:
+                run.sim = await follower.simulator()
                 try:
-                    await run.sim.restore(snapshot)
+                    await run.sim.restore(point.snapshot)
                     run.q_state = await run._state_digest()
-                    if run.q_state != ctrl.q_state:
-                        raise RuntimeError("fork: the restored simulator state differs from the state at q")
+                    if run.q_state != point.state:
+                        raise RuntimeError(f"fork: the restored simulator state differs from the state at step {run.q}")
                     # The renderer's side too: the follower's first render of the state at q must be the
                     # leader's, pixel for pixel (a stale render state would pass the state digest).
                     run.q_views = await run.sim.render(list(VLM_VIEWS), run.spec.image_size)
                     run.q_render = view_digests(run.q_views)
-                    differ = sorted(c for c in run.q_render if run.q_render[c] != (ctrl.q_render or {}).get(c))
+                    differ = sorted(c for c in run.q_render if run.q_render[c] != point.render.get(c))
                     if differ:
                         raise RuntimeError(f"fork: the restored simulator renders {', '.join(differ)} otherwise than the "
-                                           "leader did at q")
+                                           f"leader did at step {run.q}")
                     await run.run_until(run.horizon)
                 finally:
                     # A follower done with its simulator gives it back at once, not when its case ends:
@@ -383,12 +412,65 @@ async def run_forked(
         await run.end_policy(run.success)
         return run.result(mode="fork")
 
-    snapshot = None
-    if not ctrl.done:
-        ctrl.q_state = await ctrl._state_digest()
-        snapshot = await ctrl.sim.snapshot()
-        ctrl.q_render = view_digests(await ctrl.sim.render(list(VLM_VIEWS), ctrl.spec.image_size))
-    return list(await asyncio.gather(finish_control(), *(finish(run, acquire) for run, acquire in runs)))
+    async def heard(arm: Awaitable[ArmResult]) -> ArmResult:
+        result = await arm
+        on_result(result)
+        return result
+
+    started: dict[ArmRun, asyncio.Task] = {}
+    try:
+        await ctrl.start()
+        for q in sorted({run.q for run, _ in runs} | {ctrl.q}):
+            await ctrl.run_until(q)
+            point = None
+            if not ctrl.done:
+                point = ForkPoint(state=await ctrl._state_digest(), snapshot=await ctrl.sim.snapshot(),
+                                  render=view_digests(await ctrl.sim.render(list(VLM_VIEWS), ctrl.spec.image_size)))
+                if q == ctrl.q:
+                    ctrl.q_state, ctrl.q_render = point.state, point.render
+                else:
+                    ctrl.fork_points[q] = (point.state, point.render)
+            # The followers of this q start now; one whose q the leader never reached (it ended first) ends with it.
+            for run, follower in runs:
+                if run.q == q:
+                    start_at(run)
+                    started[run] = asyncio.ensure_future(heard(finish(run, follower, point)))
+    except Exception as exc:
+        control_done()
+        # The prefix is shared: its failure is the failure of every arm that had not forked yet.
+        by_run: dict[ArmRun, ArmResult] = {}
+        for run, _ in runs:
+            if run not in started:
+                start_at(run)
+                by_run[run] = run.result(exc, "fork")
+                on_result(by_run[run])
+        leader = ctrl.result(exc, "fork")
+        on_result(leader)
+        by_run.update(zip(started, await asyncio.gather(*started.values())))
+        return [leader, *(by_run[run] for run, _ in runs)]
+
+    async def finish_control() -> ArmResult:
+        try:
+            await ctrl.run_until(ctrl.horizon)
+        except Exception as exc:
+            return ctrl.result(exc, "fork")
+        finally:
+            control_done()
+        await ctrl.end_policy(ctrl.success)
+        return ctrl.result(mode="fork")
+
+    leader = await heard(finish_control())
+    by_run = dict(zip(started, await asyncio.gather(*started.values())))
+    return [leader, *(by_run[run] for run, _ in runs)]
+
+
+@dataclass
+class ForkPoint:
+    """The leader at one fork step: its state digest, its snapshot and its render of the VLM views there."""
+
+    state: str | None
+    snapshot: Any
+    render: dict[str, str]
 
 
 async def _assist(
@@ -412,7 +494,7 @@ async def _assist(
     # another arm step it; the simulated clock does not move for this arm either way.
     # A sham arm may wait on its donor's VLM answer: it always gives its simulator back meanwhile,
     # so donors can never be starved of simulators by the arms waiting for them.
-    release = (spec.release_while_waiting or spec.arm == "sham") and isinstance(sim, SimLease)
+    release = (spec.release_while_waiting or base_arm(spec.arm, query_point=False) == "sham") and isinstance(sim, SimLease)
     restored_render = None
     if release:
         await sim.suspend()

@@ -20,16 +20,16 @@ import structlog
 
 from rescue.core.config import StudyConfig
 from rescue.core.digest import digest_bytes
-from rescue.core.failfast import FailFast, error_line, one_line
+from rescue.core.failfast import FailFast, error_line, one_line, sampling_without_control
 from rescue.core.manifest import Case
 from rescue.core.observation import get_profile
 from rescue.core.records import Answer, ArmResult, Assistance, Verdict
-from rescue.core.arms import advisor_arm, is_assisted
+from rescue.core.arms import advisor_arm, answered_at_q, base_arm, is_assisted, query_point_of
 from rescue.core.sham import donor_group
 from rescue.env.backend import LOCAL, Backend
 from rescue.env.pool import SimLease, SimulatorError
 from rescue.policy.client import WebsocketPolicyClient
-from rescue.run.arm import ArmSpec, run_arm, run_forked
+from rescue.run.arm import ArmSpec, Follower, run_arm, run_forked
 from rescue.run.peers import Peers, start_services
 from rescue.run.sham import ShamSource
 from rescue.study.folder import SHAM_DONORS_KEY, classify_case, load_study_config, outcome_receipts, store_summary
@@ -140,7 +140,8 @@ class Engine:
         try:
             pending = set(self.journal.pending_ids())
             horizons = sum(c.horizon for c in self.journal.cases() if c.case_id in pending)
-            self.observer.study_started(len(pending), len(self.config.arms), horizons * len(self.config.arms))
+            arms = len(self.config.case_arms)
+            self.observer.study_started(len(pending), arms, horizons * arms)
             self._workers = [
                 asyncio.create_task(self._worker(f"w{i}-{os.getpid()}", self.services))
                 for i in range(max(1, self.config.cases_in_flight))
@@ -301,7 +302,7 @@ class Engine:
                 lease.release()
 
     async def _run_case(self, case: Case, services: Peers, held: tuple[SimLease, AsyncRuleWrapper]) -> None:
-        if self.config.fork_at_q and not self.config.is_evaluation:
+        if self.config.forked:
             arms = list(await self._run_forked(case, services, held))
         else:
             arms = await asyncio.gather(
@@ -319,7 +320,7 @@ class Engine:
                             "check the policy server (rescue preflight), then `rescue resume`")
         index, receipts = [], {}
         for name, arm in by_arm.items():
-            ref = arm.assistance.receipt if is_assisted(name) or name == "sham" else None
+            ref = arm.assistance.receipt if answered_at_q(name) else None
             if ref is None:
                 continue
             # The outcome line this arm's reference names, read back by the one receipts reader.
@@ -329,14 +330,29 @@ class Engine:
             if is_assisted(name):
                 index.append((arm.assistance.call_id, ref.path, ref.sha256))
         verdict = classify_case(self.config, case, by_arm, receipts, interrupted=False, donors=self.donors)
-        # Arms, receipt index and verdict land in one transaction: a crash leaves the case
-        # claimed with nothing recorded (resume makes it unknown), never half-finished.
+        # Each arm was recorded as it ended; the rest of them, the receipt index and the verdict land in one
+        # transaction: a crash leaves the case claimed with the arms that ended (resume makes it unknown,
+        # keeping them), never finished without its verdict.
         self.journal.finish_case(case.case_id, arms, verdict, index)
         log.info("case.classified", case_id=case.case_id, label=verdict.label, rule=verdict.rule, reason=verdict.reason)
         self.observer.case_finished(verdict)
         cause = self._failfast.observe(list(arms))
+        if cause is None and not self.config.forked:
+            # Every later case would end unknown alike (DESIGN §13): say why now.
+            cause = sampling_without_control(list(arms))
         if cause is not None:
             self.stop_study(cause)
+
+    def _keep(self, result: ArmResult) -> ArmResult:
+        """Record an arm in the journal as soon as it ends, so that a kill keeps its work (the case stays claimed
+        until its verdict); a record that fails here is made again with the verdict, or the case is settled."""
+        ref = result.assistance.receipt
+        entry = (result.assistance.call_id, ref.path, ref.sha256) if ref and is_assisted(result.arm) else None
+        try:
+            self.journal.record_arm(result, entry)
+        except Exception as exc:
+            log.warning("arm.not_recorded_yet", case_id=result.case_id, arm=result.arm, error=one_line(str(exc)))
+        return result
 
     def _spec_kwargs(self) -> dict:
         return dict(
@@ -379,7 +395,7 @@ class Engine:
             advisor = self._advisor_for(arm, services, case)
             self.observer.arm_started(arm)
             try:
-                return await run_arm(case, spec, lease, policy, advisor)
+                return self._keep(await run_arm(case, spec, lease, policy, advisor))
             finally:
                 self.observer.arm_finished(arm)
         except Exception as exc:
@@ -395,29 +411,36 @@ class Engine:
     ) -> list[ArmResult]:
         leases: list[SimLease] = [held[0]]
         policies: list[AsyncRuleWrapper] = [held[1]]
-        names = [arm for arm in self.config.arms if arm != "control"]
+        names = list(self.config.case_arms)
 
         async def sim_at_q() -> SimLease:
             leases.append(await SimLease(services.pool).acquire())
             return leases[-1]
 
+        async def connect() -> AsyncRuleWrapper:
+            policies.append(await self._connect(services))
+            return policies[-1]
+
+        # One answer per arm at q, whatever the number of its continuations: they share the call (DESIGN §13).
+        advisors = {base: _once(self._advisor_for(base, services, case))
+                    for base in dict.fromkeys(base_arm(name) for name in names if name != "control")}
+        fractions = {p.name: p.fraction for p in self.config.query_points or []}
+        followers = [Follower(name, sim_at_q, connect, advisors.get(base_arm(name)), fractions.get(query_point_of(name)))
+                     for name in names if name != "control"]
+        for arm in names:
+            self.observer.arm_started(arm)
         try:
-            followers = []
-            for name in names:
-                policies.append(await self._connect(services))
-                followers.append((name, sim_at_q, policies[-1], self._advisor_for(name, services, case)))
-            for arm in self.config.arms:
-                self.observer.arm_started(arm)
+            # Without RNG control nothing can put a fresh connection where the prefix left the policy's RNG:
+            # a stateless policy's followers continue at once (a study made before this was recorded replays).
             return await run_forked(
                 case, services.interval, self._spec_kwargs(), (leases[0], policies[0]), followers,
-                control_done=leases[0].release,
+                control_done=leases[0].release, replay=self.config.policy.rng_control is not False, on_result=self._keep,
             )
         except Exception as exc:
-            return [_infrastructure_error(case, arm, exc) for arm in self.config.arms]
+            return [_infrastructure_error(case, arm, exc) for arm in names]
         finally:
-            if len(policies) == len(self.config.arms):
-                for arm in self.config.arms:
-                    self.observer.arm_finished(arm)
+            for arm in names:
+                self.observer.arm_finished(arm)
             for policy in policies:
                 await policy.close()
             for lease in leases:
@@ -425,9 +448,11 @@ class Engine:
 
     def _advisor_for(self, arm: str, services: Peers, case: Case):
         """Who answers an arm at q: its advisor's VLM (assisted, assisted:<name>), the sham's declared source
-        (sham), nobody (control)."""
+        (sham), nobody (control); every continuation of an arm is its arm's."""
+        arm = base_arm(arm)
         if is_assisted(arm):
-            return self._advisor(services.advisors.get(arm), arm)
+            # A query point's arm asks its advisor (the primary's) at its own q, in a call of its own.
+            return self._advisor(services.advisors.get(base_arm(arm, query_point=False)), arm)
         if arm == "sham":
             return self.sham.advisor(case)
         return None
@@ -456,8 +481,24 @@ def _infrastructure_error(case: Case, arm: str, exc: Exception) -> ArmResult:
         status="error",
         error=error_line(exc),
         error_detail=str(exc),
-        assistance=Assistance(status="control" if arm == "control" else "not_reached"),
+        assistance=Assistance(status="control" if base_arm(arm) == "control" else "not_reached"),
     )
+
+
+def _once(ask):
+    """An advisor asked once, however many arms ask it: the continuations of one arm share its answer."""
+    if ask is None:
+        return None
+    task: asyncio.Future | None = None
+
+    async def shared(*args):
+        nonlocal task
+        if task is None:
+            task = asyncio.ensure_future(ask(*args))
+        # A waiter stopped (a second signal) leaves the call to the others.
+        return await asyncio.shield(task)
+
+    return shared
 
 
 def settle(journal: Journal, config: StudyConfig, receipts_path: Path, reason: str = "interrupted") -> list[str]:

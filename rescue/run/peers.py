@@ -23,12 +23,21 @@ from rescue.core.episode_protocol import BUNDLED_DEFAULT as BUNDLED_DEFAULT_PROT
 from rescue.core.episode_protocol import EXTERNAL_DEFAULT as EXTERNAL_DEFAULT_PROTOCOL
 from rescue.core.episode_protocol import EpisodeProtocol, get_protocol
 from rescue.core.failfast import PeerUnreachable, fix_for, one_line
-from rescue.core.identity import IdentityError, announced_identity, identity_changes, resolve_interval, resolve_observation
+from rescue.core.identity import (
+    IdentityError,
+    announced_identity,
+    identity_changes,
+    resolve_fork,
+    resolve_interval,
+    resolve_observation,
+    resolve_stateless,
+)
 from rescue.core.observation import ObservationProfile, get_profile
 from rescue.core.reported_model import mismatch, model_matches
 from rescue.env.backend import LOCAL, Backend
 from rescue.env.pool import SimPool
 from rescue.policy.client import PolicyServerError, WebsocketPolicyClient
+from rescue.policy.protocol import RNG_EXTENSION
 from rescue.study.layout import RECEIPTS, StudyLayout
 from rescue.study.ledger import LabBudget
 from rescue.study.receipts import ReceiptLog
@@ -144,18 +153,24 @@ def resolve_config(config: StudyConfig, metadata: dict[str, Any]) -> StudyConfig
         profile = get_profile(observation)
     except ValueError as exc:
         raise IdentityError(f"policy.observation: {exc}") from None
+    rng_control = bool(metadata.get(RNG_EXTENSION))
+    stateless = resolve_stateless(config.policy.stateless, metadata, rng_control)
     policy = config.policy.model_copy(
         update={
             "replan_interval": resolve_interval(config.policy.replan_interval, metadata),
             "observation": observation,
             "observation_sha256": profile.sha256(),
             "announced": announced_identity(metadata),
+            "stateless": stateless,
+            "rng_control": rng_control,
         }
     )
     episode = study_protocol(config)
     env = config.env.model_copy(update={"episode_protocol": episode.name, "episode_protocol_sha256": episode.sha256(),
                                         "instruction": episode.instruction})
-    return config.model_copy(update={"policy": policy, "env": env, "rules": _rules_for(config.rules, profile)})
+    fork = resolve_fork(config.fork_at_q, rng_control, config.continuations, bool(config.query_points))
+    return config.model_copy(update={"policy": policy, "env": env, "rules": _rules_for(config.rules, profile),
+                                     "fork_at_q": fork})
 
 
 def _rules_for(rules: RulesConfig, profile: ObservationProfile) -> RulesConfig:
@@ -196,6 +211,11 @@ def check_identity(config: StudyConfig, metadata: dict[str, Any]) -> None:
             f"observation profile {profile.name!r}: the study was created with definition "
             f"{config.policy.observation_sha256[:12]}…, this version defines {profile.sha256()[:12]}…"
         )
+    rng_control = bool(metadata.get(RNG_EXTENSION))
+    if config.policy.rng_control is not None and config.policy.rng_control != rng_control:
+        had = "announced" if config.policy.rng_control else "did not announce"
+        now = "announces" if rng_control else "does not announce"
+        changes.append(f"RNG extension: the server {had} it when the study was created and {now} it now")
     if changes:
         raise IdentityError("the policy server is not the one this study was created with: " + "; ".join(changes))
     episode = config.env.protocol()

@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from rescue.core.config import MissingAPIKey, StudyConfig, VLMConfig
 from rescue.core.episode_protocol import get_protocol
 from rescue.core.failfast import fix_for
+from rescue.core.identity import resolve_fork
 from rescue.core.images import VLM_VIEWS
 from rescue.core.manifest import Case, load_manifest
 from rescue.core.observation import get_profile
@@ -132,6 +133,17 @@ async def check_determinism(case: Case, config: StudyConfig, peers: Peers, clien
         if r.status != "complete":
             return Check(name=name, verdict="fail", detail=f"client {i}: arm {r.status}: {r.error}")
     problem = agreement(list(results))
+    sampler = problem is not None and _samples(list(results))
+    if sampler and config.forked:
+        return Check(name=name, verdict="pass", detail=(
+            f"{clients} clients reset to one initial state and the policy answered it differently ({problem}): it "
+            "samples, and its server gives no RNG control. The study forks at q: the prefix runs once, so every arm "
+            "shares it, and each continues from the snapshot at q on a fresh connection (a new draw of the policy)"))
+    if sampler:
+        return Check(name=name, verdict="fail", detail=(
+            f"{clients} clients disagree: {problem}; the policy samples and its server gives no RNG control, so with "
+            "fork_at_q = false a case's arms never share a prefix: unset fork_at_q (forked at q is the default for "
+            "such a server) or serve the policy with RNG control (`rescue serve-policy`, docs/own-vla.md)"))
     if problem is not None:
         return Check(name=name, verdict="fail", detail=f"{clients} clients disagree: {problem}")
     ref = results[0]
@@ -142,6 +154,30 @@ async def check_determinism(case: Case, config: StudyConfig, peers: Peers, clien
         detail=f"{clients} clients agree: fingerprint and all {len(ref.trace)} trace rows (last at step {last}), "
         f"{ref.steps} steps, success {ref.success}",
     )
+
+
+def _samples(results: list[ArmResult]) -> bool:
+    """Whether runs without RNG control reset alike and saw the same first observation, yet got different first
+    chunks: the policy samples (DESIGN §13)."""
+    if any(r.policy_rng_control is not False for r in results) or len({r.fingerprint for r in results}) != 1:
+        return False
+    firsts = [r.trace[0] for r in results if r.trace]
+    return (len(firsts) == len(results) and len({(f.state, tuple(sorted(f.images.items()))) for f in firsts}) == 1
+            and len({f.actions for f in firsts}) > 1)
+
+
+def mode_check(config: StudyConfig) -> Check:
+    """How the study's arms will run (DESIGN §13): forked at q, with or without a replay of the prefix, and how many
+    continuations; or each arm whole."""
+    if config.forked:
+        how = ("each follower replays the prefix through its own connection (the server gives RNG control)"
+               if config.policy.rng_control else
+               "each follower continues from the snapshot on a fresh connection without a replay (the server gives no "
+               "RNG control; the policy is declared stateless)")
+        k = f"; {config.continuations} continuations per arm" if config.continuations > 1 else ""
+        return Check(name="mode", verdict="pass", detail=f"forked at q: the prefix runs once; {how}{k}")
+    return Check(name="mode", verdict="pass", detail="independent: every arm runs whole from the initial state "
+                 "(prefix equality needs a deterministic policy or RNG control)")
 
 
 def _last_line(text: str) -> str:
@@ -360,8 +396,9 @@ async def check_rng_extension(peers: Peers) -> tuple[Check, bool]:
         await client.close()
     if supported:
         return Check(name="rng extension", verdict="pass", detail="the server announces the RNG extension: the policy RNG is reset per arm and read by keepalive"), True
-    detail = ("the server lacks the RNG extension: prefix equality is not guaranteed by the server "
-              "(arms record policy_rng_control = false; determinism below is observed, not enforced)")
+    detail = ("the server lacks the RNG extension: two independent replays of a policy that samples part at step 0, "
+              "so a study against it forks at q unless told otherwise (arms record policy_rng_control = false; "
+              "determinism below is observed, not enforced)")
     return Check(name="rng extension", verdict="warn", detail=detail), False
 
 
@@ -427,8 +464,10 @@ async def run_preflight(
     with tempfile.TemporaryDirectory(prefix="preflight-") as tmp:
         try:
             run_config = await resolved_config(run_config)
-            # The checks run under the resolved identity (C, observation profile) a study would get.
-            config = config.model_copy(update={"policy": run_config.policy})
+            # The checks run under the resolved identity (C, observation profile, mode) a study would get.
+            fork = resolve_fork(config.fork_at_q, bool(run_config.policy.rng_control), config.continuations,
+                                bool(config.query_points))
+            config = config.model_copy(update={"policy": run_config.policy, "fork_at_q": fork})
             async with start_services(run_config, StudyLayout.of(workdir or tmp)) as peers:
                 url = peers.policy_url
                 # The real calls first: a wrong profile or VLM key ends the preflight in one line.
@@ -442,6 +481,7 @@ async def run_preflight(
                     return PreflightReport(checks=checks, policy_url=url, policy_rng_control=rng_control)
                 rng_check, rng_control = await check_rng_extension(peers)
                 checks.append(rng_check)
+                checks.append(mode_check(config))
                 checks.append(await check_episode_markers(run_config, peers))
                 for case in cases[:k]:
                     checks.append(await check_determinism(case, config, peers, clients))

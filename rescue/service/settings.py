@@ -76,17 +76,17 @@ _TEMPLATE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 # Everything else is refused: it points the worker at a host, a file or code, or it is resolved when the
 # study is created. `vlm.endpoint` and `policy.name` name the service's choices.
 JOB_KEYS: frozenset[str] = frozenset({
-    "cases_in_flight", "release_simulator_while_waiting", "fork_at_q", "keyframes", "keepalive_s",
+    "cases_in_flight", "release_simulator_while_waiting", "fork_at_q", "continuations", "keyframes", "keepalive_s",
     "fail_fast_arms", "arms", "allow_idle_rules", "query_rule", "rules", "sham",
     "env.simulators", "env.image_size", "env.episode_protocol", "env.instruction", "env.max_simulator_rss_gb",
-    "policy.replan_interval", "policy.observation",
+    "policy.replan_interval", "policy.observation", "policy.stateless",
     "vlm.model", "vlm.api", "vlm.structured", "vlm.deadline_s", "vlm.request_timeout_s", "vlm.max_attempts",
     "vlm.backoff_initial_s", "vlm.backoff_max_s", "vlm.backoff_jitter_s", "vlm.max_subgoal_chars",
     "vlm.prompt_template", "vlm.max_concurrent_calls", "vlm.requests_per_minute", "vlm.batch_size",
     "vlm.batch_window_s", "vlm.image_format", "vlm.image_detail", "vlm.max_output_tokens", "vlm.temperature",
     "vlm.seed", "vlm.reasoning_effort", "vlm.store", "vlm.startup_check", "vlm.price", "vlm.require_model_match",
     # Each entry's keys are checked on their own (ADVISOR_JOB_KEYS): an advisor names a service endpoint.
-    "advisors",
+    "advisors", "query_points",
 })
 # The keys of one `[[advisor]]` a job may set: its name, the service endpoint it names, and every
 # job-settable `[vlm]` key; its URL, key and prompt folder come from the endpoint.

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from rescue.core.arms import query_point_of
 from rescue.core.classify import classify
 from rescue.core.config import StudyConfig
 from rescue.core.evaluation import classify_episode
@@ -147,13 +148,14 @@ def case_record(
     the outcome receipt each arm's subgoal came from, and the sham arm's declaration."""
     sham = config.sham
     sham_on = sham.on and "sham" in config.arms
-    judged = {name: arms.get(name) for name in config.arms}
+    judged = {name: arms.get(name) for name in config.case_arms}
     return CaseRecord(
         case_id=case.case_id,
         group=case.group,
         task=case.task,
         horizon=case.horizon,
         query_step=query_point(case.horizon, config.interval),
+        query_steps={arm: config.query_step(arm, case.horizon) for arm in config.arms if query_point_of(arm)},
         historical_fingerprint=case.fingerprint,
         pilot=case.pilot,
         interrupted=interrupted,

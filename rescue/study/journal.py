@@ -372,6 +372,17 @@ class Journal:
         except sqlite3.IntegrityError:
             raise DuplicateRecord(f"arm {result.arm} of case {result.case_id!r} is already recorded") from None
 
+    def record_arm(self, result: ArmResult, receipt: tuple[str, str, str | None] | None = None) -> None:
+        """Record one finished arm of a claimed case as soon as it ends, with the receipt index entry of the call
+        its subgoal came from (DESIGN §4: work done survives a kill); the case stays claimed until `finish_case`
+        gives it its verdict. A second record of the arm raises."""
+        with self._write() as conn:
+            state = self._require_case(conn, result.case_id)
+            if state != "claimed":
+                raise JournalError(f"case {result.case_id!r} is {state}, not claimed; cannot record its {result.arm} arm")
+            self._insert_arm(conn, result)
+            self._index(conn, result.case_id, [receipt] if receipt else [])
+
     def finish_case(
         self,
         case_id: str,
@@ -379,29 +390,38 @@ class Journal:
         verdict: Verdict,
         receipt: tuple[str, str, str | None] | list[tuple[str, str, str | None]] | None = None,
     ) -> None:
-        """Record a claimed case's arms, its receipt index entries (call id, receipts file, line sha256: one, or
-        one per advisor) and its verdict, and finish it, in one transaction."""
+        """Record a claimed case's arms (those `record_arm` has not recorded already, which must be the same
+        records), its receipt index entries (call id, receipts file, line sha256: one, or one per advisor) and its
+        verdict, and finish it, in one transaction."""
         if verdict.case_id != case_id:
             raise JournalError(f"verdict is for {verdict.case_id!r}, not {case_id!r}")
         with self._write() as conn:
             state = self._require_case(conn, case_id)
             if state != "claimed":
                 raise JournalError(f"case {case_id!r} is {state}, not claimed; cannot finish it")
+            recorded = dict(conn.execute("SELECT arm, digest FROM arms WHERE case_id = ?", (case_id,)).fetchall())
             for result in arms:
                 if result.case_id != case_id:
                     raise JournalError(f"arm result is for {result.case_id!r}, not {case_id!r}")
+                if result.arm in recorded:
+                    if recorded[result.arm] != arm_digest(result):
+                        raise DuplicateRecord(f"arm {result.arm} of case {case_id!r} is recorded with other contents")
+                    continue
                 self._insert_arm(conn, result)
-            entries = [receipt] if isinstance(receipt, tuple) else list(receipt or [])
-            for call_id, path, line_sha256 in entries:
-                conn.execute(
-                    "INSERT OR IGNORE INTO receipts (call_id, case_id, path, line_sha256) VALUES (?, ?, ?, ?)",
-                    (call_id, case_id, path, line_sha256),
-                )
+            self._index(conn, case_id, [receipt] if isinstance(receipt, tuple) else list(receipt or []))
             conn.execute(
                 "UPDATE cases SET state = 'finished', finished_at = ? WHERE case_id = ?",
                 (time.time(), case_id),
             )
             self._insert_verdict(conn, verdict)
+
+    @staticmethod
+    def _index(conn: sqlite3.Connection, case_id: str, entries: list[tuple[str, str, str | None]]) -> None:
+        for call_id, path, line_sha256 in entries:
+            conn.execute(
+                "INSERT OR IGNORE INTO receipts (call_id, case_id, path, line_sha256) VALUES (?, ?, ?, ?)",
+                (call_id, case_id, path, line_sha256),
+            )
 
     @staticmethod
     def _insert_verdict(conn: sqlite3.Connection, verdict: Verdict) -> None:

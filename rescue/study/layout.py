@@ -43,11 +43,16 @@ def report_files(report: str | os.PathLike[str]) -> Path:
     return path.with_name(path.stem + REPORT_FILES_SUFFIX)
 
 # What a name derived from a case id, an arm or a keyframe may contain.
-_SAFE_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+_SAFE_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@~-]{0,199}$")
 
 
 class LayoutError(ValueError):
     """A path that would leave the study folder."""
+
+
+def arm_file(arm: str) -> str:
+    """An arm's name as a file name may hold it: a continuation's `#k` as `~k` (a `#` would end a link's path)."""
+    return safe_part(arm.replace("#", "~"), "arm")
 
 
 def safe_part(name: str, what: str = "name") -> str:
@@ -112,7 +117,7 @@ class StudyLayout:
     def keyframe(self, case_id: str, arm: str, name: str) -> Path:
         """The PNG of one keyframe of one arm of one case."""
         folder = safe_part(case_id, "case id")
-        file = f"{safe_part(arm, 'arm')}-{safe_part(name, 'keyframe name')}.png"
+        file = f"{arm_file(arm)}-{safe_part(name, 'keyframe name')}.png"
         return self.frames / folder / file
 
     @property

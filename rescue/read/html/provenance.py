@@ -115,7 +115,7 @@ def provenance_rows(config: StudyConfig, meta: dict[str, Any], receipts: Iterabl
         ("episode_protocol", "episode protocol", _protocol_text(config, list(protocols))),
         ("interval", "replanning interval C and query point",
          f"C = {p.replan_interval} env steps; q = {config.query_rule}"),
-        ("arms", "arms", ", ".join(config.arms) + (" (forked at q from one snapshot)" if config.fork_at_q else " (each run whole)")),
+        ("arms", "arms", ", ".join(config.arms) + f" ({_mode(config)})"),
         ("sham", "sham arm", _sham(config)),
         ("rules", "rules between policy and simulator", ", ".join(config.rules.enabled) or "none"),
         ("vlm_host", "VLM endpoint (host)", vlm_host(v.base_url)),
@@ -187,3 +187,15 @@ def baseline_sentences(baseline: Baseline, n: int) -> list[str]:
         out.append(f"{whose} names no baseline evaluation: written by hand (no case carries an eval_study or "
                    "results_sha256 tag, as `rescue manifest from-eval`, `from-lerobot` and `from-openpi` write them).")
     return out
+
+
+def _mode(config) -> str:
+    """How the arms ran (DESIGN §13): forked at q, with or without a replay of the prefix, K continuations."""
+    if not config.fork_at_q:
+        return "each run whole"
+    if config.policy.rng_control is False:
+        how = ("forked at q from one snapshot; each continued on a fresh policy connection: the server gives no RNG "
+               "control, so every continuation is a new draw of the policy")
+    else:
+        how = "forked at q from one snapshot"
+    return how + (f"; {config.continuations} continuations per arm" if config.continuations > 1 else "")

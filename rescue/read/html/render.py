@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from rescue.core.arms import arm_advisor, is_assisted
+from rescue.core.arms import is_assisted, shown
 
 def pct(x: float | None) -> str:
     """A share as a percentage with two decimals, or n/a."""
@@ -44,8 +44,8 @@ def _json(value: Any) -> str:
 
 
 def arm_name(arm: str) -> str:
-    """An arm as the tables name it: an advisor's arm by its advisor's name."""
-    return arm_advisor(arm) or arm
+    """An arm as the tables name it: an advisor's arm by its advisor's name (a query point's with its `@name`)."""
+    return shown(arm)
 
 
 def arm_figures(figures: Iterable[Any], arm: str) -> Any:
@@ -72,7 +72,7 @@ def _helpers() -> dict[str, Any]:
     return {
         "LABELS": LABELS, "ranked": ranked, "significance_reading": significance_reading,
         "level": lambda confidence: f"{round(confidence * 100)}%",
-        "arm_name": arm_name, "arm_figures": arm_figures, "comparison": comparison, "pair_of": pair_of,
+        "arm_name": arm_name, "shown_keys": lambda by_arm: {shown(a): u for a, u in by_arm.items()}, "arm_figures": arm_figures, "comparison": comparison, "pair_of": pair_of,
         "any_sham": lambda rows: any(arm_figures(b.arms, "sham") is not None for b in rows.values()),
         "infos_by_arm": lambda infos: {a.arm: a for a in infos or []}, "path_plot": path_plot, "static": static,
     }

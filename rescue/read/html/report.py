@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rescue.core.baseline import baseline_of
 from rescue.core.images import VLM_VIEWS
-from rescue.core.arms import advisor_arm, arm_advisor, is_assisted
+from rescue.core.arms import arm_advisor, is_assisted, shown
 from rescue.core.manifest import Case
 from rescue.core.proofs import check_evidence, prefix_match
 from rescue.core.stats import wilson_interval
@@ -36,7 +36,7 @@ from rescue.read.html.provenance import baseline_sentences, created_text, episod
 from rescue.read.html.render import render
 from rescue.study.files import write_atomic
 from rescue.study.folder import StudyRecords, open_journal, read_study
-from rescue.study.layout import LayoutError, StudyLayout, report_files, safe_part
+from rescue.study.layout import LayoutError, StudyLayout, arm_file, report_files, safe_part
 from rescue.study.receipts import artifact_path
 
 ARM_ORDER = {"control": 0, "assisted": 1, "sham": 2}
@@ -130,12 +130,12 @@ def _case_view(study: Path, records: StudyRecords, case: Case, entry, assets: As
             frames.append((key, assets.copy(src, f"{sha}.png")))
         v.keyframes[name] = frames
         trace = [row.model_dump(mode="json") for row in arm.trace]
-        v.traces[name] = assets.write(f"{case.case_id}.{name}.trace.json", (json.dumps(trace, indent=1) + "\n").encode())
+        v.traces[name] = assets.write(f"{case.case_id}.{arm_file(name)}.trace.json", (json.dumps(trace, indent=1) + "\n").encode())
         pngs = [assets.folder / href.rsplit("/", 1)[1] for _, href in frames if href]
         if video and pngs:
             from rescue.read.html.video import frames_video
 
-            out = frames_video(pngs, assets.folder / f"{case.case_id}.{name}.mp4")
+            out = frames_video(pngs, assets.folder / f"{case.case_id}.{arm_file(name)}.mp4")
             v.videos[name] = assets.href(out.name)
     rec = records.record(case)
     if rec.control is not None and rec.assisted is not None:
@@ -144,9 +144,9 @@ def _case_view(study: Path, records: StudyRecords, case: Case, entry, assets: As
     sham = arms.get("sham")
     if sham is not None and sham.assistance.call_id:
         v.sham_receipt = records.receipts.get(sham.assistance.call_id)
-    if records.config.advisors:
-        v.advisors = [_advisor_view(layout, records, rec, entry, advisor_arm(a.name), i == 0, assets)
-                      for i, a in enumerate(records.config.advisors)]
+    asking = [a for a in records.config.arms if is_assisted(a)]
+    if len(asking) > 1:  # several advisors, or query points: what each asked and was told, side by side
+        v.advisors = [_advisor_view(layout, records, rec, entry, arm, arm == rec.primary, assets) for arm in asking]
     assisted = rec.assisted
     if assisted is None or assisted.assistance.call_id is None:
         return v
@@ -169,7 +169,7 @@ def _advisor_view(layout: StudyLayout, records: StudyRecords, rec, entry, name: 
     """One advisor's arm (`name`): its verdict, subgoal and call (what it saw, its prompt and raw answer) for the panel."""
     arm = rec.arms.get(name)
     verdict = entry.verdict(name)
-    view = AdvisorView(name=arm_advisor(name) or name, arm=name, primary=primary)
+    view = AdvisorView(name=shown(name), arm=name, primary=primary)
     if verdict is not None:
         view.label, view.rule, view.reason = verdict.label, verdict.rule, verdict.reason
     if arm is None:
@@ -368,7 +368,7 @@ def _render(study: Path, export: StudyExport, records: StudyRecords, assets: Ass
         "study.html", title=f"{name} · {info.kind} study report", export=export, name=name,
         created=created_text(info.created_at), protocol=episode_protocol(records.config, protocols), baseline=baseline,
         provenance=provenance_rows(records.config, records.meta, records.receipts.values(), protocols),
-        advisors=records.config.advisors or [], plots=_plots(export, records, assets),
+        advisors=records.config.advisors or [], query_points=records.config.query_points, plots=_plots(export, records, assets),
         episodes=_episodes(export) if export.summary is None else [],
         partitions=_partitions(study, export, records.meta) if export.summary is not None else None,
         video=video, any_video=any_video, files=assets.prefix,

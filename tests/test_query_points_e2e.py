@@ -1,0 +1,107 @@
+"""A study with query points at 1/4, 1/2 (pre-registered) and 3/4 of the horizon and a sham, on real LIBERO through
+the CLI (DESIGN §14): killed with SIGKILL mid-run, resumed without re-running an arm, verified, exported and
+reported; a forged row of any query point's arm fails verify."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+
+import pytest
+from conftest import arm_rows, case_states, export_of, kill_mid_study, rescue_cli, write_cases
+
+from rescue.core.digest import digest_text
+
+pytestmark = [pytest.mark.sim, pytest.mark.e2e]
+
+CONFIG = """
+[[query_point]]
+name = "early"
+fraction = 0.25
+
+[[query_point]]
+name = "late"
+fraction = 0.75
+
+[sham]
+source = "fixed"
+"""
+HORIZON = 64  # C = 8 (the embedded policy's): early at 16, the pre-registered q at 32, late at 48
+ASKS = {"assisted@early": 16, "assisted": 32, "assisted@late": 48, "sham": 32}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("query-points")
+    manifest = write_cases(tmp / "m.jsonl", 3, horizon=HORIZON)
+    config = tmp / "study.toml"
+    config.write_text(CONFIG)
+    study = tmp / "study"
+    kill_mid_study(["run", str(manifest), "--study", str(study), "--config", str(config), "--cases-in-flight", "1"], study)
+    before, states = arm_rows(study), case_states(study)
+    rescue_cli("resume", str(study))
+    after = arm_rows(study)
+    assert all(after[k] == v for k, v in before.items())  # nothing that ran before the kill ran again
+    return study, states
+
+
+def test_each_query_point_forks_from_the_one_prefix_and_asks_at_its_own_q(study):
+    study, before = study
+    assert rescue_cli("verify", str(study)).returncode == 0
+    config = json.loads((study / "config.json").read_text())
+    assert config["arms"] == ["control", "assisted", "assisted@early", "assisted@late", "sham"] and config["fork_at_q"]
+    rows = {k: json.loads(v) for k, v in arm_rows(study).items()}
+    export = export_of(study)
+    assert export["schema_version"] == "rescue-export/5"
+    finished = [c for c in export["cases"] if before.get(c["case_id"]) != "claimed"]
+    assert finished
+    for case in finished:
+        control = rows[(case["case_id"], "control")]
+        # The leader snapshotted at each declared q as it passed, and proved each follower's restore there.
+        assert sorted(int(q) for q in control["fork_states"]) == [16, 48]
+        for arm, q in ASKS.items():
+            row = rows[(case["case_id"], arm)]
+            assert row["assistance"]["query_step"] == q and row["assistance"]["status"] == "applied"
+            assert [r for r in row["trace"] if r["step"] < q] == [r for r in control["trace"] if r["step"] < q]
+            want = control["q_state"] if q == 32 else control["fork_states"][str(q)]
+            assert row["q_state"] == want is not None
+        # Each query point's own call: three calls of the VLM, the sham's fixed text.
+        calls = {rows[(case["case_id"], a)]["assistance"]["call_id"] for a in ("assisted", "assisted@early", "assisted@late")}
+        assert len(calls) == 3 and None not in calls
+        assert set(case["verdicts"]) == {"assisted@early", "assisted@late", "sham"}
+    summary = export["summary"]
+    assert [a["arm"] for a in summary["arms"]] == ["assisted@early", "assisted@late", "sham"]
+    holm = {(c["first"], c["second"]) for c in summary["comparisons"] if c.get("holm_p") is not None}
+    assert holm == {("assisted", "assisted@early"), ("assisted", "assisted@late"), ("assisted@early", "assisted@late")}
+    assert set(export["usage_by_query_point"]) == {"assisted", "assisted@early", "assisted@late"}
+    rescue_cli("report", str(study))
+    page = (study / "report.html").read_text()
+    assert 'id="sec-query-points"' in page and 'data-figure="main.advisor.assisted@early.r"' in page
+    panel = (study / "report_files" / "case" / f"{finished[0]['case_id']}.js").read_text()
+    assert 'data-advisor="assisted@early"' in panel and 'data-advisor="assisted@late"' in panel
+
+
+@pytest.mark.parametrize("arm", ["assisted@early", "assisted@late"])
+def test_a_forged_row_of_a_query_points_arm_fails_verify(study, tmp_path, arm):
+    from rescue.core.records import ArmResult
+    from rescue.study.journal import arm_digest
+
+    study, before = study
+    case_id = next(c for c, s in case_states(study).items() if s == "finished")
+    for what in ("prefix row", "subgoal"):
+        copy = shutil.copytree(study, tmp_path / f"{arm}-{what}".replace(" ", "-").replace("@", "-"))
+        con = sqlite3.connect(copy / "journal.sqlite")
+        data = json.loads(con.execute("SELECT data FROM arms WHERE case_id = ? AND arm = ?", (case_id, arm)).fetchone()[0])
+        if what == "prefix row":
+            data["trace"][1]["actions"] = digest_text("other actions")
+        else:
+            data["assistance"]["subgoal"] = "grasp the ketchup"
+        forged = ArmResult.model_validate(data)
+        # A consistent forgery: the record's digest is recomputed, only the re-derivation can tell.
+        con.execute("UPDATE arms SET data = ?, digest = ? WHERE case_id = ? AND arm = ?",
+                    (forged.model_dump_json(), arm_digest(forged), case_id, arm))
+        con.commit()
+        con.close()
+        out = rescue_cli("verify", str(copy), check=False)
+        assert out.returncode == 1 and arm in out.stdout, (what, out.stdout)
