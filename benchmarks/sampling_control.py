@@ -81,7 +81,7 @@ def main() -> None:
     config = out / "study.toml"
     config.write_text(CONFIG.format(k=args.k))
     servers = [serve(["rescue.embedded.openpi_stand_in", "--port", POLICY_PORT], f"http://127.0.0.1:{POLICY_PORT}/healthz"),
-               serve(["rescue.cli", "serve-vlm", "--port", VLM_PORT, "--answer", "wrong-object"],
+               serve(["rescue.cli", "serve-vlm", "--port", VLM_PORT, "--answer", "wrong-object", "--model", "wrong-object"],
                      f"http://127.0.0.1:{VLM_PORT}/v1/models")]
     try:
         t0 = time.time()

@@ -50,6 +50,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             problems[str(item.path)] = f"declares fast together with {sorted(tiers - {'fast'})}"
     if problems:
         raise pytest.UsageError("\n".join(f"{path}: {why}" for path, why in sorted(problems.items())))
+    _one_worker_per_module(items)
+
+
+def _one_worker_per_module(items: list[pytest.Item]) -> None:
+    """With pytest-xdist (`-n N --dist loadgroup`, as scripts/test.sh runs the slow tiers), a module's tests run
+    on one worker, in order, sharing its module-scoped fixtures; modules that must not overlap declare one
+    `pytest.mark.xdist_group(name)` (the two that count the machine's Ray processes share one)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
 
 
 def _sim_loaded() -> bool:

@@ -11,11 +11,10 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, resolved_config
+from conftest import HANG_S, ROOT, resolved_config
 from report_studies import build_report_study
 
 from rescue.core.config import ConfigError, StudyConfig, TokenPrice, validate_config
@@ -70,13 +69,13 @@ def test_a_call_answered_without_token_counts_cannot_be_kept_under_a_cap(tmp_pat
 
 RACER = textwrap.dedent("""
     import sys, time
+    from pathlib import Path
     from rescue.study.ledger import ArmCost, BudgetReached, Ledger
     from rescue.core.config import TokenPrice
     ledger = Ledger(sys.argv[1])
     arm = ArmCost(arm="assisted", model="m", endpoint="local", price=TokenPrice(input=1000.0, output=0.0),
                   max_output_tokens=None)
-    while time.time() < float(sys.argv[4]):  # start together
-        pass
+    mine, other = Path(sys.argv[4]), Path(sys.argv[5])
     won = 0
     while True:
         try:
@@ -84,6 +83,11 @@ RACER = textwrap.dedent("""
         except BudgetReached:
             break
         won += ids is not None
+        if won == 1:  # both hold one before either goes on, however slowly the other started: they race
+            mine.touch()
+            deadline = time.monotonic() + float(sys.argv[6])
+            while not other.exists() and time.monotonic() < deadline:
+                time.sleep(0.001)
     print(won)
 """)
 
@@ -93,10 +97,11 @@ def test_two_processes_racing_for_holds_never_pass_the_cap(tmp_path):
     ledger = Ledger(path)
     ledger.record(_call("seed"), [], "assisted")  # the estimate: 1.0 per case
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    start = f"{time.time() + 5:.3f}"
-    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(path), f"/study-{i}", "1000", start], cwd=ROOT, env=env,
+    held = [str(tmp_path / f"held-{i}") for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(path), f"/study-{i}", "1000", held[i], held[1 - i],
+                               str(HANG_S)], cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, text=True) for i in range(2)]
-    won = [int(p.communicate(timeout=300)[0].strip()) for p in procs]
+    won = [int(p.communicate(timeout=HANG_S)[0].strip()) for p in procs]
     assert all(p.returncode == 0 for p in procs)
     # 1 spent: exactly 999 holds of 1.0 fit under 1000, however the two processes interleaved.
     assert sum(won) == 999 and min(won) > 0, won

@@ -31,7 +31,8 @@ from conftest import (
 )
 from ray.cluster_utils import Cluster
 
-pytestmark = [pytest.mark.sim, pytest.mark.e2e]
+# One worker at a time: the tests count the machine's Ray processes.
+pytestmark = [pytest.mark.sim, pytest.mark.e2e, pytest.mark.xdist_group("ray")]
 
 
 

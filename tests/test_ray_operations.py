@@ -21,7 +21,8 @@ from conftest import ROOT, case_states, cli_env, descendants, ensure_stopped, ev
 from ray.cluster_utils import Cluster
 from test_interrupt import claimed, ctrl_c, group_members, start_foreground, wait_until
 
-pytestmark = [pytest.mark.sim, pytest.mark.e2e]
+# One worker at a time: the tests count the machine's Ray processes.
+pytestmark = [pytest.mark.sim, pytest.mark.e2e, pytest.mark.xdist_group("ray")]
 
 STORE = 80 * 1024 * 1024
 
