@@ -259,10 +259,13 @@ def load_factory(spec: str) -> Callable[[], Policy]:
     return obj
 
 
-def policy_metadata(factory: Callable[[], object], spec: str) -> dict:
-    """Metadata announced first on every connection: the factory, its action horizon and observation profile."""
+def policy_metadata(factory: Callable[[], object], spec: str, served: bool = False) -> dict:
+    """Metadata announced first on every connection: the factory, its action horizon and observation profile;
+    `served`: with the RNG extension too where the server announces it (a seeded policy), as a connection sees it."""
     sample = factory()
     metadata: dict = {"policy": spec}
+    if served and isinstance(sample, SeededPolicy):
+        metadata[RNG_EXTENSION] = 1
     horizon = getattr(sample, "action_horizon", None)
     if horizon is not None:
         metadata["action_horizon"] = int(horizon)

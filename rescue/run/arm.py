@@ -176,8 +176,8 @@ class ArmRun:
         if self.rng_control:
             await self.policy.reset_rng(self.case.policy_seed)
         else:
-            # Recorded on the arm (policy_rng_control) so the study shows it.
-            self.log.warning("arm.no_rng_control", reason="no RNG extension: prefix equality not guaranteed by the server")
+            # Recorded on the arm (policy_rng_control); the study discloses its mode once (DESIGN §13).
+            self.log.info("arm.no_rng_control", reason="no RNG extension: this arm is a fresh draw of the policy")
         if self.spec.protocol.episode_markers == "announced":
             marked = await self.policy.episode_start(self.spec.experiment, self.original, f"{self.case.case_id}/{self.spec.arm}")
             self.episode_markers = marked is not None

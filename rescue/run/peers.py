@@ -73,7 +73,7 @@ async def probe_policy(policy: PolicyConfig) -> dict[str, Any]:
             # A factory that names nothing is bad input, refused before the study exists (exit 2).
             raise ConfigError(f"policy.factory {policy.factory!r} cannot be loaded: {type(exc).__name__}: "
                               f"{one_line(str(exc))}") from None
-        return policy_metadata(factory, policy.factory)
+        return policy_metadata(factory, policy.factory, served=True)
     try:
         client = await asyncio.wait_for(
             WebsocketPolicyClient.connect(policy.url, api_key=policy_api_key(policy), connect_timeout_s=POLICY_ANSWER_S),
