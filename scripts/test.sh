@@ -12,11 +12,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${SKIP_SETUP:-0}" = 1 ] || bash scripts/setup.sh
 export MUJOCO_GL="${MUJOCO_GL:-egl}"
-# The slow tiers run on TEST_WORKERS pytest-xdist workers (default 2), a test module per worker at a time: one
-# test of theirs keeps about one core busy, waiting on its servers and simulators the rest of the time.
+# A tier runs on TEST_WORKERS pytest-xdist workers (default 2; 0 runs it in this process), a test module per
+# worker at a time (tests/conftest.py): a slow test keeps about one core busy, waiting on its servers and
+# simulators the rest of the time.
 WORKERS="${TEST_WORKERS:-2}"
 case "${1:-}" in
-  fast) shift; set -- -m "not sim and not e2e" "$@" ;;
+  fast) shift; set -- -m "not sim and not e2e" -n "$WORKERS" --dist loadgroup "$@" ;;
   slow) shift; set -- -m "sim or e2e" -n "$WORKERS" --dist loadgroup "$@" ;;
   sim | e2e) tier="$1"; shift; set -- -m "$tier" -n "$WORKERS" --dist loadgroup "$@" ;;
 esac

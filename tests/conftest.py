@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _one_worker_per_module(items: list[pytest.Item]) -> None:
-    """With pytest-xdist (`-n N --dist loadgroup`, as scripts/test.sh runs the slow tiers), a module's tests run
+    """With pytest-xdist (`-n N --dist loadgroup`, as scripts/test.sh runs every tier), a module's tests run
     on one worker, in order, sharing its module-scoped fixtures; modules that must not overlap declare one
     `pytest.mark.xdist_group(name)` (the two that count the machine's Ray processes share one)."""
     for item in items:
