@@ -22,7 +22,7 @@ import pytest
 from conftest import HANG_S, ROOT, rescue_cli, write_cases
 from test_export_verify import build_study
 
-from rescue.core.stats import mcnemar_exact, paired_diff_ci
+from rescue.core.stats import mcnemar_exact, paired_diff_ci, wilson_interval
 from rescue.read.export import StudyExport, export_study
 from rescue.read.html.app import read_index_script, read_panel_script
 from rescue.read.html.render import pct
@@ -178,6 +178,8 @@ def expected_figure(name: str, export: StudyExport) -> object:
             return figures["r"] if field == "r" else versus["pairs"][field] if field in versus["pairs"] else versus[field]
         return bucket[key] if key in ("n", "rate") else bucket["counts"][key]
     key = parts[0]
+    if key == "r_over_n_ci":  # R/N's Wilson interval, from the export's R and N
+        return list(wilson_interval(s["r"], s["n"], s["confidence"]))
     if key == "reproduction":
         return s["reproduction"][parts[1]]
     if key in s["counts"]:
@@ -196,7 +198,7 @@ def shown_text(name: str, value: object) -> str:
         return "n/a" if not name.startswith("usage.tokens") else "unknown"
     if name.endswith(("r_over_n", "r_over_m", "r_over_e", ".rate", ".diff", ".diff.card", "r_over_n.card", "r_over_m.card", "r_over_e.card")):
         return pct(value)
-    if name.endswith("diff_ci"):
+    if name.endswith(("diff_ci", "r_over_n_ci")):
         return f"[{pct(value[0])}, {pct(value[1])}]"
     if name.endswith("mcnemar_p"):
         return f"{value:.4f}"
@@ -265,6 +267,38 @@ def test_the_page_figures_equal_the_export(synthetic, report):
         assert f"main.{key}" in page.figures
     assert {f"main.task.{t}.n" for t in s.per_task} <= set(page.figures)
     assert "pilot.n" in page.figures and "usage.tokens.input.calls_without" in page.figures
+
+
+def test_the_page_opens_on_its_answer_then_folds_what_produced_it(synthetic, report, tmp_path):
+    html = report.read_text(encoding="utf-8")
+    s = export_study(synthetic).summary
+    # The first section is the answer: a plain reading, then N, R/N with its interval, the 2x2 and McNemar.
+    first = html.index("<h2")
+    assert html[first:].startswith('<h2 id="sec-summary">Summary (main cohort)</h2><p class="reading answer"')
+    answer = unescape(re.search(r'<p class="reading answer"[^>]*>(.*?)</p>', html).group(1))
+    lo, hi = wilson_interval(s.r, s.n)
+    assert answer.startswith(f"The VLM's subgoal rescued {s.r} of {s.m} matched failures ({s.r} of all {s.n} cases, ")
+    assert f"95% interval {100 * lo:.1f}% to {100 * hi:.1f}%" in answer
+    t = s.versus_control.pairs
+    assert f"the assisted arm alone succeeded {t.first_only} time(s) and the control alone {t.second_only}" in answer
+    assert f"exact McNemar p = {s.versus_control.mcnemar_p:.4f}" in answer
+    # Where the failures came from is said inside the answer; what produced the study is folded below it.
+    assert html.index('data-answer="main"') < html.index('class="baseline"') < html.index('<details class="prov">')
+    assert 'data-baseline="hand"' in html and "written by hand" in html
+    assert '<details class="prov" open' not in html
+    assert html.index('data-figure="main.first_only"') < html.index('<details class="prov">')
+    # With a sham arm its comparison stands beside the one against control, and the reading names it.
+    from report_studies import build_report_study
+
+    sham_study = build_report_study(tmp_path / "sham", 30, sham="permuted", seed=3)
+    page = write_report(sham_study).read_text(encoding="utf-8")
+    versus = export_study(sham_study).summary
+    sham = next(f for f in versus.arms if f.arm == "sham")
+    said = unescape(re.search(r'<p class="reading answer"[^>]*>(.*?)</p>', page).group(1))
+    assert f"A permuted sham (another case's subgoal, same pause and injection) rescued {sham.r} of {sham.m}." in said
+    cols = page.split('<div class="cols">')[1].split("</section>")[0]
+    assert "assisted vs control over M" in cols and "assisted vs sham: the effect of the VLM" in cols
+    assert page.index('data-figure="main.sham.mcnemar_p"') < page.index('<details class="prov">')
 
 
 def test_each_case_shows_the_verdict_the_prompt_the_answer_and_its_trace(synthetic, report):

@@ -133,3 +133,19 @@ def test_every_panel_of_a_page_loads_for_a_full_capture(report, browser, tmp_pat
     assert not any("loading\u2026" in t for t in texts)
     ids = json.loads(json.dumps(list(cases)[:PAGE]))
     assert [t.split()[0] for t in texts] == ids
+
+
+def test_the_first_screen_holds_the_answer(report, browser):
+    page, cases = report
+    browser.open("about:blank")
+    browser.open(page.resolve().as_uri())
+    browser.until("document.getElementById('shown').dataset.total")
+    seen = browser.js("""(function(){function box(q){var e=document.querySelector(q);if(!e)return null;
+      var r=e.getBoundingClientRect();return [r.top,r.bottom];}
+      return {h:innerHeight, answer:box('p.reading.answer'), rn:box('[data-figure="main.r_over_n.card"]'),
+              ci:box('[data-figure="main.r_over_n_ci"]'), table:box('[data-figure="main.first_only"]'),
+              sham:box('[data-figure="main.sham.first_only"]'), baseline:box('p.baseline'),
+              prov:document.querySelector('details.prov').open};})()""")
+    for key in ("answer", "rn", "ci", "table", "sham", "baseline"):
+        assert seen[key] is not None and 0 <= seen[key][0] and seen[key][1] <= seen["h"], (key, seen)
+    assert seen["prov"] is False  # what produced it: one click away

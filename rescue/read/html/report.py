@@ -34,6 +34,7 @@ from rescue.read.html.app import index_script, panel_script
 from rescue.read.html.cases import AdvisorView, CaseView, case_index, case_panel, keyframe_order
 from rescue.read.html.provenance import baseline_sentences, created_text, episode_protocol, provenance_rows
 from rescue.read.html.render import render
+from rescue.read.html.significance import answer_reading
 from rescue.study.files import write_atomic
 from rescue.study.folder import StudyRecords, open_journal, read_study
 from rescue.study.layout import LayoutError, StudyLayout, arm_file, report_files, safe_part
@@ -364,8 +365,18 @@ def _render(study: Path, export: StudyExport, records: StudyRecords, assets: Ass
         found = baseline_of(records.cases)
         kind = "hand" if found.written_by_hand else ",".join(src.kind for src in found.sources)
         baseline = {"kind": kind, "sentences": baseline_sentences(found, len(records.cases))}
+    s = export.summary
+    answer = r_ci = None
+    asking = 0
+    if s is not None:
+        primary = records.config.advisors[0].name if records.config.advisors else None
+        sham = records.config.sham.source if records.config.sham.on else None
+        answer = answer_reading(s, sham, primary)
+        r_ci = list(wilson_interval(s.r, s.n, s.confidence)) if s.n else None
+        asking = sum(is_assisted(f.arm) for f in s.figures())
     return render(
-        "study.html", title=f"{name} · {info.kind} study report", export=export, name=name,
+        "study.html", title=f"{name} · {info.kind} study report", export=export, name=name, answer=answer, r_ci=r_ci,
+        asking=asking,
         created=created_text(info.created_at), protocol=episode_protocol(records.config, protocols), baseline=baseline,
         provenance=provenance_rows(records.config, records.meta, records.receipts.values(), protocols),
         advisors=records.config.advisors or [], query_points=records.config.query_points, plots=_plots(export, records, assets),
