@@ -239,6 +239,27 @@ def ensure_stopped(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def wait_healthy(port: int, what: str, proc: subprocess.Popen | None = None, timeout_s: float = HANG_S) -> None:
+    """Until `what`, started as `proc`, answers 200 on http://127.0.0.1:PORT/healthz; RuntimeError when it exits
+    first (with what it printed on a piped stderr) or never answers."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc is not None and proc.poll() is not None:
+            said = proc.stderr.read().decode(errors="replace") if proc.stderr is not None else ""
+            raise RuntimeError(f"{what} exited {proc.returncode}: {said}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not become healthy") from None
+            time.sleep(0.1)
+
+
 def descendants(pid: int) -> list[int]:
     """Every live process under `pid` (children, their children, ...), read from /proc; `pid` itself not included."""
     children: dict[int, list[int]] = {}

@@ -23,13 +23,11 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, arm_rows, case_states, cli_env, ensure_stopped, export_of, rescue_cli, write_cases
+from conftest import ROOT, arm_rows, case_states, cli_env, ensure_stopped, export_of, rescue_cli, wait_healthy, write_cases
 from openpi_libero_policy import free_port
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
@@ -39,24 +37,13 @@ CONFIG = "[policy]\nreplan_interval = 8\n"  # all a user must give: openpi's met
 
 
 @contextlib.contextmanager
-def stand_in(timeout_s: float = 120.0) -> Iterator[str]:
+def stand_in() -> Iterator[str]:
     """`python -m rescue.embedded.openpi_stand_in` on a free port, as a user starts it; its ws:// URL."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "rescue.embedded.openpi_stand_in", "--port", str(port)], cwd=ROOT,
                             env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the stand-in exited {proc.returncode}: {proc.stderr.read().decode(errors='replace')}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the stand-in did not become healthy") from None
-                time.sleep(0.2)
+        wait_healthy(port, "the stand-in", proc)
         yield f"ws://127.0.0.1:{port}"
     finally:
         ensure_stopped(proc)
@@ -192,7 +179,7 @@ def test_the_laptop_walkthrough_runs_as_written(tmp_path):
     server = subprocess.Popen([sys.executable, "-m", "rescue.embedded.openpi_stand_in", "--port", str(port)], cwd=tmp_path,
                               env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        _wait_healthy(port)
+        wait_healthy(port, "the stand-in", server)
         outputs = []
         for line in lines[1:]:
             args = shlex.split(line.replace("studies/", f"{tmp_path}/studies/").replace("stand_in", f"{tmp_path}/stand_in"))
@@ -207,16 +194,3 @@ def test_the_laptop_walkthrough_runs_as_written(tmp_path):
     export = export_of(study)
     assert all(set(c["continuations"]) == {"control", "assisted"} for c in export["cases"])
     assert (study / "report.html").is_file()
-
-
-def _wait_healthy(port: int, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the stand-in did not become healthy") from None
-            time.sleep(0.2)
