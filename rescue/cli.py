@@ -36,6 +36,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "vlm.batch_size": getattr(args, "batch_size", None),
         "env.episode_protocol": getattr(args, "episode_protocol", None),
         "continuations": getattr(args, "continuations", None),
+        "policy.replan_interval": getattr(args, "replan_interval", None),
     }
 
 
@@ -48,6 +49,23 @@ def _ids(text: str, flag: str) -> list[int]:
         return parse_ids(text)
     except ValueError as exc:
         raise ConfigError(f"{flag} {text!r}: {exc}") from None
+
+
+def _suite_tasks(suite: str, text: str) -> list[int]:
+    """--suite and --tasks checked against the catalog as a manifest's are: a typo (with what it may mean) or a
+    task the suite lacks is bad input (exit 2), named in one line."""
+    from rescue.core.catalog import format_ids, libero_catalog
+    from rescue.core.config import ConfigError
+
+    catalog = libero_catalog()
+    known = catalog.suite(suite)
+    if known is None:
+        raise ConfigError(f"--suite {suite!r}: {catalog.refusal(suite) or f'unknown suite; {catalog.hint(suite)}'}")
+    tasks = _ids(text, "--tasks")
+    beyond = [t for t in tasks if t >= len(known.tasks)]
+    if beyond:
+        raise ConfigError(f"--tasks {text!r}: {suite} has tasks 0-{len(known.tasks) - 1}, not {format_ids(beyond)}")
+    return tasks
 
 
 def _config(args: argparse.Namespace):
@@ -118,7 +136,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from rescue.run import commands
 
-    tasks = _ids(args.tasks, "--tasks")
+    tasks = _suite_tasks(args.suite, args.tasks)
     with LiveProgress("episodes", console) as live:
         study = commands.evaluate(args.suite, tasks, args.episodes, args.horizon, args.study and Path(args.study),
                                  _config(args), live, args.verbose, args.first_init, _backend(args))
@@ -381,7 +399,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         config_a, name_a = compare.side_config(args.a, args.policy_a, shared)
         config_b, name_b = compare.side_config(args.b, args.policy_b, shared)
         study = Path(args.study) if args.study else compare.new_compare_dir()
-        tasks = _ids(args.tasks, "--tasks")
+        tasks = _suite_tasks(args.suite, args.tasks)
         with LiveProgress("episodes (A, then B)", console) as live:
             request = compare.CompareRequest(suite=args.suite, tasks=tasks, episodes=args.episodes, horizon=args.horizon,
                                              first_init=args.first_init, seed=args.seed, reps=args.reps)
@@ -474,20 +492,37 @@ def _backend(args: argparse.Namespace):
                    args.ray_placement_timeout)
 
 
-def _add_run_options(p: argparse.ArgumentParser) -> None:
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that shows an option's default, unless it has none or its help already says which."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _add_policy_options(p: argparse.ArgumentParser) -> None:
+    """What an evaluation needs: where the policy is, how often it is asked, the simulators."""
     _add_backend_options(p)
     p.add_argument("--config", help="TOML configuration file (flags override it)")
     p.add_argument("--simulators", type=int, help="simulator processes (config default: 2)")
     p.add_argument("--cases-in-flight", type=int, help="cases run at once (config default: 4)")
     p.add_argument("--policy-url", help="ws:// URL of a policy server (default: serve the embedded policy)")
     p.add_argument("--policy-factory", help="module:function of an in-process policy to serve")
+    p.add_argument("--replan-interval", type=int, metavar="C",
+                   help="env steps between policy queries (default: the server's announced action_horizon)")
+    _add_protocol_option(p)
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """A rescue study's: the policy's, then the VLM's and the continuations."""
+    _add_policy_options(p)
     p.add_argument("--vlm-url", help="OpenAI-compatible base URL (default: the local endpoint)")
     p.add_argument("--vlm-model", help="model name sent to the VLM endpoint")
     p.add_argument("--vlm-api", choices=["chat", "responses"], help="Chat Completions or Responses (config default: chat)")
     p.add_argument("--batch-size", type=int, help="cases per VLM call (1: no batching)")
     p.add_argument("--continuations", type=int, metavar="K",
                    help="continue every arm K times from the snapshot at q (config default: 1; needs fork at q)")
-    _add_protocol_option(p)
 
 
 def _add_protocol_option(p: argparse.ArgumentParser) -> None:
@@ -519,7 +554,7 @@ def _add_study_commands(sub) -> None:
     p.add_argument("--first-init", type=int, default=0, help="index of the first initial state")
     p.add_argument("--horizon", type=int, help="step limit (default: the suite's official one)")
     p.add_argument("--study", help="study folder (default: a new folder under studies/)")
-    _add_run_options(p)
+    _add_policy_options(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("resume", help="record interrupted cases as unknown and run the never-started ones")
@@ -695,7 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add = sub.add_parser
 
     def add_parser(name: str, **kwargs):
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
         return _add(name, **kwargs)
 
     sub.add_parser = add_parser  # type: ignore[method-assign]

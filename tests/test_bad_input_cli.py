@@ -147,3 +147,46 @@ def test_a_prompt_template_that_is_not_a_regular_file_is_one_line(tmp_path):
     line = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else ""
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert f"{root / 'mine.txt'}: is a FIFO (named pipe), not a file; give the prompt template as a regular file" in line
+
+
+def test_a_suite_typo_or_a_task_the_suite_lacks_on_the_command_line_is_named_as_in_a_manifest(tmp_path):
+    out = rescue_cli("eval", "--suite", "libero_objet", "--study", str(tmp_path / "e"), check=False)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert out.stderr.startswith("rescue: --suite 'libero_objet': unknown suite; did you mean libero_object")
+    out = rescue_cli("eval", "--tasks", "0-12", "--study", str(tmp_path / "e"), check=False)
+    assert out.returncode == 2 and out.stderr.strip() == "rescue: --tasks '0-12': libero_object has tasks 0-9, not 10-12"
+    out = rescue_cli("compare", "--policy-a", "x:y", "--policy-b", "x:z", "--suite", "libero_goall",
+                     "--study", str(tmp_path / "c"), check=False)
+    assert out.returncode == 2 and "did you mean libero_goal" in out.stderr, out.stderr
+    assert not (tmp_path / "e").exists() and not (tmp_path / "c").exists()
+
+
+def test_a_config_key_typo_says_which_key_it_may_mean(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('contnuations = 2\n[policy]\nreplan_intervl = 8\n[[advisor]]\nname = "a"\nmodle = "x"\n')
+    (tmp_path / "m.jsonl").write_text(json.dumps(CASE) + "\n")
+    out = rescue_cli("run", str(tmp_path / "m.jsonl"), "--config", str(config), "--study", str(tmp_path / "s"), check=False)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    for said in ("policy.replan_intervl: unknown key; did you mean replan_interval?",
+                 "advisors.0.modle: unknown key; did you mean model?", "contnuations: unknown key; did you mean continuations?"):
+        assert said in out.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_folder_that_is_not_a_study_is_not_sent_to_resume(tmp_path):
+    (tmp_path / "m.jsonl").write_text(json.dumps(CASE) + "\n")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine\n")
+    out = rescue_cli("run", str(tmp_path / "m.jsonl"), "--study", str(tmp_path / "other"), check=False)
+    assert out.returncode == 2 and "resume" not in out.stderr and "give --study a new folder" in out.stderr, out.stderr
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["notes.txt"]
+
+
+def test_eval_help_shows_each_default_once_and_no_vlm_flags():
+    out = rescue_cli("eval", "--help")
+    options = " ".join(out.stdout.split()).split(" --")[1:]  # each option with its help, on one line
+    assert options and "(default: None)" not in out.stdout
+    assert not [o for o in options if o.count("default") > 1], [o for o in options if o.count("default") > 1]
+    assert "--replan-interval" in out.stdout
+    assert not any(flag in out.stdout for flag in ("--vlm-url", "--vlm-model", "--batch-size", "--continuations"))
+    assert "--vlm-url" in rescue_cli("run", "--help").stdout

@@ -67,12 +67,14 @@ def _config(tmp_path: Path, top: str = "") -> Path:
 def test_a_study_against_the_sampling_policy_forks_at_q_by_default_and_its_cases_are_valid(server, tmp_path):
     manifest = write_cases(tmp_path / "m.jsonl", 3, horizon=HORIZON)
     study = tmp_path / "study"
-    run = rescue_cli("run", str(manifest), "--study", str(study), "--config", str(_config(tmp_path)), "--policy-url", server)
+    # All a user types: openpi's metadata has no action_horizon, so C comes from the flag.
+    run = rescue_cli("run", str(manifest), "--study", str(study), "--policy-url", server, "--replan-interval", "8")
     assert run.returncode == 0
     assert "forked at q from one snapshot" in run.stdout and "no RNG control" in run.stdout
     config = json.loads((study / "config.json").read_text())
     # The mode is resolved and disclosed in the study's identity.
     assert (config["fork_at_q"], config["policy"]["rng_control"], config["policy"]["stateless"]) == (True, False, True)
+    assert config["policy"]["replan_interval"] == 8
     assert rescue_cli("verify", str(study)).returncode == 0
     export = export_of(study)
     assert export["study"]["mode"] == "fork" and export["study"]["policy_rng_control"] is False

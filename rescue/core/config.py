@@ -6,8 +6,10 @@ can load a study's configuration without the runtime.
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -643,6 +645,24 @@ def read_toml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
 
 
+def _unknown_key(loc: tuple) -> str:
+    """"unknown key", with the keys of its table it may mean (`contnuations`: did you mean continuations?)."""
+    model: Any = StudyConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue  # an entry of a list of tables ([[advisor]], [[query_point]])
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return "unknown key"
+        kinds = [field.annotation, *typing.get_args(field.annotation)]
+        kinds += [inner for kind in kinds for inner in typing.get_args(kind)]
+        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+        if model is None:
+            return "unknown key"
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=2, cutoff=0.75)
+    return f"unknown key; did you mean {' or '.join(close)}?" if close else "unknown key"
+
+
 def validate_config(data: dict[str, Any], where: str) -> StudyConfig:
     """A StudyConfig from plain data, or ConfigError naming every problem in one line (`where` first)."""
     try:
@@ -651,6 +671,6 @@ def validate_config(data: dict[str, Any], where: str) -> StudyConfig:
         problems = []
         for err in exc.errors():
             key = ".".join(str(part) for part in err["loc"]) or "(top level)"
-            what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            what = _unknown_key(err["loc"]) if err["type"] == "extra_forbidden" else err["msg"]
             problems.append(f"{key}: {what}")
         raise ConfigError(f"{where}: " + "; ".join(problems)) from None

@@ -46,7 +46,7 @@ def resolve_interval(configured: int | None, metadata: dict[str, Any]) -> int:
         return announced
     raise IdentityError(
         "the policy server announces no action_horizon (openpi's servers usually don't); "
-        "set [policy] replan_interval (openpi's LIBERO client replans every 5 steps)"
+        "set [policy] replan_interval or --replan-interval (openpi's LIBERO client replans every 5 steps)"
     )
 
 

@@ -197,9 +197,8 @@ def study_protocol(config: StudyConfig) -> EpisodeProtocol:
 async def resolved_config(config: StudyConfig) -> StudyConfig:
     """Probe the configured policy server and fix the study's identity (IdentityError when it cannot);
     check the VLM endpoint too (PeerUnreachable when either does not answer)."""
-    resolved = resolve_config(config, await probe_policy(config.policy))
-    await check_vlm(resolved)
-    return resolved
+    await check_vlm(config)  # the cheap check first: building a bundled policy to ask it takes seconds
+    return resolve_config(config, await probe_policy(config.policy))
 
 
 def check_identity(config: StudyConfig, metadata: dict[str, Any]) -> None:
@@ -226,8 +225,8 @@ def check_identity(config: StudyConfig, metadata: dict[str, Any]) -> None:
 
 async def check_live_identity(config: StudyConfig) -> None:
     """Probe the configured policy server and check it against the study's identity; check the VLM endpoint."""
-    check_identity(config, await probe_policy(config.policy))
     await check_vlm(config)
+    check_identity(config, await probe_policy(config.policy))
 
 
 @dataclass

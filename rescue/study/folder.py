@@ -63,8 +63,11 @@ def create_study(study_dir: Path, manifest: Manifest, config: StudyConfig, extra
     study_dir = Path(study_dir)
     if config.policy.replan_interval is None or config.policy.announced is None:
         raise StudyError("a study's configuration must have its identity resolved before it is created")
-    if StudyLayout.of(study_dir).is_study() or (study_dir.exists() and any(study_dir.iterdir())):
-        raise StudyError(f"{study_dir} already exists and is not empty; use `rescue resume {study_dir}` for a study")
+    if StudyLayout.of(study_dir).is_study():
+        raise StudyError(f"{study_dir} already holds a study; use `rescue resume {study_dir}` to continue it")
+    if study_dir.exists() and (not study_dir.is_dir() or any(study_dir.iterdir())):
+        raise StudyError(f"{study_dir} already exists and is not an empty folder (nor a study): give --study a new "
+                         "folder")
     if config.vlm.lab_budget is not None:
         # The lab's ledger is the same whatever folder a later resume runs from.
         ledger = Path(config.vlm.lab_ledger or LAB_RECEIPTS).resolve()
