@@ -115,7 +115,7 @@ def test_preflight_reports_a_server_without_rng_extension(tmp_path):
     text = report.render()
     assert "policy_rng_control = false (prefix equality not guaranteed by the server)" in text
     rng = next(c for c in report.checks if c.name == "rng extension")
-    assert rng.verdict == "warn" and "prefix equality is not guaranteed by the server" in rng.detail
+    assert rng.verdict == "warn" and "lacks the RNG extension" in rng.detail and "forks at q" in rng.detail
     idle = next(c for c in report.checks if c.name == "idle hold")
     # Plain openpi: the connection survives on pings; its RNG cannot be read.
     assert idle.verdict == "pass" and "ping keepalive" in idle.detail
