@@ -19,9 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-from rescue.core.stats import Summary
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's rescue, not an installed one
+
+from rescue.core.stats import Summary  # noqa: E402
+
 CONFIG = """\
 [[query_point]]
 name = "quarter"

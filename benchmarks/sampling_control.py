@@ -23,9 +23,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from rescue.core.stats import Summary
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's rescue, not an installed one
+
+from rescue.core.stats import Summary  # noqa: E402
+
 POLICY_PORT, VLM_PORT = "8031", "8032"
 CONFIG = f"""\
 continuations = {{k}}
