@@ -53,9 +53,10 @@ def test_a_lab_budget_stops_two_concurrent_studies_at_its_cap_and_nothing_is_los
     outs = {name: p.communicate(timeout=900) for name, p in procs.items()}
     ledger = read_ledger(lab / "receipts")
     assert ledger is not None and ledger.path == str(lab / "receipts" / "ledger.sqlite")
-    # Exactly two calls fit (1.165 each); nothing is held once both runs ended.
+    # Exactly two calls fit (about 1.165 each: a task's words change the input by a token or two, and which study
+    # got the calls depends on how the two interleaved); nothing is held once both runs ended.
     assert (ledger.calls, ledger.holds, ledger.calls_without_cost) == (2, 0, 0)
-    assert ledger.cost == pytest.approx(2.33) and ledger.cost <= CAP
+    assert 2.32 < ledger.cost <= CAP
     for name, p in procs.items():
         err = outs[name][1].strip().splitlines()
         assert p.returncode == 3, (name, outs[name])
