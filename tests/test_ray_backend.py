@@ -114,8 +114,8 @@ def test_a_worker_node_killed_mid_arm_loses_one_case_and_nothing_runs_twice(tmp_
     for cid in both:
         assert by_id[cid]["label"] == local_by_id[cid]["label"], cid
         for arm in ("control", "assisted"):
-            assert by_id[cid][arm]["trace_sha256"] == local_by_id[cid][arm]["trace_sha256"], (cid, arm)
-            assert by_id[cid][arm]["fingerprint"] == local_by_id[cid][arm]["fingerprint"], (cid, arm)
+            assert by_id[cid]["arms"][arm]["trace_sha256"] == local_by_id[cid]["arms"][arm]["trace_sha256"], (cid, arm)
+            assert by_id[cid]["arms"][arm]["fingerprint"] == local_by_id[cid]["arms"][arm]["fingerprint"], (cid, arm)
 
 
 def _raylets() -> set[int]:
