@@ -78,7 +78,7 @@ def test_each_query_point_forks_from_the_one_prefix_and_asks_at_its_own_q(study)
     rescue_cli("report", str(study))
     page = (study / "report.html").read_text()
     assert 'id="sec-query-points"' in page and 'data-figure="main.advisor.assisted@early.r"' in page
-    panel = (study / "report_files" / "case" / f"{finished[0]['case_id']}.js").read_text()
+    panel = (study / "report_files" / "case" / f"{finished[0]['case_id']}.js").read_text().replace('\\"', '"')  # JS string
     assert 'data-advisor="assisted@early"' in panel and 'data-advisor="assisted@late"' in panel
 
 

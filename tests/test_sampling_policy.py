@@ -70,7 +70,8 @@ def test_a_study_against_the_sampling_policy_forks_at_q_by_default_and_its_cases
     # All a user types: openpi's metadata has no action_horizon, so C comes from the flag.
     run = rescue_cli("run", str(manifest), "--study", str(study), "--policy-url", server, "--replan-interval", "8")
     assert run.returncode == 0
-    assert "forked at q from one snapshot" in run.stdout and "no RNG control" in run.stdout
+    said = " ".join(run.stdout.split())  # the terminal's lines wrap where its width says
+    assert "forked at q from one snapshot" in said and "no RNG control" in said
     config = json.loads((study / "config.json").read_text())
     # The mode is resolved and disclosed in the study's identity.
     assert (config["fork_at_q"], config["policy"]["rng_control"], config["policy"]["stateless"]) == (True, False, True)
@@ -189,7 +190,7 @@ def test_the_laptop_walkthrough_runs_as_written(tmp_path):
             outputs.append(rescue_cli(*args[1:]))
     finally:
         ensure_stopped(server)
-    run = outputs[3].stdout
+    run = " ".join(outputs[3].stdout.split())  # the terminal's lines wrap where its width says
     assert "forked at q from one snapshot" in run and "3 continuations per arm" in run
     assert "paired estimates over continuations" in run
     study = tmp_path / "studies" / "stand-in-rescue"
