@@ -20,6 +20,7 @@ from rescue.policy.server import PolicyServer
 from rescue.run.arm import ArmSpec, run_arm
 from rescue.study.journal import Journal
 from wrappers.async_rules import AsyncRuleWrapper, RulesConfig, rule_inputs_problems
+from wrappers.rules import chunk_digest
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
@@ -217,10 +218,12 @@ class RecordingRules(AsyncRuleWrapper):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.seen: list[dict] = []
+        self.chunks: dict[int | None, object] = {}  # the actions each query's reply carried, by step
 
     async def infer(self, obs: dict, step: int | None = None) -> dict:
         reply = await super().infer(obs, step=step)
         self.seen.append(dict(self.last_query))
+        self.chunks[step] = reply["actions"]
         return reply
 
 
@@ -265,7 +268,10 @@ def test_each_rule_fires_on_the_embedded_default_in_real_arms(tmp_path):
     by_step = {row.step: row for row in result.trace}
     for f in result.rule_firings:
         if f["rule"] == "chunk_compression":  # 8 actions into 6, all of which run
-            assert f["before"] != f["after"] and by_step[f["step"]].actions == f["after"]
+            sent = wrapper.chunks[f["step"]]
+            assert f["before"] != f["after"] == chunk_digest(sent) and len(sent) == 6
+            # The trace holds the digest of what ran: the chunk as the arm checks it (float64, clipped to LIBERO's [-1, 1]).
+            assert by_step[f["step"]].actions == digest_array(np.clip(np.asarray(sent, dtype=np.float64), -1.0, 1.0))
     # Rollbacks act on the voted stage and persist: the query after one runs under stage 2,
     # although the policy still reports carrying (4) or later.
     seen = wrapper.seen
