@@ -230,7 +230,7 @@ def test_preflight_fails_early_when_the_policy_reads_other_keys(tmp_path):
     assert "KeyError" in line and "'observation/image'" in line and "set [policy] observation" in line
     assert right.ok, right.render()
     assert right.checks[0].detail == "profile 'openpi-libero': the policy answered a (10, 7) chunk; C = 5"
-    assert [c.name for c in right.checks] == ["policy query", "rng extension", "episode markers", "idle hold"]
+    assert [c.name for c in right.checks] == ["policy query", "rng extension", "mode", "episode markers", "idle hold"]
     # openpi's server announces nothing and would infer on a control frame: no protocol sends it one.
     markers = {name: next(c.detail for c in report.checks if c.name == "episode markers")
                for name, report in (("openpi", right), ("rescue", ours))}
