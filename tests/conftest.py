@@ -114,6 +114,9 @@ def write_cases(path: Path, n: int, horizon: int = 64, task_id: int = 3, **extra
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("MUJOCO_GL", "egl")
+    # The CLI's tables as on a terminal-less run (132 columns), whatever width the test runner's own terminal (or a
+    # pytest-xdist worker) left in COLUMNS.
+    env["COLUMNS"] = "132"
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
