@@ -178,7 +178,7 @@ def test_filters_search_sort_and_links_change_what_is_shown(big, browser):
     # Full-text search: every word, anywhere in case id, task, subgoals or reasons, any case.
     def hay(c: CaseEntry) -> str:
         parts = [c.case_id, c.task, c.assisted.subgoal if c.assisted else None, c.arms["sham"].subgoal if c.arms.get("sham") else None,
-                 c.reason, c.sham_reason]
+                 c.reason, c.verdicts["sham"].reason if "sham" in c.verdicts else None]
         return "\n".join(p or "" for p in parts).lower()
 
     for text in ("Ketchup near", "object-7", "timeout", "CONTROL ARM succeeded"):
