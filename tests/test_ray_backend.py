@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import (
+    HANG_S,
     ROOT,
     arm_rows,
     case_states,
@@ -71,7 +72,7 @@ def test_a_worker_node_killed_mid_arm_loses_one_case_and_nothing_runs_twice(tmp_
     proc = subprocess.Popen([sys.executable, "-m", "rescue.cli", *args], cwd=ROOT, env=cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        deadline = time.time() + 300
+        deadline = time.time() + HANG_S  # a bound on a hang, not on speed
         # Warm: one case finished (both actors built their scene); then kill during the next one's arms.
         while time.time() < deadline and proc.poll() is None:
             states = case_states(study) if (study / "journal.sqlite").exists() else {}
@@ -142,7 +143,7 @@ def test_fork_sham_release_sigterm_status_and_resume_on_a_one_machine_cluster(tm
         cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
-        deadline = time.time() + 300
+        deadline = time.time() + HANG_S  # a bound on a hang, not on speed
         while time.time() < deadline and proc.poll() is None:
             if (study / "journal.sqlite").exists() and "finished" in case_states(study).values():
                 break
