@@ -263,6 +263,38 @@ def wait_healthy(port: int, what: str, proc: subprocess.Popen | None = None, tim
             time.sleep(0.1)
 
 
+def ray_session_processes(driver_pid: int) -> dict[int, str]:
+    """The live raylet and GCS of the one-machine Ray cluster process `driver_pid` started, with their command lines.
+
+    Ray names a session's folder after the pid of the process that started it (`session_<date>_<pid>`), and
+    both carry that folder on their command line; a zombie (a command line of nothing) is not counted."""
+    import re
+
+    mark = re.compile(rf"/session_[0-9_-]+_{driver_pid}/")
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue  # gone meanwhile
+            program = Path(line.split(" ")[0]).name
+            if program in ("raylet", "gcs_server") and mark.search(line):
+                found[int(entry.name)] = line[:160]
+    return found
+
+
+def assert_cluster_stopped(driver_pid: int) -> None:
+    """The cluster `driver_pid` started stops with it: its raylet and GCS exit (within the hang bound: a
+    SIGKILLed process on a loaded machine takes a moment to go)."""
+    import time
+
+    deadline = time.monotonic() + HANG_S
+    while (left := ray_session_processes(driver_pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"the cluster process {driver_pid} started outlived it: {left}"
+
+
 def descendants(pid: int) -> list[int]:
     """Every live process under `pid` (children, their children, ...), read from /proc; `pid` itself not included."""
     children: dict[int, list[int]] = {}

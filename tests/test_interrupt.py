@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, case_states, cli_env, ensure_stopped, rescue_cli, write_cases
+from conftest import HANG_S, ROOT, case_states, cli_env, ensure_stopped, rescue_cli, write_cases
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
@@ -47,11 +47,16 @@ def ctrl_c(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGINT)
 
 
-def wait_until(predicate, what: str, timeout: float = 300.0) -> None:
+def wait_until(predicate, what: str, timeout: float = HANG_S, proc: subprocess.Popen | None = None) -> None:
+    """Until predicate() holds (timeout bounds a hang, not speed); when `proc`, the command that should make it
+    hold, exits first, fail at once with what it printed."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():
             return
+        if proc is not None and proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"never: {what}; the command exited {proc.returncode} first: {(out or '') + (err or '')}")
         time.sleep(0.05)
     raise AssertionError(f"never: {what}")
 
@@ -115,7 +120,7 @@ def test_ctrl_c_mid_arm_lets_the_arms_in_flight_finish_then_resume_runs_the_rest
     study = tmp_path / "study"
     proc = start_foreground("run", str(manifest), "--study", str(study), "--cases-in-flight", "1")
     try:
-        wait_until(lambda: claimed(study), "a case in flight")
+        wait_until(lambda: claimed(study), "a case in flight", proc=proc)
         time.sleep(2.0)  # its arms are stepping
         in_flight = [c for c, s in case_states(study).items() if s == "claimed"]
         assert len(group_members(proc.pid)) >= 3  # the command and its two simulators share the group
@@ -142,7 +147,7 @@ def test_a_second_ctrl_c_during_the_vlm_wait_stops_now_and_says_so(tmp_path, slo
     study = tmp_path / "study"
     proc = start_foreground("run", str(manifest), "--study", str(study), "--cases-in-flight", "1", "--vlm-url", slow_vlm)
     try:
-        wait_until(lambda: vlm_call_in_flight(study), "an assisted arm waiting for the VLM")
+        wait_until(lambda: vlm_call_in_flight(study), "an assisted arm waiting for the VLM", proc=proc)
         in_flight = [c for c, s in case_states(study).items() if s == "claimed"]
         ctrl_c(proc)
         time.sleep(1.0)
@@ -172,7 +177,7 @@ def test_ctrl_c_mid_episode_of_an_evaluation_finishes_the_episode(tmp_path):
     proc = start_foreground("eval", "--suite", "libero_object", "--tasks", "3", "--episodes", "4", "--horizon", "96",
                             "--study", str(study), "--cases-in-flight", "1")
     try:
-        wait_until(lambda: claimed(study), "an episode in flight")
+        wait_until(lambda: claimed(study), "an episode in flight", proc=proc)
         time.sleep(1.5)
         in_flight = [c for c, s in case_states(study).items() if s == "claimed"]
         ctrl_c(proc)
@@ -216,7 +221,7 @@ def test_ctrl_c_on_the_service_drains_its_job_and_a_restart_resumes_it(tmp_path)
     study = job / ("study-" + job.name.removeprefix("job-"))
     proc = start_foreground("serve", "--queue", str(queue), "--port", "0")
     try:
-        wait_until(lambda: claimed(study), "the job's first case in flight")
+        wait_until(lambda: claimed(study), "the job's first case in flight", proc=proc)
         time.sleep(1.5)
         in_flight = [c for c, s in case_states(study).items() if s == "claimed"]
         ctrl_c(proc)

@@ -14,13 +14,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from conftest import (
     HANG_S,
     ROOT,
     arm_rows,
+    assert_cluster_stopped,
     case_states,
     cli_env,
     descendants,
@@ -119,24 +119,12 @@ def test_a_worker_node_killed_mid_arm_loses_one_case_and_nothing_runs_twice(tmp_
             assert by_id[cid]["arms"][arm]["fingerprint"] == local_by_id[cid]["arms"][arm]["fingerprint"], (cid, arm)
 
 
-def _raylets() -> set[int]:
-    return {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).startswith("raylet")}
-
-
-def _cmdline(proc: Path) -> str:
-    try:
-        return Path(proc / "comm").read_text().strip()
-    except OSError:
-        return ""
-
-
 def test_fork_sham_release_sigterm_status_and_resume_on_a_one_machine_cluster(tmp_path):
     manifest = write_cases(tmp_path / "m.jsonl", 6, horizon=96)
     config = tmp_path / "study.toml"
     config.write_text('fork_at_q = true\nrelease_simulator_while_waiting = true\ncases_in_flight = 2\n'
                       '[env]\nsimulators = 2\n[sham]\nsource = "permuted"\n')
     study = tmp_path / "study"
-    raylets_before = _raylets()
     proc = subprocess.Popen(
         [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study), "--config", str(config),
          "--backend", "ray"],
@@ -158,7 +146,7 @@ def test_fork_sham_release_sigterm_status_and_resume_on_a_one_machine_cluster(tm
     states = case_states(study)
     assert "claimed" not in states.values() and "pending" in states.values(), states
     # The cluster this run started stopped with it.
-    assert _raylets() == raylets_before
+    assert_cluster_stopped(proc.pid)
 
     rescue_cli("resume", str(study), "--backend", "ray")
     assert set(case_states(study).values()) == {"finished"}

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, case_states, cli_env, descendants, ensure_stopped, events_of, rescue_cli, write_cases
+from conftest import (ROOT, assert_cluster_stopped, case_states, cli_env, descendants, ensure_stopped, events_of, rescue_cli,
+                      write_cases)
 from ray.cluster_utils import Cluster
 from test_interrupt import claimed, ctrl_c, group_members, start_foreground, wait_until
 
@@ -46,18 +47,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _raylets() -> set[int]:
-    return {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(int(p.name)).split(" ")[0].endswith("/raylet")}
-
-
 def test_ctrl_c_mid_arm_on_the_cluster_the_run_started_drains_and_no_ray_process_dies_of_it(tmp_path):
     manifest = write_cases(tmp_path / "m.jsonl", 2, horizon=128)
     study = tmp_path / "study"
-    raylets_before = _raylets()
     proc = start_foreground("run", str(manifest), "--study", str(study), "--backend", "ray", "--simulators", "2",
                             "--cases-in-flight", "1")
     try:
-        wait_until(lambda: claimed(study), "a case in flight")
+        wait_until(lambda: claimed(study), "a case in flight", proc=proc)
         time.sleep(1.0)  # its arms are stepping on the two actors
         (in_flight,) = [c for c, s in case_states(study).items() if s == "claimed"]
         ray_processes = _descendants(proc.pid)
@@ -90,7 +86,7 @@ def test_ctrl_c_mid_arm_on_the_cluster_the_run_started_drains_and_no_ray_process
     assert case["arms"]["control"]["status"] == case["arms"]["assisted"]["status"] == "complete"
     assert not [e for e in events_of(study) if e["event"].startswith("ray.actor_lost")]
     assert rescue_cli("verify", str(study)).returncode == 0
-    assert _raylets() == raylets_before  # the run stopped the cluster it started, once it was done
+    assert_cluster_stopped(proc.pid)  # the run stopped the cluster it started, once it was done
 
 
 @pytest.fixture
