@@ -9,11 +9,17 @@ model and data account for: MjModel (`mj_sizeModel`), of which textures (`tex_rg
 and LIBERO's Python objects, the compiler's scratch and the GL context with its buffers.
 Then a second task's env is built beside and after the first's, to show the budget's arithmetic.
 
-Run: MUJOCO_GL=egl .venv/bin/python benchmarks/env_memory.py
+With --budget GB, a fresh adapter under that memory budget resets one episode of each of --tasks
+libero_object tasks in turn, and prints after each: the envs it holds, its resident memory, what the
+budget priced a first build and a later build at (MemoryBudget, each build's own peak), and the
+builds and closes so far.
+
+Run: MUJOCO_GL=egl .venv/bin/python benchmarks/env_memory.py [--budget GB [--tasks N]]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import numpy as np
@@ -75,5 +81,29 @@ def main() -> None:
     adapter.close()
 
 
+def under_budget(budget_gb: float, tasks: int) -> None:
+    from rescue.env.libero import LiberoAdapter
+
+    adapter = LiberoAdapter(max_rss_gb=budget_gb)
+    memory = adapter._memory
+    print(f"budget {budget_gb:g} GB, {tasks} libero_object tasks in turn on one simulator")
+    for task in range(tasks):
+        held_before = len(adapter._envs)
+        adapter.reset({"suite": "libero_object", "task_id": task, "init_state_index": 0, "env_seed": 0, "horizon": 40})
+        closed = held_before + 1 - len(adapter._envs)
+        prices = {kind: costs.get("libero_object") for kind, costs in (("first", memory.first_cost),
+                                                                        ("later", memory.cost))}
+        print(f"task {task}: holds {len(adapter._envs)} envs, RSS {gb(rss())}, closed {closed} to build it; price "
+              + ", ".join(f"{kind} {'-' if v is None else gb(v).strip()}" for kind, v in prices.items()))
+    adapter.close()
+
+
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, help="walk tasks under this budget (GB) instead")
+    parser.add_argument("--tasks", type=int, default=10)
+    args = parser.parse_args()
+    if args.budget is None:
+        main()
+    else:
+        under_budget(args.budget, args.tasks)

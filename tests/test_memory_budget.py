@@ -4,8 +4,8 @@ The runs are the CLI's, as a user starts them: an evaluation over the 10 libero_
 simulator, and a rescue study (control and assisted arms; assisted arms let go of their simulator while
 the VLM thinks, and may continue on the other one from a snapshot) over the same 10 tasks on two. The
 peak resident memory (VmHWM) of every process the CLI starts is sampled throughout; each simulator's
-must stay under the default budget (2.5 GB), and its log must show that envs were closed to keep it
-there. The reference is the same cases run where no env is ever closed (`UnboundedAdapter`, in two runs
+must stay under the budget configured (the 2.5 GB floor, and 2.2 GB), and its log must show that envs
+were closed to keep it there. The reference is the same cases run where no env is ever closed (`UnboundedAdapter`, in two runs
 of 5 tasks, so the reference itself stays near 4 GB): every arm's fingerprint, trace chain (which covers
 every query's observation, images, instruction and actions), steps, success, state and render at q
 must be the same.
@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cli_env, descendants
+from conftest import ROOT, cli_env, descendants, events_of
 
 from rescue.env.memory import DEFAULT_MAX_RSS_GB
 from rescue.study.journal import Journal
@@ -121,6 +121,9 @@ def reference(tmp_path_factory):
         sampler = _run("run", str(_manifest(root / f"part{part}.jsonl", tasks)), "--study", str(study),
                        "--config", str(config), "--simulators", "1")
         assert _closed(study) == 0
+        # No budget configured: the run's simulators share half the memory available when it started.
+        (budget,) = [e for e in events_of(study) if e["event"] == "env.memory_budget"]
+        assert budget["gb"] >= DEFAULT_MAX_RSS_GB and "GB available when the run started" in budget["source"], budget
         outcomes.update(_outcomes(study))
         peaks += sampler.simulators().values()
     print(f"\nreference (5 envs per simulator, none closed): simulator peaks {[f'{p / 1e9:.2f} GB' for p in peaks]}")
@@ -136,9 +139,11 @@ def _report(name: str, sampler: PeakSampler) -> dict[int, int]:
 
 
 def test_an_eval_over_ten_tasks_on_one_simulator_stays_under_the_budget_and_replays_the_reference(tmp_path, reference):
-    study = tmp_path / "eval"
+    # The floor: what a simulator may hold whatever the machine (the default is a share of its memory).
+    study, config = tmp_path / "eval", tmp_path / "floor.toml"
+    config.write_text(f"[env]\nmax_simulator_rss_gb = {DEFAULT_MAX_RSS_GB}\n")
     sampler = _run("eval", "--suite", "libero_object", "--tasks", "0-9", "--episodes", "1", "--horizon", str(H),
-                   "--simulators", "1", "--study", str(study))
+                   "--simulators", "1", "--study", str(study), "--config", str(config))
     sims = _report("eval on one simulator", sampler)
     assert len(sims) == 1
     assert all(peak < BUDGET for peak in sims.values()), sims

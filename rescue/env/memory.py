@@ -10,8 +10,32 @@ import functools
 # builds a task's env, the process closes the envs it used least recently until what it holds now plus
 # what a build costs at its peak fits. One libero_object env holds about 0.65 GB (the compiled model
 # 0.24 GB, textures 0.15 GB of it; its GL context 0.38 GB, textures most of it) and its build peaks
-# about 0.5 GB above that (the compiler's scratch), so 2.5 GB keeps two such envs.
+# about 0.5 GB above that (the compiler's scratch). The floor: 2.5 GB keeps two such envs.
 DEFAULT_MAX_RSS_GB = 2.5
+# Without `[env] max_simulator_rss_gb`, simulators on this machine share this part of the memory
+# available when the run starts (MemAvailable), each at least the floor: the rest is the command's,
+# the policy's and the machine's.
+MACHINE_SHARE = 0.5
+
+
+def available_bytes() -> int | None:
+    """The memory this machine can give without swapping (MemAvailable), bytes; None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def default_budget_gb(simulators: int, available: int | None) -> float:
+    """Each simulator's budget when none is configured: a share of `available` bytes, at least the floor."""
+    if available is None:
+        return DEFAULT_MAX_RSS_GB
+    share = MACHINE_SHARE * available / max(1, simulators) / 1e9
+    return max(DEFAULT_MAX_RSS_GB, round(share, 1))
 
 
 def _memory() -> tuple[int, int]:
@@ -36,37 +60,79 @@ def give_back_free_memory() -> None:
         trim(0)
 
 
+def simulator_budget(configured: float | None, simulators: int, on_this_machine: bool) -> tuple[float, str]:
+    """Each simulator's memory budget in GB, and where it came from (one line, for the run's events).
+
+    `configured`: `[env] max_simulator_rss_gb`, which wins; else a share of this machine's available
+    memory when the simulators run here (`on_this_machine`), else the floor (the memory of a cluster's
+    other nodes is not read from here)."""
+    if configured is not None:
+        return configured, "[env] max_simulator_rss_gb"
+    if not on_this_machine:
+        return DEFAULT_MAX_RSS_GB, "the floor (the simulators run on other machines)"
+    available = available_bytes()
+    if available is None:
+        return DEFAULT_MAX_RSS_GB, "the floor (this machine does not say its available memory)"
+    gb = default_budget_gb(simulators, available)
+    return gb, (f"{MACHINE_SHARE:g} of the {available / 1e9:.1f} GB available when the run started, shared by "
+                f"{simulators} simulator{'s' if simulators != 1 else ''} (at least {DEFAULT_MAX_RSS_GB:g} GB)")
+
+
+def _forget_peak() -> bool:
+    """Set this process's peak resident size (VmHWM) to its size now, so the next peak is one call's own
+    (Linux: /proc/self/clear_refs); False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 class MemoryBudget:
     """What a simulator process may hold (DESIGN §12), and what a new env of each suite costs at its peak.
 
     A call that builds an env is measured from its start to its end (the build, the first reset's
-    digests): when it raised the process's peak (VmHWM), the rise over the resident size it started
-    from is its exact cost; otherwise that difference bounds it. The larger of those is kept per suite
-    (a suite's tasks share their scene); a suite not measured yet is built alone.
+    digests): the process's peak is set to its size at the start, so the rise of the peak over that
+    size is the build's exact cost. A process's first build also pays for what happens once (the GL
+    context, the libraries' first use), so a suite is priced by its costliest later build (beside the
+    envs the process holds) once one was measured, by its first until then; a suite's tasks share
+    their scene. A suite not measured yet is built alone. Where the peak cannot be set, the rise over
+    the lifetime peak bounds the cost, and every build is priced as a first.
     """
 
     def __init__(self, max_rss_gb: float | None):
         self.limit = None if max_rss_gb is None else int(max_rss_gb * 1e9)
-        self.cost: dict[str, int] = {}
-        self._watch: tuple[str, int, int] | None = None
+        self.cost: dict[str, int] = {}  # suite -> its costliest build after the process's first
+        self.first_cost: dict[str, int] = {}  # suite -> the costliest build that paid for the first time
+        self.builds = 0
+        self._watch: tuple[str, int, bool] | None = None
+
+    def price(self, suite: str) -> int | None:
+        """What building an env of `suite` costs at its peak, as measured; None before its first build."""
+        return self.cost.get(suite, self.first_cost.get(suite))
 
     def fits(self, suite: str) -> bool:
         """Whether an env of `suite` can be built beside what the process holds now."""
         if self.limit is None:
             return True
-        return suite in self.cost and _memory()[0] + self.cost[suite] <= self.limit
+        price = self.price(suite)
+        return price is not None and _memory()[0] + price <= self.limit
 
     def building(self, suite: str) -> None:
         """An env of `suite` is about to be built: measure from here."""
-        self._watch = (suite, *_memory())
+        after_first = _forget_peak() and self.builds > 0
+        self.builds += 1
+        self._watch = (suite, _memory()[0], after_first)
 
     def settle(self) -> None:
         """The call that built an env (if one did) is over: give the scratch back and note what it cost."""
         if self._watch is None:
             return
-        (suite, rss, _), self._watch = self._watch, None
+        (suite, rss, after_first), self._watch = self._watch, None
         give_back_free_memory()
-        self.cost[suite] = max(self.cost.get(suite, 0), _memory()[1] - rss)
+        costs = self.cost if after_first else self.first_cost
+        costs[suite] = max(costs.get(suite, 0), _memory()[1] - rss)
 
 
 def settles_memory(method):

@@ -35,6 +35,7 @@ from rescue.core.identity import (
 from rescue.core.observation import ObservationProfile, get_profile
 from rescue.core.reported_model import mismatch, model_matches
 from rescue.env.backend import LOCAL, Backend
+from rescue.env.memory import simulator_budget
 from rescue.env.pool import SimPool
 from rescue.policy.client import PolicyServerError, WebsocketPolicyClient
 from rescue.policy.protocol import RNG_EXTENSION
@@ -286,8 +287,11 @@ async def start_services(
             # Each advisor its own client: its settings, its prompt, its limiter and batches.
             advisors[arm] = VLMClient(vlm_config, receipts, artifacts_dir=layout.vlm_artifacts, advisor=name, budget=budget)
             closers.append(advisors[arm].aclose)
+        max_rss_gb, source = simulator_budget(config.env.max_simulator_rss_gb, config.env.simulators,
+                                              on_this_machine=backend.kind == "local" or backend.address is None)
+        log.info("env.memory_budget", gb=max_rss_gb, source=source)
         pool = backend.pool(config.env.simulators, config.env.adapter, log_path=str(layout.simulator_log),
-                            max_rss_gb=config.env.max_simulator_rss_gb)
+                            max_rss_gb=max_rss_gb)
         closers.append(pool.close)
         yield Peers(policy_url, api_key, config.interval, pool, advisors.get(config.primary_arm), closers, advisors,
                        budget)
