@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (ROOT, assert_cluster_stopped, case_states, cli_env, descendants, ensure_stopped, events_of, rescue_cli,
+from conftest import (HANG_S, ROOT, assert_cluster_stopped, case_states, cli_env, descendants, ensure_stopped, events_of, rescue_cli,
                       write_cases)
 from ray.cluster_utils import Cluster
 from test_interrupt import claimed, ctrl_c, group_members, start_foreground, wait_until
@@ -99,29 +99,20 @@ def head_without_simulators():
         c.shutdown()
 
 
-def test_a_cluster_without_the_simulator_resource_says_what_is_missing_within_10_s(tmp_path, head_without_simulators):
+def test_a_cluster_without_the_simulator_resource_says_what_is_missing_before_placing_an_actor(tmp_path, head_without_simulators):
     manifest = write_cases(tmp_path / "m.jsonl", 2, horizon=16)
     study = tmp_path / "s"
-    started = time.time()
+    # Said by the check before any actor is placed, not by the placement timeout (600 s; this bounds a hang).
     proc = rescue_cli("run", str(manifest), "--study", str(study), "--backend", "ray",
-                      "--address", head_without_simulators.address, check=False, timeout=120)
+                      "--address", head_without_simulators.address, check=False, timeout=HANG_S)
     assert proc.returncode == 3, proc.stderr
-    assert time.time() - started < 60  # not the 600 s placement timeout
     said = [line for line in proc.stderr.splitlines() if line.startswith("rescue:")]
     assert len(said) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "no node offers the custom resource 'simulator'" in said[0], said
     assert """ray start --resources '{"simulator": N}'""" in said[0], said
     assert set(case_states(study).values()) == {"pending"}  # nothing claimed
-    events = events_of(study)
-    began = next(e for e in events if e["event"] == "study.backend")
-    failed = next(e for e in events if e["event"] == "ray.pool_failed")
-    assert _seconds(failed) - _seconds(began) < 10, (began, failed)
-
-
-def _seconds(event: dict) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+    (failed,) = [e for e in events_of(study) if e["event"] == "ray.pool_failed"]
+    assert failed["reason"].startswith("no simulator actor can be placed on"), failed  # not "... within 600 s"
 
 
 # A driver of its own on the cluster holding its one `simulator`: the resource exists, and is busy.
@@ -159,18 +150,16 @@ def test_sigterm_while_waiting_for_room_on_a_busy_cluster_stops_at_once_with_not
                             "--address", busy_cluster.address, "--simulators", "1")
     try:
         # Busy is not missing: the run keeps waiting, and says once what for.
-        wait_until(lambda: any(e["event"] == "ray.waiting_for_room" for e in events_of(study)), "the waiting line", 120)
+        wait_until(lambda: any(e["event"] == "ray.waiting_for_room" for e in events_of(study)), "the waiting line",
+                   proc=proc)
         waiting = next(e for e in events_of(study) if e["event"] == "ray.waiting_for_room")
         assert waiting["each_asks"] == "1 CPU, 1 'simulator'" and waiting["free"] == "1 CPU, 0 'simulator'", waiting
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
-        asked = time.time()
-        out, err = proc.communicate(timeout=60)
-        took = time.time() - asked
+        out, err = proc.communicate(timeout=120)  # a run that waited for the placement timeout (600 s) fails here
     finally:
         ensure_stopped(proc)
     assert proc.returncode == 3, err
-    assert took < 15, took  # not the placement timeout
     said = [line for line in err.splitlines() if line.startswith("rescue:")]
     assert len(said) == 1 and "SIGTERM stopped it claiming" in said[0] and "Traceback" not in out + err, err
     assert "ray.waiting_for_room" in err  # the line the terminal showed while it waited
