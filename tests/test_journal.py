@@ -159,6 +159,21 @@ def test_claim_next_follows_manifest_order_and_skips_claimed(journal):
     assert journal.counts()["pending"] == 0 and journal.counts()["claimed"] == 5
 
 
+def test_claim_next_prefers_the_tasks_the_simulator_loaded_most_recent_first_then_manifest_order(study):
+    # Tasks 0, 1, 2, 0, 1, 2, ...: a simulator that loaded task 2 last, and task 1 before, gets task 2's cases
+    # while any is pending, then task 1's, then the rest in manifest order; no case is claimed twice.
+    with Journal.create(study, [c.model_copy(update={"task_id": i % 3}) for i, c in enumerate(make_cases(7))],
+                        {"manifest_sha256": "ab12"}) as j:
+        prefer = [("libero_spatial", 2), ("libero_spatial", 1)]
+        got = [j.claim_next("w", prefer=prefer).case_id for _ in range(7)]
+        assert got == ["case-00002", "case-00005", "case-00001", "case-00004", "case-00000", "case-00003",
+                       "case-00006"]
+        assert j.claim_next("w", prefer=prefer) is None
+    # Another suite's task of the same number is another task.
+    with Journal.create(study.with_name("other"), make_cases(3), {"manifest_sha256": "ab12"}) as j:
+        assert j.claim_next("w", prefer=[("libero_object", 2)]).case_id == "case-00000"
+
+
 def test_concurrent_claim_of_one_case_has_one_winner(journal, study):
     results: list[bool] = []
     barrier = threading.Barrier(8)

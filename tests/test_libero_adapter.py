@@ -206,6 +206,32 @@ def test_lease_comes_back_restored_only_when_another_arm_used_its_simulator():
     asyncio.run(go())
 
 
+def test_an_arm_goes_to_the_free_simulator_that_loaded_its_task():
+    # Two simulators, each left holding another task's env: a lease for either task gets that one's
+    # simulator whichever is first in the free list (placement changes where an arm runs, never its result).
+    async def go():
+        pool = SimPool(2, "rescue.env.libero:LiberoAdapter")
+        try:
+            by_task = {}
+            first, second = SimLease(pool), SimLease(pool)
+            for lease, task in ((first, 3), (second, 4)):
+                await lease.acquire()
+                await lease.reset({**CASE, "task_id": task}, "privileged")
+                by_task[task] = lease.sim
+            assert by_task[3] is not by_task[4]
+            first.release()
+            second.release()  # the free list holds task 3's simulator first
+            for task in (4, 3, 4):
+                lease = await SimLease(pool, task=("libero_object", task)).acquire()
+                assert lease.sim is by_task[task], task
+                assert lease.sim.loaded_tasks() == (("libero_object", task),)
+                lease.release()
+        finally:
+            pool.close()
+
+    asyncio.run(go())
+
+
 def test_a_tasks_fingerprint_does_not_depend_on_the_other_envs_its_process_built():
     # A simulator process keeps every task env it built; an arm of task A that comes after one of
     # task B on the same process must fingerprint A exactly as a fresh process does.

@@ -143,21 +143,33 @@ class Simulator:
         """Digest of the full simulator state now."""
         return await self._invoke("state_digest")
 
-    # The task the simulator has loaded last (set by reset and restore through this proxy).
-    _task_key: tuple[str, int] | None = None
+    # The tasks loaded through this proxy (reset, restore), least recent first. The process may have
+    # closed some of their envs since (its memory budget): where an arm goes is a preference, never a result.
+    _task_keys: tuple[tuple[str, int], ...] = ()
 
     @property
     def task_key(self) -> tuple[str, int] | None:
         """(suite, task_id) the simulator loaded last, or None."""
-        return self._task_key
+        return self._task_keys[-1] if self._task_keys else None
+
+    def loaded_tasks(self) -> tuple[tuple[str, int], ...]:
+        """The tasks loaded through this proxy, most recent first."""
+        return self._task_keys[::-1]
+
+    def recency(self, key: tuple[str, int] | None) -> int:
+        """How recently the simulator loaded `key`'s task: 0 never, higher the more recent."""
+        return self._task_keys.index(key) + 1 if key in self._task_keys else 0
 
     def _note(self, method: str, args: tuple) -> None:
         """Track the loaded task after a call that succeeded."""
+        key = None
         if method == "reset":
             c = case_fields(args[0])
-            self._task_key = (c.suite, c.task_id)
+            key = (c.suite, c.task_id)
         elif method == "restore" and isinstance(args[0], dict) and "key" in args[0]:
-            self._task_key = tuple(args[0]["key"])
+            key = tuple(args[0]["key"])
+        if key is not None:
+            self._task_keys = (*(k for k in self._task_keys if k != key), key)
 
 
 # The hash seed of simulator processes: LIBERO builds parts of its scene by iterating sets,
@@ -279,13 +291,13 @@ class SimPool:
         """PYTHONHASHSEED of every simulator process of the pool (recorded with a study)."""
         return self._hash_seed
 
-    async def acquire(self, prefer: Callable[[SimProcess], int] | None = None) -> SimProcess:
+    async def acquire(self, prefer: Callable[[SimProcess], Any] | None = None) -> SimProcess:
         """Wait for a free simulator (the one `prefer` ranks highest); a dead one is replaced."""
         sim, _ = await self.take(prefer)
         return sim
 
     async def take(
-        self, prefer: Callable[[SimProcess], int] | None = None, holder: object | None = None, urgent: bool = True
+        self, prefer: Callable[[SimProcess], Any] | None = None, holder: object | None = None, urgent: bool = True
     ) -> tuple[SimProcess, bool]:
         """Like acquire, for a named holder; also says whether the holder had this simulator last
         (so its state is exactly as the holder left it: nobody acquired it in between).
@@ -300,7 +312,7 @@ class SimPool:
             self._sims[idx] = sim
         return sim, self._hand_to(sim, holder)
 
-    async def _next_free(self, prefer: Callable[[Any], int] | None, urgent: bool) -> Any:
+    async def _next_free(self, prefer: Callable[[Any], Any] | None, urgent: bool) -> Any:
         """Wait for a free simulator (urgent takers first) and take it off the free list."""
         async with self._changed:
             if urgent:
@@ -353,11 +365,12 @@ class SimLease(Simulator):
     else one restored from the snapshot).
     """
 
-    def __init__(self, pool: SimPool):
+    def __init__(self, pool: SimPool, task: tuple[str, int] | None = None):
+        """`task`: the (suite, task_id) the arm will reset, when known: a simulator that loaded it is preferred."""
         self._pool = pool
         self.sim: SimProcess | None = None
         self._snapshot: dict | None = None
-        self._key: tuple[str, int] | None = None
+        self._key: tuple[str, int] | None = task
         # Whether the last resume restored the snapshot into a simulator another arm had used.
         self.restored = False
 
@@ -366,10 +379,9 @@ class SimLease(Simulator):
         self.sim, _ = await self._pool.take(self._rank, holder=self, urgent=urgent)
         return self
 
-    def _rank(self, sim: SimProcess) -> int:
-        if self._pool.last_holder(sim) is self:
-            return 2
-        return 1 if self._key is not None and sim.task_key == self._key else 0
+    def _rank(self, sim: SimProcess) -> tuple[bool, int]:
+        # The simulator this lease left (its state untouched), then the one that loaded the task most recently.
+        return self._pool.last_holder(sim) is self, sim.recency(self._key)
 
     async def _invoke(self, method: str, *args: Any) -> Any:
         if self.sim is None:

@@ -419,7 +419,7 @@ class RayPool(SimPool):
         self._place_new()
 
     async def take(
-        self, prefer: Callable[[Any], int] | None = None, holder: object | None = None, urgent: bool = True
+        self, prefer: Callable[[Any], Any] | None = None, holder: object | None = None, urgent: bool = True
     ) -> tuple[RayActorSim, bool]:
         """Like SimPool.take; an actor whose node went away while it was idle is replaced, not handed out."""
         while True:

@@ -225,7 +225,8 @@ class Engine:
                 hold = await self._hold(services)
                 if self._stopping():
                     return
-                case = self.journal.claim_next(name)
+                # A case of a task this simulator loaded, when one is pending: its env is likely still built.
+                case = self.journal.claim_next(name, prefer=lease.sim.loaded_tasks() if lease.sim else ())
                 if case is None:
                     return
                 if hold is not None:
@@ -279,7 +280,8 @@ class Engine:
         if self.journal.state(case_id) != "pending":
             return
         # Urgent: a sham arm of a started case waits for this donor's answer.
-        lease = await SimLease(services.pool).acquire()
+        member = self.journal.case(case_id)
+        lease = await SimLease(services.pool, task=(member.suite, member.task_id)).acquire()
         policy = hold = None
         try:
             policy = await self._connect(services)
@@ -290,7 +292,7 @@ class Engine:
                 hold.bind(case_id)
             log.info("case.claimed", case_id=case_id, worker=worker, with_donor_group=True)
             held, lease, policy = (lease, policy), None, None
-            await self._run_case(self.journal.case(case_id), services, held)
+            await self._run_case(member, services, held)
         except Exception as exc:  # the member stays pending (never claimed); its waiters learn it when the study stops
             log.warning("case.partner_not_started", case_id=case_id, error=one_line(str(exc)))
         finally:
@@ -389,7 +391,7 @@ class Engine:
         lease, policy = held if held is not None else (None, None)
         try:
             if lease is None:
-                lease = await SimLease(services.pool).acquire()
+                lease = await SimLease(services.pool, task=(case.suite, case.task_id)).acquire()
             if policy is None:
                 policy = await self._connect(services)
             advisor = self._advisor_for(arm, services, case)
@@ -414,7 +416,7 @@ class Engine:
         names = list(self.config.case_arms)
 
         async def sim_at_q() -> SimLease:
-            leases.append(await SimLease(services.pool).acquire())
+            leases.append(await SimLease(services.pool, task=(case.suite, case.task_id)).acquire())
             return leases[-1]
 
         async def connect() -> AsyncRuleWrapper:

@@ -22,7 +22,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -314,16 +314,27 @@ class Journal:
                 self._require_case(conn, case_id)
         return bool(won)
 
-    def claim_next(self, worker: str) -> Case | None:
-        """Claim the first pending case in manifest order; None when none is left or draining."""
+    def claim_next(self, worker: str, prefer: Sequence[tuple[str, int]] = ()) -> Case | None:
+        """Claim the first pending case in manifest order of the first task in `prefer` ((suite, task_id)s: the
+        tasks whose envs the claiming simulator holds, most recent first) that has one, else the first
+        pending case; None when none is left or draining."""
         with self._write() as conn:
             # The drain flag is read inside the same transaction as the claim,
             # so no case is handed out after a drain request commits.
             if conn.execute("SELECT 1 FROM meta WHERE key = ?", (_DRAIN_KEY,)).fetchone():
                 return None
-            row = conn.execute(
-                "SELECT case_id, data FROM cases WHERE state = 'pending' ORDER BY ord LIMIT 1"
-            ).fetchone()
+            row = None
+            for suite, task_id in prefer:
+                row = conn.execute(
+                    "SELECT case_id, data FROM cases WHERE state = 'pending' AND json_extract(data, '$.suite') = ? "
+                    "AND json_extract(data, '$.task_id') = ? ORDER BY ord LIMIT 1", (suite, task_id)
+                ).fetchone()
+                if row is not None:
+                    break
+            if row is None:
+                row = conn.execute(
+                    "SELECT case_id, data FROM cases WHERE state = 'pending' ORDER BY ord LIMIT 1"
+                ).fetchone()
             if row is None:
                 return None
             conn.execute(
