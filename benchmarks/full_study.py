@@ -8,8 +8,13 @@ tree (the command, its simulators) is sampled every second. Printed: wall time, 
 study's whole process tree), peak RSS per process, study-folder bytes per case, cases per hour, and the
 extrapolation to the seed's 1,004 cases on this machine.
 
+Also printed: env builds and closes per case (the simulators' log lines), and each simulator's memory
+budget with its source (the `env.memory_budget` event).
+
 Run: MUJOCO_GL=egl .venv/bin/python benchmarks/full_study.py [EPISODES] [OUT_DIR] [--eval EXISTING_EVAL_STUDY]
-(EPISODES 50 gives the 500-episode baseline; an existing evaluation study is reused with --eval.)
+     [--cases N]
+(EPISODES 50 gives the 500-episode baseline; an existing evaluation study is reused with --eval; --cases
+keeps the first N failures in manifest order, for a shorter paired run.)
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's rescue, whatever is installed
+
+from rescue.study.layout import SIMULATOR_LOG  # noqa: E402
 SEED_CASES = 1004
 CONFIG = """fork_at_q = true
 cases_in_flight = 4
@@ -69,7 +77,8 @@ def rss_gb(pid: int) -> tuple[str, float] | None:
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    flags = {"--eval", "--cases"}
+    args = [a for i, a in enumerate(sys.argv[1:], 1) if not a.startswith("--") and sys.argv[i - 1] not in flags]
     episodes = int(args[0]) if args else 50
     out = Path(args[1] if len(args) > 1 else "studies/full-study")
     out.mkdir(parents=True, exist_ok=True)
@@ -80,7 +89,11 @@ def main() -> None:
     eval_s = time.time() - started
     manifest = out / "failures.jsonl"
     rescue("manifest", "from-eval", str(eval_dir), "--out", str(manifest))
-    n = sum(1 for line in manifest.read_text().splitlines() if line.strip())
+    lines = [line for line in manifest.read_text().splitlines() if line.strip()]
+    if "--cases" in sys.argv:
+        lines = lines[: int(sys.argv[sys.argv.index("--cases") + 1])]
+        manifest.write_text("".join(line + "\n" for line in lines))
+    n = len(lines)
     (out / "study.toml").write_text(CONFIG)
     study = out / "rescue"
     peak: dict[int, tuple[str, float]] = {}
@@ -112,10 +125,16 @@ def main() -> None:
     export = json.loads((out / "export.json").read_text())
     summary = export["summary"]
     done = summary["n"]  # cases with a verdict: all of them unless the run was stopped (exit code 3)
+    log = (study / SIMULATOR_LOG).read_text(errors="replace") if (study / SIMULATOR_LOG).exists() else ""
+    events = [json.loads(line) for line in (study / "events.jsonl").read_text().splitlines() if line.strip()]
+    budget = next((e for e in events if e.get("event") == "env.memory_budget"), {})
     result = {
         "exit_code": code, "episodes": 10 * episodes, "eval_wall_s": round(eval_s, 1), "cases": n, "cases_done": done,
         "wall_s": round(wall, 1), "cpu_s_per_case": round(cpu / done, 2), "cases_per_hour": round(3600 * done / wall, 1),
         "folder_mb_per_case": round(folder / done / 1e6, 3),
+        "env_builds_per_case": round(log.count("rescue: built the env of") / done, 2),
+        "env_closes_per_case": round(log.count("rescue: closed the env of") / done, 2),
+        "memory_budget_gb": budget.get("gb"), "memory_budget_source": budget.get("source"),
         "peak_rss_gb": {f"{pid} {cmd}": round(gb, 2) for pid, (cmd, gb) in sorted(peak.items(), key=lambda kv: -kv[1][1])},
         "rescued": summary["counts"].get("rescued"), "n": summary["n"],
         "sham_rescued": next((a["r"] for a in summary.get("arms", []) if a["arm"] == "sham"), None),

@@ -224,6 +224,7 @@ class LiberoAdapter:
             horizon=100_000,
         )
         self._envs[key] = env
+        print(f"rescue: built the env of {suite_name} task {task_id}", file=sys.stderr, flush=True)
         return env
 
     def _build(self, **kwargs):
