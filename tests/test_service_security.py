@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Self
 
 import pytest
-from conftest import ROOT, cli_env, ensure_stopped, write_cases
+from conftest import HANG_S, ROOT, cli_env, ensure_stopped, write_cases
 
 pytestmark = pytest.mark.e2e
 
@@ -309,3 +309,45 @@ def test_a_second_serve_on_an_idle_queue_is_refused_naming_the_first(tmp_path):
         wait_up(again_port, again)
     finally:
         stop(again)
+
+
+def test_what_could_only_fail_when_the_job_starts_is_refused_at_submission_and_nothing_is_queued(tmp_path):
+    queue = tmp_path / "queue"
+    manifest = write_cases(tmp_path / "m.jsonl", 2, horizon=48).read_text()  # libero_object task 3
+    port = free_port()
+    proc = serve(queue, port)
+    try:
+        wait_up(port, proc)
+        for config, words in [
+            ({"advisors": [{"name": "x"}], "advisors.x": 1}, "advisors.x: given both whole and key by key"),
+            ({"rules": 5, "rules.x": 1}, "rules.x: given both whole and key by key"),
+            ({"rules.x": 1, "rules": 5}, "rules: given both whole and key by key"),
+            ({"policy.observation": "openpi_libero"}, "no observation profile 'openpi_libero'; did you mean openpi-libero?"),
+            ({"env": {"episode_protocol": "nosuch"}}, "no episode protocol 'nosuch' (built in: rescue, openpi, lerobot)"),
+            ({"sham": {"source": "fixed", "by_task": {"libero_object/7": "pick up the bowl"}}},
+             "sham.by_task: 'libero_object/7' names no task of the manifest (its tasks: libero_object/3)"),
+        ]:
+            status, text = call(port, "POST", "/jobs", {"manifest": manifest, "config": config})
+            assert status == 400 and words in json.loads(text)["problems"][0], (config, status, text)
+        assert not (queue / "jobs").exists() or not any((queue / "jobs").iterdir())
+        # A name is the submitter's words, markup and all: only host paths are cut from answers.
+        status, text = call(port, "POST", "/jobs", {"manifest": manifest, "name": "</script><b>mine</b>"})
+        assert status == 201 and json.loads(text)["name"] == "</script><b>mine</b>", text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=HANG_S)
+        ensure_stopped(proc)
+    assert "Traceback" not in proc.stderr.read()
+
+
+def test_a_worker_whose_port_is_taken_exits_2_in_one_line_and_leaves_nothing(tmp_path):
+    queue = tmp_path / "queue"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = serve(queue, port)
+        _, err = proc.communicate(timeout=HANG_S)
+    assert proc.returncode == 2 and err.strip().splitlines() == [err.strip()], err
+    assert f"cannot listen on 127.0.0.1:{port}: the port is taken" in err
+    assert not queue.exists()  # no queue folder, no lock file

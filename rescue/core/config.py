@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from rescue.core.digest import canonical_json, digest_text
-from rescue.core.episode_protocol import EpisodeProtocol, InstructionChoice, get_protocol
+from rescue.core.episode_protocol import PROTOCOLS, EpisodeProtocol, InstructionChoice, get_protocol
 from rescue.core.inputs import MAX_CONFIG_BYTES, InputFileError, read_input
 from rescue.core.names import EMBEDDED_POLICY
 from rescue.core.prompts import DEFAULT_ROOT
@@ -298,6 +298,16 @@ class PolicyConfig(BaseModel):
     observation: str | None = None
     """The observation profile (DESIGN §7). None: what the server announces, else the
     default for its kind (`privileged` for the bundled policies, `openpi-libero` otherwise)."""
+
+    @field_validator("observation")
+    @classmethod
+    def _a_profile(cls, value: str | None) -> str | None:
+        from rescue.core.observation import PROFILES
+
+        if value is not None and value not in PROFILES:
+            raise ValueError(f"no observation profile {value!r}{_did_you_mean(value, PROFILES)} (built in: "
+                             f"{', '.join(PROFILES)})")
+        return value
     observation_sha256: str | None = None
     """The sha256 of that profile's definition, fixed at creation (a changed built-in is refused on resume);
     None before a study is created."""
@@ -338,6 +348,14 @@ class EnvConfig(BaseModel):
     episode_protocol_sha256: str | None = None
     """The sha256 of that protocol's definition, `instruction` applied, fixed at creation (a changed built-in is
     refused on resume)."""
+
+    @field_validator("episode_protocol")
+    @classmethod
+    def _a_protocol(cls, value: str | None) -> str | None:
+        if value is not None and value not in PROTOCOLS:
+            raise ValueError(f"no episode protocol {value!r}{_did_you_mean(value, PROTOCOLS)} (built in: "
+                             f"{', '.join(PROTOCOLS)})")
+        return value
     instruction: InstructionChoice | None = None
     """What the policy is told, when not what the episode protocol's own client sends: `perturbed`, a LIBERO-PRO
     suite's rewritten words (`_lan`, `_task`), which openpi's and LeRobot's loops never send (they send
@@ -645,6 +663,12 @@ def read_toml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
 
 
+def _did_you_mean(name: str, names: Any) -> str:
+    """`; did you mean X?` when one of `names` is close to `name`, else nothing."""
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
 def _unknown_key(loc: tuple) -> str:
     """"unknown key", with the keys of its table it may mean (`contnuations`: did you mean continuations?)."""
     model: Any = StudyConfig
@@ -671,6 +695,7 @@ def validate_config(data: dict[str, Any], where: str) -> StudyConfig:
         problems = []
         for err in exc.errors():
             key = ".".join(str(part) for part in err["loc"]) or "(top level)"
-            what = _unknown_key(err["loc"]) if err["type"] == "extra_forbidden" else err["msg"]
+            what = (_unknown_key(err["loc"]) if err["type"] == "extra_forbidden"
+                    else err["msg"].removeprefix("Value error, "))
             problems.append(f"{key}: {what}")
         raise ConfigError(f"{where}: " + "; ".join(problems)) from None

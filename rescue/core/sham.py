@@ -14,7 +14,7 @@ own query: the engine starts a case's donor group together.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -50,6 +50,16 @@ class ShamConfig(BaseModel):
             if not text.strip() or len(text) > 1500:
                 raise ValueError(f"sham text for {task} must have 1 to 1500 characters")
         return value
+
+    def by_task_problem(self, tasks: Iterable[str]) -> str | None:
+        """Why `by_task` does not fit a manifest of these tasks (`suite/task_id`), in one line; None: it does
+        (a key naming no task of the manifest would be ignored)."""
+        tasks = sorted(set(tasks))
+        stray = [key for key in (self.by_task or {}) if key not in tasks]
+        if not stray:
+            return None
+        shown = ", ".join(tasks[:6]) + (f", ... ({len(tasks)} tasks)" if len(tasks) > 6 else "")
+        return f"sham.by_task: {', '.join(repr(k) for k in stray)} names no task of the manifest (its tasks: {shown})"
 
     def text_for(self, task: str) -> str:
         """The `fixed` subgoal for a case of this task (`suite/task_id`)."""

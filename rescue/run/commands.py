@@ -54,6 +54,9 @@ def _run(
 def new_study(study_dir: Path | None, manifest: Manifest, config: StudyConfig, extra_meta: dict | None = None) -> Path:
     """Fix the study's identity against its policy server, then create its folder (nothing on failure)."""
     study_dir = Path(study_dir) if study_dir else new_study_dir()
+    problem = config.sham.by_task_problem(c.task for c in manifest.cases)
+    if problem is not None:
+        raise ConfigError(problem)
     create_study(study_dir, manifest, asyncio.run(resolved_config(config)), extra_meta)
     return study_dir
 

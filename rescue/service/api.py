@@ -105,8 +105,8 @@ async def _guard(request: web.Request, handler):
     return await handler(request)
 
 
-# An absolute path: a slash not inside a word, a URL or a relative path.
-_ABS_PATH = re.compile(r"(?<![\w.~:/-])/[^\s'\"<>|;,()\[\]{}]+")
+# An absolute path: a slash not inside a word, a URL, a relative path or a markup tag (`</script>`).
+_ABS_PATH = re.compile(r"(?<![\w.~:/<-])/[^\s'\"<>|;,()\[\]{}]+")
 
 
 def _scrub(text: str, queue: Path) -> str:

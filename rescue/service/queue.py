@@ -212,6 +212,9 @@ def validate_job(manifest_bytes: bytes, source: str, request: JobRequest, servic
     resolve_job(request, service)
     manifest = parse_manifest(manifest_bytes, source, catalog="libero")
     manifest.require_main_cohort()  # a job runs as `rescue run` without --pilot-run
+    problem = request.config.sham.by_task_problem(c.task for c in manifest.cases)
+    if problem is not None:
+        raise ConfigError(f"config: {problem}")
     return manifest
 
 

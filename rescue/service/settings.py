@@ -398,6 +398,10 @@ def job_request(data: Any) -> JobRequest:
         *parents, leaf = dotted.split(".")
         for p in parents:
             node = node.setdefault(p, {})
+        if not isinstance(node, dict) or (leaf in node and isinstance(node[leaf], dict) != isinstance(value, dict)):
+            # `{"rules": 5, "rules.x": 1}`: a key given whole and again by one of its keys.
+            problems.append(f"{dotted}: given both whole and key by key ({parents[0] if parents else dotted})")
+            continue
         node[leaf] = value
     if problems:
         raise ConfigError("config: " + "; ".join(problems))

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -314,9 +316,28 @@ def _last_line(path: Path, default: str) -> str:
     return lines[-1][:500] if lines else default
 
 
-async def serve_async(queue: Path, host: str, port: int, api_key: str | None, verbose: bool = False,
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port (0: a free port); ServeError when it cannot be had (taken, no such address)."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        taken = exc.errno == errno.EADDRINUSE
+        why = "the port is taken (another server listens on it)" if taken else exc.strerror or exc
+        raise ServeError(f"cannot listen on {host}:{port}: {why}; give --port another port (0: any free one)") from None
+    return sock
+
+
+async def serve_async(queue: Path, sock: socket.socket, api_key: str | None, verbose: bool = False,
                       service: ServiceConfig | None = None) -> int:
-    """Run the worker and the HTTP API until SIGTERM or SIGINT; 0 after a clean drain."""
+    """Run the worker and the HTTP API on `sock` (listening) until SIGTERM or SIGINT; 0 after a clean drain."""
     from aiohttp import web
 
     from rescue.service.api import make_app
@@ -328,9 +349,9 @@ async def serve_async(queue: Path, host: str, port: int, api_key: str | None, ve
         loop.add_signal_handler(sig, worker.stop)
     runner = web.AppRunner(make_app(queue, api_key, worker, service), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.SockSite(runner, sock)
     await site.start()
-    bound = runner.addresses[0][1] if runner.addresses else port
+    host, bound = sock.getsockname()[:2]
     info = {"schema_version": "rescue-serve/1", "pid": os.getpid(), "host": host, "port": bound, "started_at": time.time()}
     (Path(queue) / SERVE_INFO).write_text(json.dumps(info) + "\n")
     print(f"rescue serve: queue {queue}, http://{host}:{bound}/", flush=True)
@@ -357,6 +378,10 @@ def serve(queue: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 87
         service = load_service_config(config if config is not None else os.environ.get(SERVICE_CONFIG_ENV) or None)
     except ConfigError as exc:
         raise ServeError(f"service configuration: {exc}") from None
-    Path(queue).mkdir(parents=True, exist_ok=True)
-    with own_queue(Path(queue)):
-        return asyncio.run(serve_async(Path(queue), host, port, api_key, verbose, service))
+    sock = _listen(host, port)  # first: a port that cannot be had leaves nothing behind
+    try:
+        Path(queue).mkdir(parents=True, exist_ok=True)
+        with own_queue(Path(queue)):
+            return asyncio.run(serve_async(Path(queue), sock, api_key, verbose, service))
+    finally:
+        sock.close()
