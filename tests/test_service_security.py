@@ -324,8 +324,11 @@ def test_what_could_only_fail_when_the_job_starts_is_refused_at_submission_and_n
             ({"rules.x": 1, "rules": 5}, "rules: given both whole and key by key"),
             ({"policy.observation": "openpi_libero"}, "no observation profile 'openpi_libero'; did you mean openpi-libero?"),
             ({"env": {"episode_protocol": "nosuch"}}, "no episode protocol 'nosuch' (built in: rescue, openpi, lerobot)"),
-            ({"sham": {"source": "fixed", "by_task": {"libero_object/7": "pick up the bowl"}}},
-             "sham.by_task: 'libero_object/7' names no task of the manifest (its tasks: libero_object/3)"),
+            # A task of the catalog the manifest does not hold is fine (a file shared by studies); a typo is not.
+            ({"sham": {"source": "fixed", "by_task": {"libero_object/7": "x", "libero_objet/3": "pick up the bowl"}}},
+             "sham.by_task: 'libero_objet/3' names no task (`suite/task_id`) of the manifest (its tasks: "
+             "libero_object/3) or of the LIBERO catalog"),
+            ({"sham": {"source": "fixed", "by_task": {"libero_object:3": "x"}}}, "'libero_object:3' names no task"),
         ]:
             status, text = call(port, "POST", "/jobs", {"manifest": manifest, "config": config})
             assert status == 400 and words in json.loads(text)["problems"][0], (config, status, text)

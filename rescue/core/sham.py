@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rescue.core.catalog import libero_catalog
 from rescue.core.manifest import Case
 
 # Content-free: it names no object, place or motion of any task.
@@ -52,14 +53,22 @@ class ShamConfig(BaseModel):
         return value
 
     def by_task_problem(self, tasks: Iterable[str]) -> str | None:
-        """Why `by_task` does not fit a manifest of these tasks (`suite/task_id`), in one line; None: it does
-        (a key naming no task of the manifest would be ignored)."""
+        """Why `by_task` names a task that is neither one of these (the manifest's, `suite/task_id`) nor one
+        of the LIBERO catalog's (a shared file may name more tasks than a study holds), in one line; None
+        when every key names one (a key naming none would be ignored)."""
         tasks = sorted(set(tasks))
-        stray = [key for key in (self.by_task or {}) if key not in tasks]
+        catalog = libero_catalog()
+
+        def exists(key: str) -> bool:
+            suite, _, task_id = key.rpartition("/")
+            return key in tasks or (task_id.isdigit() and catalog.task(suite, int(task_id)) is not None)
+
+        stray = [key for key in (self.by_task or {}) if not exists(key)]
         if not stray:
             return None
         shown = ", ".join(tasks[:6]) + (f", ... ({len(tasks)} tasks)" if len(tasks) > 6 else "")
-        return f"sham.by_task: {', '.join(repr(k) for k in stray)} names no task of the manifest (its tasks: {shown})"
+        return (f"sham.by_task: {', '.join(repr(k) for k in stray)} names no task (`suite/task_id`) of the manifest "
+                f"(its tasks: {shown}) or of the LIBERO catalog")
 
     def text_for(self, task: str) -> str:
         """The `fixed` subgoal for a case of this task (`suite/task_id`)."""
