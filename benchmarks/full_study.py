@@ -12,9 +12,10 @@ Also printed: env builds and closes per case (the simulators' log lines), and ea
 budget with its source (the `env.memory_budget` event).
 
 Run: MUJOCO_GL=egl .venv/bin/python benchmarks/full_study.py [EPISODES] [OUT_DIR] [--eval EXISTING_EVAL_STUDY]
-     [--cases N]
+     [--cases N] [--max-rss GB]
 (EPISODES 50 gives the 500-episode baseline; an existing evaluation study is reused with --eval; --cases
-keeps the first N failures in manifest order, for a shorter paired run.)
+keeps the first N failures in manifest order, for a shorter paired run; --max-rss sets each simulator's
+memory budget, `[env] max_simulator_rss_gb`, instead of the default.)
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def rss_gb(pid: int) -> tuple[str, float] | None:
 
 
 def main() -> None:
-    flags = {"--eval", "--cases"}
+    flags = {"--eval", "--cases", "--max-rss"}
     args = [a for i, a in enumerate(sys.argv[1:], 1) if not a.startswith("--") and sys.argv[i - 1] not in flags]
     episodes = int(args[0]) if args else 50
     out = Path(args[1] if len(args) > 1 else "studies/full-study")
@@ -94,7 +95,8 @@ def main() -> None:
         lines = lines[: int(sys.argv[sys.argv.index("--cases") + 1])]
         manifest.write_text("".join(line + "\n" for line in lines))
     n = len(lines)
-    (out / "study.toml").write_text(CONFIG)
+    budget = f"max_simulator_rss_gb = {sys.argv[sys.argv.index('--max-rss') + 1]}\n" if "--max-rss" in sys.argv else ""
+    (out / "study.toml").write_text(CONFIG.replace("[env]\n", "[env]\n" + budget))
     study = out / "rescue"
     peak: dict[int, tuple[str, float]] = {}
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
