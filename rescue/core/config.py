@@ -304,10 +304,7 @@ class PolicyConfig(BaseModel):
     def _a_profile(cls, value: str | None) -> str | None:
         from rescue.core.observation import PROFILES
 
-        if value is not None and value not in PROFILES:
-            raise ValueError(f"no observation profile {value!r}{_did_you_mean(value, PROFILES)} (built in: "
-                             f"{', '.join(PROFILES)})")
-        return value
+        return _built_in(value, PROFILES, "observation profile")
     observation_sha256: str | None = None
     """The sha256 of that profile's definition, fixed at creation (a changed built-in is refused on resume);
     None before a study is created."""
@@ -352,10 +349,7 @@ class EnvConfig(BaseModel):
     @field_validator("episode_protocol")
     @classmethod
     def _a_protocol(cls, value: str | None) -> str | None:
-        if value is not None and value not in PROTOCOLS:
-            raise ValueError(f"no episode protocol {value!r}{_did_you_mean(value, PROTOCOLS)} (built in: "
-                             f"{', '.join(PROTOCOLS)})")
-        return value
+        return _built_in(value, PROTOCOLS, "episode protocol")
     instruction: InstructionChoice | None = None
     """What the policy is told, when not what the episode protocol's own client sends: `perturbed`, a LIBERO-PRO
     suite's rewritten words (`_lan`, `_task`), which openpi's and LeRobot's loops never send (they send
@@ -663,10 +657,13 @@ def read_toml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
 
 
-def _did_you_mean(name: str, names: Any) -> str:
-    """`; did you mean X?` when one of `names` is close to `name`, else nothing."""
-    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
+def _built_in(value: str | None, names: Any, what: str) -> str | None:
+    """`value` when it is None or one of `names`; else ValueError saying what is built in (and the close one)."""
+    if value is None or value in names:
+        return value
+    close = difflib.get_close_matches(value, list(names), n=1, cutoff=0.6)
+    raise ValueError(f"no {what} {value!r}{f'; did you mean {close[0]}?' if close else ''} (built in: "
+                     f"{', '.join(names)})")
 
 
 def _unknown_key(loc: tuple) -> str:
