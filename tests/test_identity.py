@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HANG_S, ROOT, cli_env, rescue_cli, write_cases
+from pydantic import ValidationError
 
 from rescue.core.config import StudyConfig, load_config
 from rescue.core.identity import IdentityError, identity_changes, resolve_interval
@@ -93,8 +94,9 @@ def test_the_episode_protocol_is_resolved_into_the_identity_and_a_changed_one_is
     edited = external.model_copy(update={"env": external.env.model_copy(update={"episode_protocol_sha256": "0" * 64})})
     with pytest.raises(IdentityError, match="episode protocol 'openpi'"):
         check_identity(edited, {})
-    with pytest.raises(IdentityError, match="env.episode_protocol"):
-        resolve_config(StudyConfig(env={"episode_protocol": "mine"}), {"action_horizon": 8})
+    # A protocol that does not exist is refused with the configuration, before anything is resolved.
+    with pytest.raises(ValidationError, match="no episode protocol 'mine'"):
+        StudyConfig(env={"episode_protocol": "mine"})
 
 
 @pytest.mark.e2e
