@@ -17,8 +17,18 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (HANG_S, ROOT, assert_cluster_stopped, case_states, cli_env, descendants, ensure_stopped, events_of, rescue_cli,
-                      write_cases)
+from conftest import (
+    HANG_S,
+    ROOT,
+    assert_cluster_stopped,
+    case_states,
+    cli_env,
+    descendants,
+    ensure_stopped,
+    events_of,
+    rescue_cli,
+    write_cases,
+)
 from ray.cluster_utils import Cluster
 from test_interrupt import claimed, ctrl_c, group_members, start_foreground, wait_until
 
@@ -97,6 +107,20 @@ def head_without_simulators():
         yield c
     finally:
         c.shutdown()
+
+
+def test_a_run_without_an_address_starts_its_own_cluster_beside_one_that_runs_here(tmp_path, head_without_simulators):
+    # Another cluster runs on this machine (Ray's address file names it) and RAY_ADDRESS names it too: a run
+    # without --address must start a cluster of its own, not join that one (which offers no simulator).
+    manifest = write_cases(tmp_path / "m.jsonl", 1, horizon=16)
+    study = tmp_path / "s"
+    proc = subprocess.run([sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study),
+                           "--backend", "ray", "--simulators", "1"], cwd=ROOT, capture_output=True, text=True,
+                          env={**cli_env(), "RAY_ADDRESS": head_without_simulators.address}, timeout=HANG_S)
+    assert proc.returncode == 0, proc.stderr
+    assert set(case_states(study).values()) == {"finished"}
+    (connected,) = [e for e in events_of(study) if e["event"] == "ray.connected"]
+    assert connected["started_here"] is True and connected["address"] is None, connected
 
 
 def test_a_cluster_without_the_simulator_resource_says_what_is_missing_before_placing_an_actor(tmp_path, head_without_simulators):

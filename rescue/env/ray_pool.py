@@ -67,7 +67,9 @@ def connect(options: Any, simulators: int) -> None:
         return
     kwargs: dict[str, Any] = dict(log_to_driver=False, logging_level=logging.WARNING, include_dashboard=False)
     if options.address is None:
-        # A cluster for this run alone: this machine's CPUs, and the simulator resource for the pool.
+        # A cluster for this run alone: this machine's CPUs, and the simulator resource for the pool. "local":
+        # a new one even when another runs on this machine or RAY_ADDRESS names one (ray.init() would join it).
+        kwargs["address"] = "local"
         if options.resource:
             kwargs["resources"] = {options.resource: simulators}
     else:
@@ -80,7 +82,8 @@ def connect(options: Any, simulators: int) -> None:
         else:
             ray.init(**kwargs)
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError or ValueError for a bad address
-        raise ClusterUnreachable(f"cannot join the Ray cluster at {options.address}: {one_line(str(exc))}") from None
+        where = "start a one-machine Ray cluster" if options.address is None else f"join the Ray cluster at {options.address}"
+        raise ClusterUnreachable(f"cannot {where}: {one_line(str(exc))}") from None
     _started_here = options.address is None
     log.info("ray.connected", address=options.address, started_here=_started_here)
 
