@@ -17,18 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (
-    HANG_S,
-    ROOT,
-    assert_cluster_stopped,
-    case_states,
-    cli_env,
-    descendants,
-    ensure_stopped,
-    events_of,
-    rescue_cli,
-    write_cases,
-)
+from conftest import HANG_S, ROOT, assert_cluster_stopped, case_states, cli_env, descendants, ensure_stopped
+from conftest import events_of, rescue_cli, write_cases
 from ray.cluster_utils import Cluster
 from test_interrupt import claimed, ctrl_c, group_members, start_foreground, wait_until
 
