@@ -10,7 +10,8 @@ import functools
 # builds a task's env, the process closes the envs it used least recently until what it holds now plus
 # what a build costs at its peak fits. One libero_object env holds about 0.65 GB (the compiled model
 # 0.24 GB, textures 0.15 GB of it; its GL context 0.38 GB, textures most of it) and its build peaks
-# about 0.5 GB above that (the compiler's scratch). The floor: 2.5 GB keeps two such envs.
+# about 0.5 GB above that (the compiler's scratch). The floor, 2.5 GB, keeps one such env: a second's
+# build peaks past it (measured: benchmarks/env_memory.py --budget 2.5).
 DEFAULT_MAX_RSS_GB = 2.5
 # Without `[env] max_simulator_rss_gb`, simulators on this machine share this part of the memory
 # available when the run starts (MemAvailable), each at least the floor: the rest is the command's,
