@@ -22,7 +22,6 @@ pytestmark = pytest.mark.fast
     (1, 24e9, 12.0),
     (8, 24e9, 2.5),  # 1.5 each would be under the floor
     (2, 3e9, 2.5),
-    (2, None, 2.5),  # a machine that does not say
 ])
 def test_the_default_is_a_share_of_the_available_memory_with_the_floor_under_it(simulators, available, expected):
     assert default_budget_gb(simulators, available) == expected
@@ -59,3 +58,11 @@ def test_a_build_is_priced_by_its_own_peak_and_later_builds_by_what_they_add():
     # The second build's peak is its own (the first's 200 MB is forgotten), and it prices the suite from now on.
     assert 45_000_000 < budget.cost["libero_object"] < 190_000_000
     assert budget.price("libero_object") == budget.cost["libero_object"] and budget.fits("libero_object")
+
+
+def test_a_machine_that_does_not_say_its_available_memory_gets_the_floor(monkeypatch):
+    import rescue.env.memory as memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda: None)
+    gb, source = simulator_budget(None, 2, on_this_machine=True)
+    assert gb == DEFAULT_MAX_RSS_GB and "does not say" in source

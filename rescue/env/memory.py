@@ -31,10 +31,8 @@ def available_bytes() -> int | None:
     return None
 
 
-def default_budget_gb(simulators: int, available: int | None) -> float:
+def default_budget_gb(simulators: int, available: int) -> float:
     """Each simulator's budget when none is configured: a share of `available` bytes, at least the floor."""
-    if available is None:
-        return DEFAULT_MAX_RSS_GB
     share = MACHINE_SHARE * available / max(1, simulators) / 1e9
     return max(DEFAULT_MAX_RSS_GB, round(share, 1))
 
