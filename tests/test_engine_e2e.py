@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -94,10 +95,20 @@ def _tampered(study: Path, dest: Path) -> Path:
     return dest
 
 
-def test_verify_fails_on_each_tampered_copy_of_a_real_study(tmp_path):
-    manifest = write_cases(tmp_path / "m.jsonl", 1, horizon=48)
-    study = tmp_path / "study"
-    rescue_cli("run", str(manifest), "--study", str(study))
+@pytest.fixture(scope="module")
+def one_case_study(tmp_path_factory) -> Path:
+    """A real study of one case (horizon 48) that records keyframes, run once for the module; a test that
+    changes it works on a copy."""
+    tmp = tmp_path_factory.mktemp("one-case")
+    manifest = write_cases(tmp / "m.jsonl", 1, horizon=48)
+    (tmp / "k.toml").write_text("keyframes = true\n")
+    study = tmp / "study"
+    rescue_cli("run", str(manifest), "--study", str(study), "--config", str(tmp / "k.toml"))
+    return study
+
+
+def test_verify_fails_on_each_tampered_copy_of_a_real_study(tmp_path, one_case_study):
+    study = one_case_study
     assert rescue_cli("verify", str(study)).returncode == 0
 
     # A trace row after q (the label does not depend on it): caught by the arm record digest.
@@ -180,13 +191,10 @@ def test_sigterm_drains_then_resume_runs_the_rest(tmp_path):
     assert rescue_cli("verify", str(study)).returncode == 0
 
 
-def test_report_shows_keyframes_subgoal_and_verdict(tmp_path):
+def test_report_shows_keyframes_subgoal_and_verdict(tmp_path, one_case_study):
     import hashlib
 
-    manifest = write_cases(tmp_path / "m.jsonl", 1, horizon=48)
-    (tmp_path / "k.toml").write_text("keyframes = true\n")
-    study = tmp_path / "study"
-    rescue_cli("run", str(manifest), "--study", str(study), "--config", str(tmp_path / "k.toml"))
+    study = Path(shutil.copytree(one_case_study, tmp_path / "study"))  # the report writes into the study folder
     rescue_cli("report", str(study))
     from rescue.read.html.app import read_panel_script
 
