@@ -32,62 +32,64 @@ def _reset(sim: SimProcess, suite: str, profile: str):
     return sim._call("reset", {"suite": suite, "task_id": 0, "init_state_index": 0, "env_seed": 0}, profile)
 
 
-def test_each_perturbation_kind_resets_alike_in_any_process_with_its_own_instruction_and_the_profiles_layout():
-    catalog = libero_catalog()
+@pytest.fixture(scope="module")
+def simulators():
+    """Two simulator processes with different hash seeds (0 and 1), started once for the module."""
     a = SimProcess("rescue.env.libero:LiberoAdapter", name="pro-a", hash_seed=0)
     b = SimProcess("rescue.env.libero:LiberoAdapter", name="pro-b", hash_seed=1)
     try:
-        base_objects = {k for k in _reset(a, "libero_object", None).obs if k.startswith("object/")}
-        for suite, kind in SUITES.items():
-            assert catalog.suite(suite).perturbation == kind and catalog.suite(suite).base == "libero_object"
-            first, second = _reset(a, suite, "openpi-libero"), _reset(b, suite, "openpi-libero")
-            assert first.fingerprint == second.fingerprint, suite  # hash seeds 0 and 1
-            assert first.instruction == catalog.task(suite, 0).instruction, suite
-            assert set(first.obs) == {"observation/image", "observation/wrist_image", "observation/state"}
-            assert first.obs["observation/image"].shape == (224, 224, 3) and first.obs["observation/state"].shape == (8,)
-            objects = {k for k in _reset(a, suite, None).obs if k.startswith("object/")}
-            if kind == "distractor":
-                assert any("mug" in k for k in objects - base_objects), sorted(objects - base_objects)
-            else:
-                assert not any("mug" in k for k in objects), suite
-        # The language perturbation tells the policy other words than the standard suite's task.
-        assert catalog.task("libero_object_lan", 0).instruction != catalog.task("libero_object", 0).instruction
+        yield a, b
     finally:
         a.stop()
         b.stop()
 
 
-def test_base_inits_is_the_base_episode_told_the_perturbed_words_in_any_process_and_protocol():
+def test_each_perturbation_kind_resets_alike_in_any_process_with_its_own_instruction_and_the_profiles_layout(simulators):
     catalog = libero_catalog()
-    a = SimProcess("rescue.env.libero:LiberoAdapter", name="pro-base", hash_seed=0)
-    b = SimProcess("rescue.env.libero:LiberoAdapter", name="pro-variant", hash_seed=1)
-    try:
-        for protocol in ("rescue", "openpi"):
-            for task_id, index in ((0, 30), (7, 3)):
-                def reset(sim, suite):
-                    case = {"suite": suite, "task_id": task_id, "init_state_index": index,
-                            "env_seed": 7 if protocol == "openpi" else index}
-                    return sim._call("reset", case, "openpi-libero", protocol)
+    a, b = simulators
+    base_objects = {k for k in _reset(a, "libero_object", None).obs if k.startswith("object/")}
+    for suite, kind in SUITES.items():
+        assert catalog.suite(suite).perturbation == kind and catalog.suite(suite).base == "libero_object"
+        first, second = _reset(a, suite, "openpi-libero"), _reset(b, suite, "openpi-libero")
+        assert first.fingerprint == second.fingerprint, suite  # hash seeds 0 and 1
+        assert first.instruction == catalog.task(suite, 0).instruction, suite
+        assert set(first.obs) == {"observation/image", "observation/wrist_image", "observation/state"}
+        assert first.obs["observation/image"].shape == (224, 224, 3) and first.obs["observation/state"].shape == (8,)
+        objects = {k for k in _reset(a, suite, None).obs if k.startswith("object/")}
+        if kind == "distractor":
+            assert any("mug" in k for k in objects - base_objects), sorted(objects - base_objects)
+        else:
+            assert not any("mug" in k for k in objects), suite
+    # The language perturbation tells the policy other words than the standard suite's task.
+    assert catalog.task("libero_object_lan", 0).instruction != catalog.task("libero_object", 0).instruction
 
-                base, variant = reset(a, "libero_object"), reset(b, "libero_object_lan@base-inits")
-                lan = reset(a, "libero_object_lan")
-                where = (protocol, task_id, index)
-                # Physics, proprioception, scene and compiled model are the base episode's: only the words differ.
-                differ = {k for k, v in base.fingerprint_parts.items() if variant.fingerprint_parts[k] != v}
-                assert differ == {"instruction"} and base.fingerprint != variant.fingerprint, where
-                assert variant.instruction == catalog.task("libero_object_lan", task_id).instruction, where
-                assert variant.instruction != base.instruction, where
-                for key in ("observation/image", "observation/wrist_image", "observation/state"):
-                    assert np.array_equal(variant.obs[key], base.obs[key]), (where, key)
-                # The suite as shipped starts elsewhere (its initial states are its own) ...
-                assert lan.fingerprint_parts["physics"] != base.fingerprint_parts["physics"], where
-                assert lan.fingerprint_parts["model"] == base.fingerprint_parts["model"], where  # the same model
-                # ... and is told what the protocol's client sends: openpi's loop, task.language (the base's words).
-                told = base.instruction if protocol == "openpi" else variant.instruction
-                assert lan.instruction == told, where
-    finally:
-        a.stop()
-        b.stop()
+
+def test_base_inits_is_the_base_episode_told_the_perturbed_words_in_any_process_and_protocol(simulators):
+    catalog = libero_catalog()
+    a, b = simulators
+    for protocol in ("rescue", "openpi"):
+        for task_id, index in ((0, 30), (7, 3)):
+            def reset(sim, suite):
+                case = {"suite": suite, "task_id": task_id, "init_state_index": index,
+                        "env_seed": 7 if protocol == "openpi" else index}
+                return sim._call("reset", case, "openpi-libero", protocol)
+
+            base, variant = reset(a, "libero_object"), reset(b, "libero_object_lan@base-inits")
+            lan = reset(a, "libero_object_lan")
+            where = (protocol, task_id, index)
+            # Physics, proprioception, scene and compiled model are the base episode's: only the words differ.
+            differ = {k for k, v in base.fingerprint_parts.items() if variant.fingerprint_parts[k] != v}
+            assert differ == {"instruction"} and base.fingerprint != variant.fingerprint, where
+            assert variant.instruction == catalog.task("libero_object_lan", task_id).instruction, where
+            assert variant.instruction != base.instruction, where
+            for key in ("observation/image", "observation/wrist_image", "observation/state"):
+                assert np.array_equal(variant.obs[key], base.obs[key]), (where, key)
+            # The suite as shipped starts elsewhere (its initial states are its own) ...
+            assert lan.fingerprint_parts["physics"] != base.fingerprint_parts["physics"], where
+            assert lan.fingerprint_parts["model"] == base.fingerprint_parts["model"], where  # the same model
+            # ... and is told what the protocol's client sends: openpi's loop, task.language (the base's words).
+            told = base.instruction if protocol == "openpi" else variant.instruction
+            assert lan.instruction == told, where
 
 
 def test_a_manifest_mixing_standard_and_perturbation_suites_runs_verifies_and_reports_by_kind(tmp_path):
