@@ -77,7 +77,7 @@ def arm_pass(adapter, policy, horizon: int, interval: int, render: Clock):
             shaping["render"] += render.seconds - r0
 
     adapter._observe = observe
-    obs, steps, chunk_cpu, success = result.obs, 0, 0.0, False
+    obs, steps, chunk_cpu, chunk_render, success = result.obs, 0, 0.0, 0.0, False
     before, frames = [], [copy.copy(d)]  # (data before a control step, the controls it ended with); data at each frame
     try:
         while steps < horizon and not success:
@@ -85,9 +85,10 @@ def arm_pass(adapter, policy, horizon: int, interval: int, render: Clock):
             n = min(interval, horizon - steps, len(actions))
             for i in range(n):
                 start = copy.copy(d)
-                t0 = time.process_time()
+                r0, t0 = render.seconds, time.process_time()
                 out = adapter.run_chunk(actions[i : i + 1], 1, "always" if i == n - 1 else "never")
                 chunk_cpu += time.process_time() - t0
+                chunk_render += render.seconds - r0  # the reset's renders are not the steps'
                 before.append((start, np.array(d.ctrl)))
                 steps += out.steps
                 success = out.success
@@ -99,7 +100,7 @@ def arm_pass(adapter, policy, horizon: int, interval: int, render: Clock):
     finally:
         del adapter._observe
     observation = shaping["observe"] - shaping["render"]
-    physics = chunk_cpu - render.seconds - observation
+    physics = chunk_cpu - chunk_render - observation
     return physics, render.seconds, observation, steps, render.calls, before, frames
 
 
