@@ -2,7 +2,9 @@
 
 Physics and rendering are CPU-bound Python; one process per simulator lets
 arms use every core while the event loop stays free for policy and VLM I/O.
-A simulator process is held by one arm at a time.
+A simulator process is held by one arm at a time. The helpers that shield a
+child from the driver's signals and end it with the driver serve every kind of
+child the driver starts (the policy processes too).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ class SimulatorError(RuntimeError):
     """The simulator process failed or died; the message carries its traceback."""
 
 
-def _quiet(log_path: str | None) -> None:
-    """Send the simulator's own chatter (import banners, renderer warnings) to a file, not the terminal."""
+def quiet(log_path: str | None) -> None:
+    """Send a child's own chatter (import banners, renderer warnings) to a file, not the terminal."""
     target = os.open(log_path or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(target, 1)
     os.dup2(target, 2)
@@ -40,18 +42,19 @@ def _quiet(log_path: str | None) -> None:
 
 
 # Signals meant for the driver: a terminal's Ctrl-C reaches the whole foreground process group,
-# and a simulator must outlive it so that the arms in flight can finish (the driver drains, then
-# stops its simulators itself). A child starts with them blocked (see SimProcess) and ignores them.
+# and a child (a simulator, a policy process) must outlive it so that the arms in flight can finish (the
+# driver drains, then stops its children itself). A child starts with them blocked (see `start_shielded`)
+# and ignores them.
 DRIVER_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-# How often a simulator's watchdog looks whether its driver still lives.
+# How often a child's watchdog looks whether its driver still lives.
 PARENT_POLL_S = 0.5
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _die_with(parent: int, by_signal: bool) -> None:
-    """A simulator never outlives its driver, however the driver ends (SIGKILL included): the kernel
+def die_with(parent: int, by_signal: bool) -> None:
+    """A child (a simulator) never outlives its driver, however the driver ends (SIGKILL included): the kernel
     kills it when its creating thread ends (`PR_SET_PDEATHSIG`, Linux; only when the driver's main
     thread spawned it, since a worker thread may end before the process does), and a watchdog thread
     ends it once its parent is no longer `parent` (any POSIX system; within PARENT_POLL_S). Without them a
@@ -73,15 +76,51 @@ def _die_with(parent: int, by_signal: bool) -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
+def ignore_driver_signals() -> None:
+    """In a child started by `start_shielded`: ignore the driver's signals from now on (the driver stops it)."""
+    for sig in DRIVER_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, DRIVER_SIGNALS)  # a pending one is discarded: ignored
+
+
+def shield_args() -> tuple[int, bool]:
+    """The (parent, by_signal) a child started from here passes to `die_with`: by the kernel's signal only
+    when this is the main thread, whose end is the process's."""
+    return os.getpid(), threading.current_thread() is threading.main_thread()
+
+
+_spawn_lock = threading.Lock()
+
+
+def start_shielded(process: Any, hash_seed: str | None = None) -> None:
+    """Start a spawned `process` with PYTHONHASHSEED `hash_seed` (None: this process's environment's) and the
+    driver's signals blocked.
+
+    A spawned child reads PYTHONHASHSEED from the environment it inherits at start, and inherits this
+    thread's signal mask: blocked, the driver's signals cannot kill it while it boots, before it calls
+    `ignore_driver_signals` (a signal sent meanwhile waits for this thread)."""
+    with _spawn_lock:
+        before = os.environ.get("PYTHONHASHSEED")
+        if hash_seed is not None:
+            os.environ["PYTHONHASHSEED"] = hash_seed
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, DRIVER_SIGNALS)
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            if before is None:
+                os.environ.pop("PYTHONHASHSEED", None)
+            else:
+                os.environ["PYTHONHASHSEED"] = before
+
+
 def _serve(conn, adapter_spec: str, adapter_kwargs: dict, log_path: str | None = None,
            parent: int | None = None, pdeathsig: bool = False) -> None:
     """Process main: build the adapter, then answer (method, args) requests until told to stop."""
     if parent is not None:
-        _die_with(parent, pdeathsig)
-    for sig in DRIVER_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, DRIVER_SIGNALS)  # a pending one is discarded: ignored
-    _quiet(log_path)
+        die_with(parent, pdeathsig)
+    ignore_driver_signals()
+    quiet(log_path)
     try:
         adapter = resolve(adapter_spec)(**adapter_kwargs)
     except BaseException:  # report the failure instead of dying silently
@@ -175,7 +214,6 @@ class Simulator:
 # The hash seed of simulator processes: LIBERO builds parts of its scene by iterating sets,
 # so the process's hash seed must be pinned for everything it builds to be the same everywhere.
 SIM_HASH_SEED = "0"
-_spawn_lock = threading.Lock()
 
 
 class SimProcess(Simulator):
@@ -191,29 +229,13 @@ class SimProcess(Simulator):
     ):
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        # The child dies with this process (see `_die_with`); by the kernel's signal only when this is
-        # the main thread, whose end is the process's.
-        args = (child, adapter_spec, adapter_kwargs or {}, log_path, os.getpid(),
-                threading.current_thread() is threading.main_thread())
+        # The child dies with this process (see `die_with`).
+        args = (child, adapter_spec, adapter_kwargs or {}, log_path, *shield_args())
         self._proc = ctx.Process(target=_serve, args=args, name=name, daemon=True)
         self._lock = threading.Lock()
         self.name = name
         self.hash_seed = str(hash_seed)
-        # A spawned child reads PYTHONHASHSEED from the environment it inherits at start, and
-        # inherits this thread's signal mask: blocked, the driver's signals cannot kill it while
-        # it boots, before `_serve` ignores them (a signal sent meanwhile waits for this thread).
-        with _spawn_lock:
-            before = os.environ.get("PYTHONHASHSEED")
-            os.environ["PYTHONHASHSEED"] = self.hash_seed
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, DRIVER_SIGNALS)
-            try:
-                self._proc.start()
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-                if before is None:
-                    os.environ.pop("PYTHONHASHSEED", None)
-                else:
-                    os.environ["PYTHONHASHSEED"] = before
+        start_shielded(self._proc, self.hash_seed)
         child.close()
         self._started = False
 
