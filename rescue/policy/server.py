@@ -88,6 +88,9 @@ class PolicyServer:
         self._runner: web.AppRunner | None = None
         self._sockets: set[web.WebSocketResponse] = set()
         self.url: str | None = None
+        # Since start: websocket connections accepted, inference requests answered (what a policy process reports).
+        self.connections = 0
+        self.requests = 0
 
     async def start(self) -> str:
         """Bind and serve; returns the websocket url (ws://host:port/)."""
@@ -125,6 +128,7 @@ class PolicyServer:
         ws = web.WebSocketResponse(autoping=False, max_msg_size=self._max_msg_size, compress=False)
         await ws.prepare(request)
         self._sockets.add(ws)
+        self.connections += 1
         try:
             try:
                 conn = _Connection(await asyncio.to_thread(self._factory), self.instance_id)
@@ -181,6 +185,7 @@ class PolicyServer:
         # A thread keeps the loop answering pings and other connections meanwhile.
         result = await asyncio.to_thread(conn.policy.infer, request)
         conn.requests += 1
+        self.requests += 1
         reply = dict(result)
         reply["server_timing"] = {"infer_ms": (time.monotonic() - start) * 1000}
         if conn.prev_total_s is not None:
