@@ -108,6 +108,7 @@ def test_a_job_gets_the_named_endpoint_and_policy_with_their_keys_and_nothing_el
     ({"vlm": {"requests_per_minute": 1000}}, "vlm.requests_per_minute: at most 30"),
     ({"policy": {"name": "pi05", "observation": "privileged"}}, "policy.observation: this policy fixes it"),
     ({"env": {"simulators": 3}}, "env.simulators: at most 2"),
+    ({"policy": {"processes": 3}}, "policy.processes: at most 2"),
     ({"vlm": {"prompt_template": "../../etc/passwd"}}, "vlm.prompt_template: the name of a template"),
     ({"vlm": {"prompt_template": "missing_v9"}}, "vlm.prompt_template: this endpoint has no template 'missing_v9'"),
     ({"vlm": {"endpoint": 3}}, "vlm.endpoint: a name"),

@@ -280,6 +280,21 @@ class QueryPointConfig(BaseModel):
     """f, the fraction of the horizon it asks at (rounded up to the replan grid, like the pre-registered 1/2)."""
 
 
+# Simulators one policy process serves when `[policy] processes` is not set: one process answers about this
+# many before its core is the bound (benchmarks/policy_processes.py).
+SIMULATORS_PER_POLICY_PROCESS = 8
+# Below this many simulators the in-process policy stays in the command process.
+POLICY_PROCESSES_FROM = 4
+
+
+def auto_policy_processes(simulators: int) -> int:
+    """The policy processes chosen for `simulators` simulators: none below POLICY_PROCESSES_FROM, else one for
+    every SIMULATORS_PER_POLICY_PROCESS (rounded up)."""
+    if simulators < POLICY_PROCESSES_FROM:
+        return 0
+    return -(-simulators // SIMULATORS_PER_POLICY_PROCESS)
+
+
 class PolicyConfig(BaseModel):
     """Where the frozen policy is served, or which in-process policy to serve."""
 
@@ -321,6 +336,17 @@ class PolicyConfig(BaseModel):
     """Whether the policy server announced the RNG extension (reset and read a connection's sampling RNG) when
     the study was created; a later start against a server that differs is refused. None: a study made before
     it was recorded."""
+    processes: int | None = Field(default=None, ge=0)
+    """How many processes of their own serve the in-process policy (`factory`), each arm's connection going to
+    the next: 0 serves it in the command process; None chooses by the simulator count (`auto_policy_processes`).
+    Ignored (0) when `url` is set. A resource setting, like `env.simulators`: each connection builds its own
+    policy, so results do not depend on it."""
+
+    def served_processes(self, simulators: int) -> int:
+        """How many policy processes a run with `simulators` simulators starts (0: none, in process or external)."""
+        if self.url is not None:
+            return 0
+        return self.processes if self.processes is not None else auto_policy_processes(simulators)
 
     def name(self) -> str:
         """The policy as a record names it: its server's URL without secrets, or the factory served on loopback."""
@@ -609,7 +635,8 @@ HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute
                    ("vlm", "startup_check"), ("vlm", "server"), ("env", "episode_protocol"), ("env", "episode_protocol_sha256"),
                    ("env", "max_simulator_rss_gb"), ("vlm", "price"), ("sham", "advisor"), (None, "advisors"),
                    ("vlm", "lab_budget"), ("vlm", "lab_ledger"), ("env", "instruction"), ("vlm", "require_model_match"),
-                   ("policy", "stateless"), ("policy", "rng_control"), (None, "query_points"))
+                   ("policy", "stateless"), ("policy", "rng_control"), (None, "query_points"),
+                   ("policy", "processes"))
 # The same for the keys of each `[[advisor]]` table added after advisors existed.
 ADVISOR_HASHED_WHEN_SET = ("lab_budget", "lab_ledger", "require_model_match")
 # (section, key, value) of settings added after studies existed whose absence meant that value: in the digest only

@@ -79,7 +79,7 @@ JOB_KEYS: frozenset[str] = frozenset({
     "cases_in_flight", "release_simulator_while_waiting", "fork_at_q", "continuations", "keyframes", "keepalive_s",
     "fail_fast_arms", "arms", "allow_idle_rules", "query_rule", "rules", "sham",
     "env.simulators", "env.image_size", "env.episode_protocol", "env.instruction", "env.max_simulator_rss_gb",
-    "policy.replan_interval", "policy.observation", "policy.stateless",
+    "policy.replan_interval", "policy.observation", "policy.stateless", "policy.processes",
     "vlm.model", "vlm.api", "vlm.structured", "vlm.deadline_s", "vlm.request_timeout_s", "vlm.max_attempts",
     "vlm.backoff_initial_s", "vlm.backoff_max_s", "vlm.backoff_jitter_s", "vlm.max_subgoal_chars",
     "vlm.prompt_template", "vlm.max_concurrent_calls", "vlm.requests_per_minute", "vlm.batch_size",
@@ -481,7 +481,9 @@ def resolve_job(request: JobRequest, service: ServiceConfig) -> StudyConfig:
     if not data.get("advisors"):
         _template_problem(vlm, endpoint, "vlm", problems)
     limits = service.limits
+    # More policy processes than simulators serve nothing: the simulators' limit bounds them too.
     for key, value, most in (("env.simulators", data["env"]["simulators"], limits.simulators),
+                             ("policy.processes", pol["processes"] or 0, limits.simulators),
                              ("cases_in_flight", data["cases_in_flight"], limits.cases_in_flight),
                              ("env.image_size", data["env"]["image_size"], limits.image_size)):
         if value > most:
