@@ -30,6 +30,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "cases_in_flight": getattr(args, "cases_in_flight", None),
         "policy.url": getattr(args, "policy_url", None),
         "policy.factory": getattr(args, "policy_factory", None),
+        "policy.processes": getattr(args, "policy_processes", None),
         "vlm.base_url": getattr(args, "vlm_url", None),
         "vlm.model": getattr(args, "vlm_model", None),
         "vlm.api": getattr(args, "vlm_api", None),
@@ -509,6 +510,9 @@ def _add_policy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases-in-flight", type=int, help="cases run at once (config default: 4)")
     p.add_argument("--policy-url", help="ws:// URL of a policy server (default: serve the embedded policy)")
     p.add_argument("--policy-factory", help="module:function of an in-process policy to serve")
+    p.add_argument("--policy-processes", type=int, metavar="N",
+                   help="processes of their own serving the in-process policy (0: the command process; "
+                        "default: one per 8 simulators from 4 simulators on)")
     p.add_argument("--replan-interval", type=int, metavar="C",
                    help="env steps between policy queries (default: the server's announced action_horizon)")
     _add_protocol_option(p)
@@ -600,6 +604,9 @@ def _add_study_commands(sub) -> None:
     p.add_argument("--config", help="TOML configuration file")
     p.add_argument("--policy-url", help="ws:// URL of a policy server (default: serve the embedded policy)")
     p.add_argument("--policy-factory", help="module:function of an in-process policy to serve")
+    p.add_argument("--policy-processes", type=int, metavar="N",
+                   help="processes of their own serving the in-process policy (0: the command process; "
+                        "default: one per 8 simulators from 4 simulators on)")
     p.set_defaults(func=cmd_preflight)
 
     p = sub.add_parser("report", help="an HTML page: figures, and per case the arms, the subgoal, the verdict; "

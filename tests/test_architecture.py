@@ -198,7 +198,7 @@ def test_the_local_backend_never_imports_ray():
 
 # File names of the study folder; only rescue/study/layout.py may spell them.
 STUDY_FILES = ("journal.sqlite", "manifest.jsonl", "config.json", "receipts.jsonl", "events.jsonl", "simulator.log",
-               "export.json", "export.csv", "report.html")
+               "policy.log", "export.json", "export.csv", "report.html")
 
 
 def test_only_the_layout_module_spells_study_file_names():

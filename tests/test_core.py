@@ -729,3 +729,29 @@ def test_the_summary_says_how_often_the_control_arm_failed_again():
     rep = summarize(records, [classify(r) for r in records]).reproduction
     # Of the two controls that completed, one failed again; the errored one is no run at all.
     assert (rep.controls, rep.failed, rep.rate) == (2, 1, 0.5)
+
+
+def test_the_policy_leaves_the_command_process_from_four_simulators_on_one_process_per_eight():
+    from rescue.core.config import SIMULATORS_PER_POLICY_PROCESS, PolicyConfig, StudyConfig, auto_policy_processes
+
+    assert SIMULATORS_PER_POLICY_PROCESS == 8
+    assert [auto_policy_processes(n) for n in (0, 1, 2, 3, 4, 8, 9, 16, 17, 64)] == [0, 0, 0, 0, 1, 1, 2, 2, 3, 8]
+    assert PolicyConfig().served_processes(16) == 2 and PolicyConfig(processes=0).served_processes(16) == 0
+    assert PolicyConfig(processes=3).served_processes(1) == 3
+    # An external server is served by itself: no process of ours, whatever is set.
+    assert PolicyConfig(url="ws://gpu:8000", processes=3).served_processes(16) == 0
+    # Unset, it is not in the study's hash: the studies made before it keep theirs.
+    assert StudyConfig().sha256() == StudyConfig(policy={"processes": None}).sha256() != \
+        StudyConfig(policy={"processes": 2}).sha256()
+    with pytest.raises(ValueError):
+        PolicyConfig(processes=-1)
+
+
+def test_each_policy_connection_goes_to_the_next_policy_process():
+    from rescue.run.peers import Peers
+
+    peers = Peers(["ws://a/", "ws://b/", "ws://c/"], None, 8, pool=None, vlm=None)
+    assert [peers.next_policy_url() for _ in range(7)] == ["ws://a/", "ws://b/", "ws://c/"] * 2 + ["ws://a/"]
+    assert peers.policy_url == "ws://a/"
+    one = Peers(["ws://only/"], None, 8, pool=None, vlm=None)
+    assert {one.next_policy_url() for _ in range(3)} == {"ws://only/"} == {one.policy_url}

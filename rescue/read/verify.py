@@ -92,7 +92,7 @@ class VerifyReport(BaseModel):
 # What a study folder holds as evidence (every byte re-derived or hash-checked here) and as logs.
 EVIDENCE = (layout.JOURNAL, layout.CONFIG, layout.MANIFEST, layout.RECEIPTS, f"{layout.VLM_ARTIFACTS}/",
             f"{layout.FRAMES}/")
-LOGS = (layout.EVENTS, layout.SIMULATOR_LOG)
+LOGS = (layout.EVENTS, layout.SIMULATOR_LOG, layout.POLICY_LOG)
 
 
 def outcome_line_sha256(path: str | os.PathLike[str], call_id: str) -> str | None:

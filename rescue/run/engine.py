@@ -214,11 +214,12 @@ class Engine:
             try:
                 if self._stopping():
                     return
+                url = services.next_policy_url()
                 try:
-                    policy = await self._connect(services)
+                    policy = await self._connect(services, url)
                 except Exception as exc:
                     self.stop_study(
-                        f"the policy server at {services.policy_url} is unreachable ({type(exc).__name__}: "
+                        f"the policy server at {url} is unreachable ({type(exc).__name__}: "
                         f"{one_line(str(exc))}); start it, then `rescue resume` runs the cases never started"
                     )
                     return
@@ -379,8 +380,9 @@ class Engine:
         path.write_bytes(data)
         return digest_bytes(data)
 
-    async def _connect(self, services: Peers) -> AsyncRuleWrapper:
-        client = await WebsocketPolicyClient.connect(services.policy_url, api_key=services.policy_api_key)
+    async def _connect(self, services: Peers, url: str | None = None) -> AsyncRuleWrapper:
+        # Each connection to the next policy URL (one per policy process), unless the caller chose it.
+        client = await WebsocketPolicyClient.connect(url or services.next_policy_url(), api_key=services.policy_api_key)
         # The configured correction rules sit between the policy and the simulator; firings go to the arm record.
         return AsyncRuleWrapper(client, self.config.rules, self.config.interval, strict=not self.config.allow_idle_rules)
 

@@ -232,9 +232,10 @@ async def check_live_identity(config: StudyConfig) -> None:
 
 @dataclass
 class Peers:
-    """The running peers of a study: policy URL, VLM clients (one per advisor), simulator pool."""
+    """The running peers of a study: policy URLs, VLM clients (one per advisor), simulator pool."""
 
-    policy_url: str
+    # One URL per policy process, else the one server's (in the command process, or external).
+    policy_urls: list[str]
     policy_api_key: str | None
     interval: int
     pool: SimPool
@@ -244,6 +245,18 @@ class Peers:
     advisors: dict[str, VLMClient] = field(default_factory=dict)
     # The lab budget a case's calls are held against before it is claimed; None: the study declares none.
     budget: LabBudget | None = None
+    _next_policy: int = field(default=0, init=False, repr=False)
+
+    @property
+    def policy_url(self) -> str:
+        """The first policy URL (the only one unless the policy is served from processes of its own)."""
+        return self.policy_urls[0]
+
+    def next_policy_url(self) -> str:
+        """The policy URL the next connection goes to: each in turn."""
+        url = self.policy_urls[self._next_policy % len(self.policy_urls)]
+        self._next_policy += 1
+        return url
 
 
 @contextlib.asynccontextmanager
@@ -256,18 +269,13 @@ async def start_services(
     budget's cap for this run instead of the study's `[vlm] lab_budget`."""
     closers: list[Callable[[], Any]] = []
     try:
-        policy_url = config.policy.url
         api_key = policy_api_key(config.policy)
-        if policy_url is None:
-            from rescue.policy.bundled import serve_factory
-
-            server = await serve_factory(config.policy.factory)
-            closers.append(server.stop)
-            policy_url = server.url
-        probe = await WebsocketPolicyClient.connect(policy_url, api_key=api_key)
-        metadata = dict(probe.metadata)
-        await probe.close()
-        check_identity(config, metadata)
+        policy_urls = await _serve_policy(config, layout, closers)
+        for url in policy_urls:  # every process serves the same policy: each is checked
+            probe = await WebsocketPolicyClient.connect(url, api_key=api_key)
+            metadata = dict(probe.metadata)
+            await probe.close()
+            check_identity(config, metadata)
         advisors: dict[str, VLMClient] = {}
         budget = None
         if config.advisor_configs() and (lab_budget is not None or config.vlm.lab_budget is not None):
@@ -293,10 +301,30 @@ async def start_services(
         pool = backend.pool(config.env.simulators, config.env.adapter, log_path=str(layout.simulator_log),
                             max_rss_gb=max_rss_gb)
         closers.append(pool.close)
-        yield Peers(policy_url, api_key, config.interval, pool, advisors.get(config.primary_arm), closers, advisors,
-                       budget)
+        yield Peers(policy_urls, api_key, config.interval, pool, advisors.get(config.primary_arm), closers, advisors,
+                    budget)
     finally:
         for close in reversed(closers):
             result = close()
             if asyncio.iscoroutine(result):
                 await result
+
+
+async def _serve_policy(config: StudyConfig, layout: StudyLayout, closers: list[Callable[[], Any]]) -> list[str]:
+    """The policy URLs of a run: the configured server's; else the in-process policy served from processes of
+    its own (`[policy] processes`, by default one per 8 simulators from 4 on), or in this process."""
+    if config.policy.url is not None:
+        return [config.policy.url]
+    processes = config.policy.served_processes(config.env.simulators)
+    if processes > 0:
+        from rescue.run.policy_processes import serve_in_processes, stop_processes
+
+        # Started and waited for here, in the main thread: a child dies with it (see env.pool.die_with).
+        served = serve_in_processes(config.policy.factory, processes, str(layout.policy_log))
+        closers.append(lambda: stop_processes(served))
+        return [p.url for p in served]
+    from rescue.policy.bundled import serve_factory
+
+    server = await serve_factory(config.policy.factory)
+    closers.append(server.stop)
+    return [server.url]

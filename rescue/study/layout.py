@@ -28,6 +28,7 @@ RECEIPTS = "receipts/receipts.jsonl"  # relative: the receipts index stores it a
 VLM_ARTIFACTS = "vlm"
 EVENTS = "events.jsonl"
 SIMULATOR_LOG = "simulator.log"
+POLICY_LOG = "policy.log"
 FRAMES = "frames"
 EXPORT_JSON = "export.json"
 EXPORT_CSV = "export.csv"
@@ -109,6 +110,11 @@ class StudyLayout:
     @property
     def simulator_log(self) -> Path:
         return self.root / SIMULATOR_LOG
+
+    @property
+    def policy_log(self) -> Path:
+        """The output of the policy processes (when the in-process policy is served from processes of its own)."""
+        return self.root / POLICY_LOG
 
     @property
     def frames(self) -> Path:
