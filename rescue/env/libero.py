@@ -38,6 +38,7 @@ from rescue.env.protocol import (
 )
 from rescue.env.fast_step import FastStep
 from rescue.env.memory import DEFAULT_MAX_RSS_GB, MemoryBudget, give_back_free_memory, settles_memory
+from rescue.env.model_cache import compiled_model
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
@@ -229,14 +230,15 @@ class LiberoAdapter:
 
     def _build(self, **kwargs):
         """A LIBERO env, and its model's body placement as compiled (before the env's first reset moved
-        the fixtures): what a rebuilt env starts from, read without compiling the model a second time."""
+        the fixtures): what a rebuilt env starts from, read without compiling the model a second time. The
+        model comes from the compiled-model cache when it holds this XML's (rescue.env.model_cache)."""
         from robosuite.utils.binding_utils import MjSim
 
         built: list[tuple[np.ndarray, np.ndarray]] = []
         compile_xml = MjSim.__dict__["from_xml_string"]
 
         def from_xml_string(cls, xml):
-            sim = compile_xml.__func__(cls, xml)
+            sim = cls(compiled_model(xml))
             m = sim.model._model
             built.append((m.body_pos.copy(), m.body_quat.copy()))
             return sim
