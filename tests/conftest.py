@@ -26,6 +26,25 @@ TIERS = ("fast", "sim", "e2e")
 HANG_S = 600
 # Modules only the simulator brings in: loading one means the test runs LIBERO.
 SIM_MODULES = ("mujoco", "robosuite", "libero")
+# What each of the longest test groups (a module, or an `xdist_group`) took in the slow tier, in seconds, from the
+# run recorded in docs/benchmarks.md ("The test tiers"). Only an order: the tier hands out the longest first.
+GROUP_SECONDS = {
+    "test_hardening_e2e.py": 571,
+    "test_openpi_episodes.py": 549,
+    "test_memory_budget.py": 500,
+    "test_fork_and_release.py": 474,
+    "test_interrupt.py": 421,
+    "test_service.py": 399,
+    "ray": 396,
+    "test_sampling_policy.py": 394,
+    "test_libero_pro.py": 352,
+    "test_engine_e2e.py": 351,
+    "test_sham.py": 310,
+    "test_eval_e2e.py": 237,
+    "test_vlm_faults_e2e.py": 194,
+    "test_libero_adapter.py": 177,
+    "test_diagnose.py": 177,
+}
 
 
 def module_tiers(module: object) -> set[str]:
@@ -33,6 +52,26 @@ def module_tiers(module: object) -> set[str]:
     marks = getattr(module, "pytestmark", [])
     marks = marks if isinstance(marks, list) else [marks]
     return {mark.name for mark in marks if getattr(mark, "name", None) in TIERS}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One compiled-model cache for the whole run (rescue.env.model_cache): every simulator the tests start builds
+    the same few LIBERO envs, and a model compiled once is loaded byte for byte after. The pytest-xdist workers and
+    every process they start inherit it; the process that made it removes it at the end. A cache the caller names
+    (`RESCUE_MODEL_CACHE`, `off` included) is used as it is."""
+    if os.environ.get("RESCUE_MODEL_CACHE") is None and not hasattr(config, "workerinput"):
+        import tempfile
+
+        os.environ["RESCUE_MODEL_CACHE"] = config._rescue_model_cache = tempfile.mkdtemp(prefix="rescue-model-cache-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = getattr(config, "_rescue_model_cache", None)
+    if made is not None:
+        import shutil
+
+        shutil.rmtree(made, ignore_errors=True)
+        del os.environ["RESCUE_MODEL_CACHE"]
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an unmarked module fails every tier's run
@@ -56,10 +95,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _one_worker_per_module(items: list[pytest.Item]) -> None:
     """With pytest-xdist (`-n N --dist loadgroup`, as scripts/test.sh runs every tier), a module's tests run
     on one worker, in order, sharing its module-scoped fixtures; modules that must not overlap declare one
-    `pytest.mark.xdist_group(name)` (the two that count the machine's Ray processes share one)."""
+    `pytest.mark.xdist_group(name)` (the two that count the machine's Ray processes share one).
+
+    The groups go out longest first (scripts/test.sh keeps this order with `--no-loadscope-reorder`): a long
+    module started last would run alone on one worker while the others wait at the end of the tier."""
+    groups = {}
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
+        marker = item.get_closest_marker("xdist_group")
+        if marker is None:
             item.add_marker(pytest.mark.xdist_group(item.path.name))
+            marker = item.get_closest_marker("xdist_group")
+        groups[item.nodeid] = marker.args[0] if marker.args else marker.kwargs.get("name", "")
+    order = {item.nodeid: i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-GROUP_SECONDS.get(groups[item.nodeid], 0), order[item.nodeid]))
 
 
 @pytest.hookimpl(optionalhook=True)
