@@ -26,24 +26,28 @@ TIERS = ("fast", "sim", "e2e")
 HANG_S = 600
 # Modules only the simulator brings in: loading one means the test runs LIBERO.
 SIM_MODULES = ("mujoco", "robosuite", "libero")
-# What each of the longest test groups (a module, or an `xdist_group`) took in the slow tier, in seconds, from the
-# run recorded in docs/benchmarks.md ("The test tiers"). Only an order: the tier hands out the longest first.
+# What each of the longest test groups (a module, or an `xdist_group`) took in the slow tier, in seconds: the sum of
+# `--durations=0` over its tests in one run of the tier (docs/benchmarks.md, "The test tiers"). Only an order: the
+# tier hands out the longest first.
 GROUP_SECONDS = {
-    "test_hardening_e2e.py": 571,
-    "test_openpi_episodes.py": 549,
-    "test_memory_budget.py": 500,
-    "test_fork_and_release.py": 474,
-    "test_interrupt.py": 421,
-    "test_service.py": 399,
-    "ray": 396,
-    "test_sampling_policy.py": 394,
-    "test_libero_pro.py": 352,
-    "test_engine_e2e.py": 351,
-    "test_sham.py": 310,
-    "test_eval_e2e.py": 237,
-    "test_vlm_faults_e2e.py": 194,
-    "test_libero_adapter.py": 177,
-    "test_diagnose.py": 177,
+    "ray": 621,
+    "test_openpi_episodes.py": 524,
+    "test_hardening_e2e.py": 513,
+    "test_memory_budget.py": 469,
+    "test_engine_e2e.py": 416,
+    "test_fork_and_release.py": 409,
+    "test_interrupt.py": 381,
+    "test_service.py": 349,
+    "test_sampling_policy.py": 336,
+    "test_manifest.py": 321,
+    "test_sham.py": 309,
+    "test_eval_e2e.py": 236,
+    "test_libero_pro.py": 235,
+    "test_vlm_faults_e2e.py": 190,
+    "test_diagnose.py": 190,
+    "test_policy_processes.py": 183,
+    "test_libero_adapter.py": 158,
+    "test_openpi_conformance.py": 151,
 }
 
 
@@ -98,7 +102,8 @@ def _one_worker_per_module(items: list[pytest.Item]) -> None:
     `pytest.mark.xdist_group(name)` (the two that count the machine's Ray processes share one).
 
     The groups go out longest first (scripts/test.sh keeps this order with `--no-loadscope-reorder`): a long
-    module started last would run alone on one worker while the others wait at the end of the tier."""
+    module started last would run alone on one worker while the others wait at the end of the tier. The
+    measured ones (GROUP_SECONDS) lead; the rest follow by their number of tests, pytest-xdist's own order."""
     groups = {}
     for item in items:
         marker = item.get_closest_marker("xdist_group")
@@ -107,7 +112,17 @@ def _one_worker_per_module(items: list[pytest.Item]) -> None:
             marker = item.get_closest_marker("xdist_group")
         groups[item.nodeid] = marker.args[0] if marker.args else marker.kwargs.get("name", "")
     order = {item.nodeid: i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (-GROUP_SECONDS.get(groups[item.nodeid], 0), order[item.nodeid]))
+    size: dict[str, int] = {}
+    for group in groups.values():
+        size[group] = size.get(group, 0) + 1
+
+    def longest_first(item: pytest.Item) -> tuple:
+        group = groups[item.nodeid]
+        if group in GROUP_SECONDS:  # measured
+            return 0, -GROUP_SECONDS[group], order[item.nodeid]
+        return 1, -size[group], order[item.nodeid]  # the rest by their number of tests, as pytest-xdist orders
+
+    items.sort(key=longest_first)
 
 
 @pytest.hookimpl(optionalhook=True)
