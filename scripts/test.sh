@@ -16,7 +16,7 @@ export MUJOCO_GL="${MUJOCO_GL:-egl}"
 # worker at a time (tests/conftest.py).
 WORKERS="${TEST_WORKERS:-2}"
 case "${1:-}" in
-  fast) shift; set -- -m "not sim and not e2e" -n "$WORKERS" --dist loadgroup "$@" ;;
+  fast) shift; set -- -m "not sim and not e2e" -n "$WORKERS" --dist loadgroup --no-loadscope-reorder "$@" ;;
   slow) shift; set -- -m "sim or e2e" -n "$WORKERS" --dist loadgroup --no-loadscope-reorder "$@" ;;
   sim | e2e) tier="$1"; shift; set -- -m "$tier" -n "$WORKERS" --dist loadgroup --no-loadscope-reorder "$@" ;;
 esac

@@ -26,28 +26,33 @@ TIERS = ("fast", "sim", "e2e")
 HANG_S = 600
 # Modules only the simulator brings in: loading one means the test runs LIBERO.
 SIM_MODULES = ("mujoco", "robosuite", "libero")
-# What each of the longest test groups (a module, or an `xdist_group`) took in the slow tier, in seconds: the sum of
-# `--durations=0` over its tests in one run of the tier (docs/benchmarks.md, "The test tiers"). Only an order: the
+# What each of the longest test groups (a module, or an `xdist_group`) took in its tier, in seconds: the sum of
+# `--durations=0` over its tests in one run of its tier (docs/benchmarks.md, "The test tiers"). Only an order: the
 # tier hands out the longest first.
 GROUP_SECONDS = {
-    "ray": 621,
-    "test_openpi_episodes.py": 524,
-    "test_hardening_e2e.py": 513,
-    "test_memory_budget.py": 469,
-    "test_engine_e2e.py": 416,
-    "test_fork_and_release.py": 409,
-    "test_interrupt.py": 381,
-    "test_service.py": 349,
-    "test_sampling_policy.py": 336,
-    "test_manifest.py": 321,
-    "test_sham.py": 309,
-    "test_eval_e2e.py": 236,
-    "test_libero_pro.py": 235,
-    "test_vlm_faults_e2e.py": 190,
-    "test_diagnose.py": 190,
-    "test_policy_processes.py": 183,
-    "test_libero_adapter.py": 158,
-    "test_openpi_conformance.py": 151,
+    "ray": 633,
+    "test_openpi_episodes.py": 552,
+    "test_hardening_e2e.py": 511,
+    "test_fork_and_release.py": 419,
+    "test_memory_budget.py": 409,
+    "test_interrupt.py": 376,
+    "test_manifest.py": 373,
+    "test_engine_e2e.py": 365,
+    "test_service.py": 326,
+    "test_sampling_policy.py": 312,
+    "test_sham.py": 293,
+    "test_libero_pro.py": 276,
+    "test_eval_e2e.py": 196,
+    "test_policy_processes.py": 190,
+    "test_vlm_faults_e2e.py": 184,
+    "test_diagnose.py": 169,
+    "test_libero_adapter.py": 166,
+    # the fast tier's longest (test_report_html.py also has slow tests: 55 s)
+    "test_report_html.py": 21,
+    "test_vlm.py": 20,
+    "test_architecture.py": 9,
+    "test_policy_wire.py": 9,
+    "test_tiers.py": 7,
 }
 
 
