@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
-from conftest import ROOT, arm_rows, case_states, cli_env, ensure_stopped, events_of, rescue_cli, write_cases
-from test_interrupt import claimed, ctrl_c, group_members, start_foreground, wait_until
+from conftest import ROOT, arm_rows, case_states, cli_env, events_of, rescue_cli, write_cases
+from test_interrupt import ctrl_c_mid_arm, group_members, start_foreground
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
@@ -30,6 +29,10 @@ def _comparable(data: str) -> dict:
     return stable
 
 
+def _started(study) -> dict:
+    return next(e for e in events_of(study) if e["event"] == "policy.processes")
+
+
 def _stopped(study) -> list[dict]:
     return [e for e in events_of(study) if e["event"] == "policy.process_stopped"]
 
@@ -39,19 +42,13 @@ def test_ctrl_c_leaves_the_policy_process_serving_until_the_driver_stops_it_then
     study = tmp_path / "study"
     proc = start_foreground("run", str(manifest), "--study", str(study), "--cases-in-flight", "1",
                             "--policy-processes", "1")
-    try:
-        wait_until(lambda: claimed(study), "a case in flight", proc=proc)
-        started = next(e for e in events_of(study) if e["event"] == "policy.processes")
+
+    def grouped(in_flight: list[str]) -> None:
         # The terminal's Ctrl-C reaches the policy process too: it shares the command's process group.
-        assert set(started["pids"]) <= set(group_members(proc.pid))
-        in_flight = [c for c, s in case_states(study).items() if s == "claimed"]
-        time.sleep(2.0)
-        ctrl_c(proc)
-        out, err = proc.communicate(timeout=600)
-    finally:
-        ensure_stopped(proc)
-    assert proc.returncode == 3, err
-    assert "no new case is claimed" in out + err
+        assert set(_started(study)["pids"]) <= set(group_members(proc.pid))
+
+    in_flight, _ = ctrl_c_mid_arm(proc, study, grouped)
+    started = _started(study)
     states = case_states(study)
     # The arms in flight finished against the policy process: it outlived the signal.
     assert [states[c] for c in in_flight] == ["finished"]
