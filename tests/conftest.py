@@ -10,6 +10,7 @@ test process fails, so `pytest -m "not sim and not e2e"` stays fast.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -117,9 +118,7 @@ def _one_worker_per_module(items: list[pytest.Item]) -> None:
             marker = item.get_closest_marker("xdist_group")
         groups[item.nodeid] = marker.args[0] if marker.args else marker.kwargs.get("name", "")
     order = {item.nodeid: i for i, item in enumerate(items)}
-    size: dict[str, int] = {}
-    for group in groups.values():
-        size[group] = size.get(group, 0) + 1
+    size = collections.Counter(groups.values())
 
     def longest_first(item: pytest.Item) -> tuple:
         group = groups[item.nodeid]

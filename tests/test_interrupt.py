@@ -94,22 +94,21 @@ def claimed(study: Path) -> bool:
     return (study / "journal.sqlite").exists() and "claimed" in case_states(study).values()
 
 
-def ctrl_c_mid_arm(proc: subprocess.Popen, study: Path, while_stepping=None) -> tuple[list[str], str]:
-    """Ctrl-C a foreground run once its first case's arms are stepping (`while_stepping(in_flight)` checks what it
-    must see then), and wait for the run to drain and exit 3: the cases in flight then, and its output."""
+def ctrl_c_mid_arm(proc: subprocess.Popen, study: Path, while_stepping=lambda: None) -> list[str]:
+    """Ctrl-C a foreground run once its first case's arms are stepping (`while_stepping()` asserts what must hold
+    then), and wait for the run to drain and exit 3: the cases that were in flight."""
     try:
         wait_until(lambda: claimed(study), "a case in flight", proc=proc)
         in_flight = [c for c, s in case_states(study).items() if s == "claimed"]
         time.sleep(2.0)  # its arms are stepping
-        if while_stepping is not None:
-            while_stepping(in_flight)
+        while_stepping()
         ctrl_c(proc)
         out, err = proc.communicate(timeout=HANG_S)
     finally:
         ensure_stopped(proc)
     assert proc.returncode == 3, err
     assert "no new case is claimed" in out + err
-    return in_flight, out + err
+    return in_flight
 
 
 def vlm_call_in_flight(study: Path) -> bool:
@@ -138,10 +137,10 @@ def test_ctrl_c_mid_arm_lets_the_arms_in_flight_finish_then_resume_runs_the_rest
     study = tmp_path / "study"
     proc = start_foreground("run", str(manifest), "--study", str(study), "--cases-in-flight", "1")
 
-    def grouped(in_flight: list[str]) -> None:
+    def grouped() -> None:
         assert len(group_members(proc.pid)) >= 3  # the command and its two simulators share the group
 
-    in_flight, _ = ctrl_c_mid_arm(proc, study, grouped)
+    in_flight = ctrl_c_mid_arm(proc, study, grouped)
     states = case_states(study)
     assert [states[c] for c in in_flight] == ["finished"]  # its arms finished: nothing was lost
     assert "pending" in states.values() and "claimed" not in states.values()

@@ -43,11 +43,11 @@ def test_ctrl_c_leaves_the_policy_process_serving_until_the_driver_stops_it_then
     proc = start_foreground("run", str(manifest), "--study", str(study), "--cases-in-flight", "1",
                             "--policy-processes", "1")
 
-    def grouped(in_flight: list[str]) -> None:
+    def grouped() -> None:
         # The terminal's Ctrl-C reaches the policy process too: it shares the command's process group.
         assert set(_started(study)["pids"]) <= set(group_members(proc.pid))
 
-    in_flight, _ = ctrl_c_mid_arm(proc, study, grouped)
+    in_flight = ctrl_c_mid_arm(proc, study, grouped)
     started = _started(study)
     states = case_states(study)
     # The arms in flight finished against the policy process: it outlived the signal.
