@@ -64,24 +64,35 @@ def module_tiers(module: object) -> set[str]:
     return {mark.name for mark in marks if getattr(mark, "name", None) in TIERS}
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """One compiled-model cache for the whole run (rescue.env.model_cache): every simulator the tests start builds
-    the same few LIBERO envs, and a model compiled once is loaded byte for byte after. The pytest-xdist workers and
-    every process they start inherit it; the process that made it removes it at the end. A cache the caller names
-    (`RESCUE_MODEL_CACHE`, `off` included) is used as it is."""
-    if os.environ.get("RESCUE_MODEL_CACHE") is None and not hasattr(config, "workerinput"):
-        import tempfile
+# The caches the whole run shares (each opt-in for a user): variable -> what it keeps.
+RUN_CACHES = {
+    "RESCUE_MODEL_CACHE": "compiled MuJoCo models (rescue.env.model_cache)",
+    "RESCUE_EMBEDDING_CACHE": "the embedded policies' sentence embeddings (rescue.embedded.learned)",
+}
 
-        os.environ["RESCUE_MODEL_CACHE"] = config._rescue_model_cache = tempfile.mkdtemp(prefix="rescue-model-cache-")
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One cache of each kind in RUN_CACHES for the whole run: every simulator the tests start builds the same few
+    LIBERO envs, and every embedded policy embeds the same few instructions; what was computed once is loaded
+    byte for byte after. The pytest-xdist workers and every process they start inherit them; the process that
+    made them removes them at the end. A cache the caller names (`off` included) is used as it is."""
+    if hasattr(config, "workerinput"):
+        return
+    import tempfile
+
+    config._rescue_caches = []
+    for variable in RUN_CACHES:
+        if os.environ.get(variable) is None:
+            os.environ[variable] = made = tempfile.mkdtemp(prefix=f"{variable.lower().replace('_', '-')}-")
+            config._rescue_caches.append((variable, made))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    made = getattr(config, "_rescue_model_cache", None)
-    if made is not None:
-        import shutil
+    import shutil
 
+    for variable, made in getattr(config, "_rescue_caches", []):
         shutil.rmtree(made, ignore_errors=True)
-        del os.environ["RESCUE_MODEL_CACHE"]
+        del os.environ[variable]
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an unmarked module fails every tier's run

@@ -101,7 +101,7 @@ def test_a_damaged_copy_is_compiled_again_and_said_once(compiled, tmp_path, monk
     assert len(said) == 1 and kept.name in said[0] and "do not match" in said[0]
     # The compile wrote the sound copy over the damaged one (the same key, the same digest).
     assert list(tmp_path.glob("*.mjb")) == [kept]
-    assert model_cache._sound_copy(tmp_path, kept.name.partition("-")[0]) == kept
+    assert model_cache._STORE.sound_copy(tmp_path, kept.name.partition("-")[0], "compiling") == kept
 
 
 def test_an_unwritable_cache_costs_only_the_compile(compiled, tmp_path, monkeypatch, capfd):

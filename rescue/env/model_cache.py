@@ -16,23 +16,18 @@ is for machines that build the same envs again and again, such as a test suite's
 from __future__ import annotations
 
 import hashlib
-import os
-import sys
-import tempfile
-from pathlib import Path
+
+from rescue.env.kept import OFF, Kept
 
 # The environment variable that names the cache's folder (unset or `off`: compile every model).
 CACHE_ENV = "RESCUE_MODEL_CACHE"
-OFF = "off"
-_warned: set[str] = set()
+_STORE = Kept(CACHE_ENV, ".mjb", "model cache")
+__all__ = ["CACHE_ENV", "OFF", "cache_dir", "compiled_model", "model_key"]
 
 
-def cache_dir() -> Path | None:
+def cache_dir():
     """Where compiled models are kept; None when the cache is off (`RESCUE_MODEL_CACHE` unset or `off`)."""
-    named = os.environ.get(CACHE_ENV, "").strip()
-    if not named or named.lower() == OFF:
-        return None
-    return Path(named).expanduser()
+    return _STORE.folder()
 
 
 def model_key(xml: str) -> str:
@@ -51,7 +46,7 @@ def compiled_model(xml: str):
     if folder is None:
         return mujoco.MjModel.from_xml_string(xml)
     key = model_key(xml)
-    path = _sound_copy(folder, key)
+    path = _STORE.sound_copy(folder, key, "compiling the model again")
     if path is not None:
         return mujoco.MjModel.from_binary_path(str(path))
     model = mujoco.MjModel.from_xml_string(xml)
@@ -59,51 +54,11 @@ def compiled_model(xml: str):
     return model
 
 
-def _sound_copy(folder: Path, key: str) -> Path | None:
-    """The cached binary form of `key` whose bytes match the digest its name carries, if there is one."""
-    try:
-        candidates = sorted(folder.glob(f"{key}-*.mjb"))
-    except OSError:
-        candidates = []
-    for path in candidates:
-        named = path.stem.rpartition("-")[2]
-        try:
-            with path.open("rb") as f:
-                actual = hashlib.file_digest(f, "sha256").hexdigest()
-        except OSError as exc:
-            _warn(path, f"could not read it ({exc.strerror or exc}); compiling")
-            continue
-        if actual == named:
-            return path
-        _warn(path, "its bytes do not match the digest in its name; compiling the model again")
-    return None
-
-
-def _keep(model, folder: Path, key: str) -> None:
-    """Write the model's binary form under its key and digest, atomically: a reader sees the whole file or none."""
+def _keep(model, folder, key: str) -> None:
+    """Keep the model's binary form (MuJoCo's `mj_saveModel`) under its key."""
     import mujoco
     import numpy as np
 
     buffer = np.zeros(mujoco.mj_sizeModel(model), dtype=np.uint8)
     mujoco.mj_saveModel(model, None, buffer)
-    digest = hashlib.sha256(buffer).hexdigest()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(memoryview(buffer))
-            os.replace(tmp, folder / f"{key}-{digest}.mjb")
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        _warn(folder, f"could not keep a compiled model there ({exc.strerror or exc})")
-
-
-def _warn(where: Path, what: str) -> None:
-    """One line per place and problem on the simulator's log, not one per build."""
-    line = f"rescue: model cache {where}: {what}"
-    if line not in _warned:
-        _warned.add(line)
-        print(line, file=sys.stderr, flush=True)
+    _STORE.keep(folder, key, buffer, "a compiled model")
