@@ -4,11 +4,11 @@ openpi: a loop written the way openpi's LIBERO example runs (tests/openpi_client
 resets, `env.seed(7)` once per task, episodes in order, `task.language` as the prompt, openpi-client
 on the wire) queries the bundled vision-language policy server; `rescue eval` queries the same server
 under the `openpi` protocol (the default for a policy server). Every query of every episode must carry
-the same image, state and prompt digests, on two tasks (each seeded once) of three suites: episode
-indices 0, 1, 2 of libero_spatial, which places its fixtures from the random stream, so episode k > 0
-depends on the k resets before it; episodes 0 and 1 of libero_object and of libero_object_lan (its
-BDDL says other words than its task.language, and openpi's loop sends the latter, which the policy acts
-on). They are failures all: 10 steps is too short to succeed.
+the same image, state and prompt digests, in three suites: episode indices 0, 1, 2 of two tasks of
+libero_spatial (each task seeded once), which places its fixtures from the random stream, so episode
+k > 0 depends on the k resets before it; episodes 0 and 1 of one task of libero_object and of
+libero_object_lan (its BDDL says other words than its task.language, and openpi's loop sends the
+latter, which the policy acts on). They are failures all: 10 steps is too short to succeed.
 
 LeRobot: its LIBERO env seeds `1000 + j` before episode j's (hard) reset; a loop written that way
 and rescue's simulator under the `lerobot` protocol and `lerobot-libero` profile, given the same
@@ -37,9 +37,10 @@ from rescue.study.journal import Journal
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
-TASKS, MAX_STEPS, C = "0,1", 10, 5
-# Per suite: libero_spatial's episode 2 follows two resets that placed its fixtures from the random stream.
-EPISODES = {"libero_object": 2, "libero_spatial": 3, "libero_object_lan": 2}
+MAX_STEPS, C = 10, 5
+# Per suite, (tasks, episodes of each): libero_spatial's episode 2 follows two resets that placed its fixtures
+# from the random stream, and its second task shows the seed is per task; one task each of the others.
+EPISODES = {"libero_object": ("0", 2), "libero_spatial": ("0,1", 3), "libero_object_lan": ("1", 2)}
 SUITES = tuple(EPISODES)
 
 
@@ -64,9 +65,9 @@ def vision_language_server():
 
 @pytest.mark.parametrize("suite", SUITES)
 def test_control_arms_under_the_openpi_protocol_are_openpis_episodes_query_by_query(tmp_path, suite, vision_language_server):
-    url, episodes = vision_language_server, EPISODES[suite]
+    url, (tasks, episodes) = vision_language_server, EPISODES[suite]
     loop_out = tmp_path / "loop.json"
-    loop = subprocess.run([sys.executable, str(ROOT / "tests" / "openpi_client_loop.py"), url, suite, TASKS,
+    loop = subprocess.run([sys.executable, str(ROOT / "tests" / "openpi_client_loop.py"), url, suite, tasks,
                            str(episodes), str(MAX_STEPS), str(loop_out)], cwd=ROOT, env=cli_env(),
                           capture_output=True, text=True, timeout=1200)
     assert loop.returncode == 0, loop.stderr[-3000:]
@@ -75,12 +76,12 @@ def test_control_arms_under_the_openpi_protocol_are_openpis_episodes_query_by_qu
     config = tmp_path / "c.toml"
     config.write_text(f"[policy]\nreplan_interval = {C}\n")
     study = tmp_path / "eval"
-    rescue_cli("eval", "--suite", suite, "--tasks", TASKS, "--episodes", str(episodes), "--horizon", str(MAX_STEPS),
+    rescue_cli("eval", "--suite", suite, "--tasks", tasks, "--episodes", str(episodes), "--horizon", str(MAX_STEPS),
                "--policy-url", url, "--config", str(config), "--study", str(study), timeout=1200)
     with Journal.open(study, readonly=True) as journal:
         arms = {case_id: by_arm["control"] for case_id, by_arm in journal.all_arms().items()}
         cases = {c.case_id: c for c in journal.cases()}
-    assert sorted(arms) == sorted(theirs) and len(arms) == len(TASKS.split(",")) * episodes
+    assert sorted(arms) == sorted(theirs) and len(arms) == len(tasks.split(",")) * episodes
     for case_id, arm in arms.items():
         assert arm.episode_protocol == "openpi" and arm.episode_markers is False  # openpi's client sends none
         assert cases[case_id].env_seed == 7  # openpi seeds each task once, with 7
