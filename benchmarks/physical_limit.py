@@ -150,6 +150,20 @@ def warm_start_chained(model, start) -> bool:
     return not np.array_equal(before, d.qacc_warmstart)
 
 
+def controller_matrices_us(robot, reps: int = 20000) -> float:
+    """CPU microseconds per call of robosuite's `opspace_matrices` (numba-compiled in 1.4.0) on the arm's own
+    matrices as the episode left them: the part of every substep's controller that is compiled already."""
+    from robosuite.utils.control_utils import opspace_matrices
+
+    c = robot.controller
+    args = (c.mass_matrix, c.J_full, c.J_pos, c.J_ori)
+    opspace_matrices(*args)
+    t0 = time.process_time()
+    for _ in range(reps):
+        opspace_matrices(*args)
+    return (time.process_time() - t0) / reps * 1e6
+
+
 def main(horizon: int = 280, interval: int = 8, repeats: int = 3) -> None:
     from robosuite.utils import binding_utils
 
@@ -176,6 +190,7 @@ def main(horizon: int = 280, interval: int = 8, repeats: int = 3) -> None:
             bare_physics, bare_render, passes = bare_pass(model, before, frames, cameras, size, substeps)
             rows.append((physics, rendered, observed, bare_physics, bare_render, passes, steps, frames_n))
         chained = warm_start_chained(model, before[len(before) // 2][0])
+        matrices_us = controller_matrices_us(adapter._env.env.robots[0])
     finally:
         adapter.close()
     med = [statistics.median(r[i] for r in rows) for i in range(6)]
@@ -193,6 +208,9 @@ def main(horizon: int = 280, interval: int = 8, repeats: int = 3) -> None:
     print(f"{'observation':12} {med[2]:8.2f} {'-':>8}")
     print(f"a forward pass writes the solver's warm start (each of the three passes feeds the next): "
           f"{'yes' if chained else 'no'}")
+    budget = (2.0 * med[3] - med[5]) / steps / substeps * 1e6
+    print(f"robosuite's compiled opspace_matrices: {matrices_us:.1f} us per substep; at 2.0x bare, everything a "
+          f"substep runs besides MuJoCo's three passes would have {budget:.1f} us")
     print(f"arm total {sum(med[:3]):.2f} s; bare total {med[3] + med[4]:.2f} s; ratio {sum(med[:3]) / (med[3] + med[4]):.2f}")
 
 
