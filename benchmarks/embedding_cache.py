@@ -16,8 +16,9 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from cache_rounds import cache_rounds, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
@@ -43,23 +44,13 @@ def start(cache: str) -> dict:
 
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    runs: dict[str, list[dict]] = {"off": [], "cold": [], "warm": []}
-    for _ in range(rounds):
-        with tempfile.TemporaryDirectory(prefix="embedding-cache-") as folder:
-            runs["off"].append(start("off"))
-            runs["cold"].append(start(folder))
-            runs["warm"].append(start(folder))
-    digests = {r["digest"] for rs in runs.values() for r in rs}
+    runs = cache_rounds(rounds, start, "embedding-cache-")
     print(f"the embedded vision-language policy's start and first embeddings, {rounds} rounds")
     for name, rs in runs.items():
         loaded = {r["model_loaded"] for r in rs}
         print(f"  {name:5s} process CPU {statistics.median(r['cpu_s'] for r in rs):5.2f} s (median); "
               f"sentence model loaded: {'yes' if loaded == {True} else 'no' if loaded == {False} else 'sometimes'}")
-    off, warm = statistics.median(r["cpu_s"] for r in runs["off"]), statistics.median(r["cpu_s"] for r in runs["warm"])
-    print(f"  warm / off CPU: {warm / off:.2f}; embeddings identical: {len(digests) == 1}")
-    if len(digests) != 1:
-        sys.exit(1)
-
+    verdict(runs, "digest", "embeddings")
 
 if __name__ == "__main__":
     main()

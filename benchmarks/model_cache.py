@@ -15,7 +15,8 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
+
+from cache_rounds import cache_rounds, verdict
 
 CHILD = r"""
 import json, resource, sys, time
@@ -39,23 +40,17 @@ def build(cache: str, suite: str, task: str) -> dict:
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     suite, task = (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else ("libero_object", "3")
-    runs: dict[str, list[dict]] = {"off": [], "cold": [], "warm": []}
-    for _ in range(rounds):
-        with tempfile.TemporaryDirectory(prefix="model-cache-") as folder:
-            runs["off"].append(build("off", suite, task))
-            runs["cold"].append(build(folder, suite, task))
-            runs["warm"].append(build(folder, suite, task))
-            kept_mb = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)) / 1e6
-    fingerprints = {r["fingerprint"] for rs in runs.values() for r in rs}
-    print(f"{suite} task {task}, {rounds} rounds; the cache holds {kept_mb:.0f} MB for this env")
+    sizes: list[float] = []
+
+    def kept(folder: str) -> None:
+        sizes.append(sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)) / 1e6)
+
+    runs = cache_rounds(rounds, lambda cache: build(cache, suite, task), "model-cache-", kept)
+    print(f"{suite} task {task}, {rounds} rounds; the cache holds {sizes[-1]:.0f} MB for this env")
     for name, rs in runs.items():
         print(f"  {name:5s} build+reset CPU {statistics.median(r['cpu_s'] for r in rs):5.2f} s (median), "
               f"wall {statistics.median(r['wall_s'] for r in rs):5.2f} s, peak RSS {max(r['peak_rss_gb'] for r in rs):.2f} GB")
-    off, warm = statistics.median(r["cpu_s"] for r in runs["off"]), statistics.median(r["cpu_s"] for r in runs["warm"])
-    print(f"  warm / off CPU: {warm / off:.2f}; fingerprints identical: {len(fingerprints) == 1}")
-    if len(fingerprints) != 1:
-        sys.exit(1)
-
+    verdict(runs, "fingerprint", "fingerprints")
 
 if __name__ == "__main__":
     main()
