@@ -31,23 +31,24 @@ SIM_MODULES = ("mujoco", "robosuite", "libero")
 # `--durations=0` over its tests in one run of its tier (docs/benchmarks.md, "The test tiers"). Only an order: the
 # tier hands out the longest first.
 GROUP_SECONDS = {
-    "ray": 633,
-    "test_openpi_episodes.py": 552,
-    "test_hardening_e2e.py": 511,
-    "test_fork_and_release.py": 419,
-    "test_memory_budget.py": 409,
-    "test_interrupt.py": 376,
-    "test_manifest.py": 373,
-    "test_engine_e2e.py": 365,
-    "test_service.py": 326,
-    "test_sampling_policy.py": 312,
-    "test_sham.py": 293,
-    "test_libero_pro.py": 276,
-    "test_eval_e2e.py": 196,
-    "test_policy_processes.py": 190,
-    "test_vlm_faults_e2e.py": 184,
-    "test_diagnose.py": 169,
-    "test_libero_adapter.py": 166,
+    "ray": 624,
+    "test_openpi_episodes.py": 480,
+    "test_hardening_e2e.py": 452,
+    "test_memory_budget.py": 398,
+    "test_fork_and_release.py": 335,
+    "test_sampling_policy.py": 328,
+    "test_interrupt.py": 314,
+    "test_manifest.py": 286,
+    "test_sham.py": 276,
+    "test_libero_pro.py": 272,
+    "test_engine_e2e.py": 255,
+    "test_service.py": 247,
+    "test_vlm_faults_e2e.py": 166,
+    "test_policy_processes.py": 153,
+    "test_eval_e2e.py": 149,
+    "test_libero_adapter.py": 142,
+    "test_openpi_conformance.py": 139,
+    "test_diagnose.py": 136,
     # the fast tier's longest (test_report_html.py also has slow tests: 55 s)
     "test_report_html.py": 21,
     "test_vlm.py": 20,
@@ -64,11 +65,9 @@ def module_tiers(module: object) -> set[str]:
     return {mark.name for mark in marks if getattr(mark, "name", None) in TIERS}
 
 
-# The caches the whole run shares (each opt-in for a user): variable -> what it keeps.
-RUN_CACHES = {
-    "RESCUE_MODEL_CACHE": "compiled MuJoCo models (rescue.env.model_cache)",
-    "RESCUE_EMBEDDING_CACHE": "the embedded policies' sentence embeddings (rescue.embedded.learned)",
-}
+# The caches the whole run shares (each opt-in for a user): compiled MuJoCo models (rescue.env.model_cache) and
+# the embedded policies' sentence embeddings (rescue.embedded.learned).
+RUN_CACHES = ("RESCUE_MODEL_CACHE", "RESCUE_EMBEDDING_CACHE")
 
 
 def pytest_configure(config: pytest.Config) -> None:
