@@ -25,7 +25,7 @@ from rescue.core.images import VLM_VIEWS, view_digests
 from rescue.core.manifest import Case
 from rescue.core.observation import PRIVILEGED, ObservationProfile
 from rescue.core.querypoint import query_point
-from rescue.core.arms import ArmName, base_arm, continuation, continuation_seed
+from rescue.core.arms import ArmName, base_arm
 from rescue.core.records import Answer, ArmResult, Assistance, TraceRow, chained
 from rescue.env.pool import SimLease, Simulator
 from rescue.policy.protocol import PolicyConnection
@@ -70,7 +70,7 @@ class ArmSpec:
     query_fraction: float | None = None
 
 
-async def _query(policy: PolicyConnection, obs: dict, step: int, firings: list | None) -> dict:
+async def query_policy(policy: PolicyConnection, obs: dict, step: int, firings: list | None) -> dict:
     """One policy query; a rule wrapper (it keeps `firings`) is told the step so each firing names it."""
     if firings is not None:
         return await policy.infer(obs, step=step)  # type: ignore[call-arg]
@@ -210,7 +210,7 @@ class ArmRun:
             policy_input = self.spec.profile.policy_input(self.obs, self.instruction)
             if self.step < self.q:
                 self.queries.append((self.step, policy_input))
-            reply = await _query(self.policy, policy_input, self.step, self.firings)
+            reply = await query_policy(self.policy, policy_input, self.step, self.firings)
             self.query_records.append(
                 query_record(self.step, self.obs, reply, self.spec.stage_key, getattr(self.policy, "last_query", None))
             )
@@ -313,164 +313,6 @@ async def run_arm(
         return arm.result(exc)
     await arm.end_policy(arm.success)
     return arm.result()
-
-
-@dataclass
-class Follower:
-    """An arm that continues from the snapshot at q: its name, how it gets a simulator and its own policy
-    connection at q, and who answers it there (None: a continuation of the control arm)."""
-
-    arm: ArmName
-    simulator: Callable[[], Awaitable[Simulator]]
-    connect: Callable[[], Awaitable[PolicyConnection]]
-    advisor: Advisor | None = None
-    # Where it forks and asks: a declared extra query point's fraction of the horizon; None: the pre-registered q.
-    query_fraction: float | None = None
-
-
-async def run_forked(
-    case: Case,
-    interval: int,
-    spec_kwargs: dict,
-    control: tuple[Simulator, PolicyConnection],
-    followers: list[Follower],
-    control_done: Callable[[], None] = lambda: None,
-    replay: bool = True,
-    on_result: Callable[[ArmResult], None] = lambda result: None,
-) -> list[ArmResult]:
-    """Fork at q: run the common prefix once, snapshot the simulator at q, finish every arm from it.
-
-    The prefix's trace is every arm's prefix. Each follower (each assisted arm, the sham, every continuation)
-    restores the snapshot on a simulator of its own (its state digest and first render must equal the leader's
-    at q) and queries the policy on a fresh connection. With `replay` (a server with RNG control) the connection
-    first replays the prefix's queries, which must give the same action chunks: the policy then stands where the
-    leader's does, its RNG included; a continuation k >= 2 then reseeds it (`continuation_seed`). Without it (a
-    stateless policy whose server gives no RNG control, DESIGN §13) the follower continues at once: what the
-    policy answers from q on is a fresh draw. A follower of a declared extra query point (DESIGN §14) forks at its
-    own q: the leader snapshots at each of them as it passes, and the follower starts from that snapshot as soon
-    as it is taken. Results: the leader (control) first, then the followers in order; `on_result` hears each as
-    soon as its arm ends.
-    """
-    # Followers take their simulator and connection only at q, and the control arm gives its own back
-    # when done (`control_done`), so forked cases never wait on each other for simulators.
-    ctrl = ArmRun(case, ArmSpec(arm="control", interval=interval, **spec_kwargs), *control)
-    runs = [(ArmRun(case, ArmSpec(arm=f.arm, interval=interval, query_fraction=f.query_fraction, **spec_kwargs),
-                    None, None, f.advisor), f) for f in followers]
-
-    def start_at(run: ArmRun) -> None:
-        # A follower starts where the shared prefix stands now (copied before the leader goes on).
-        run.fingerprint, run.fingerprint_parts = ctrl.fingerprint, ctrl.fingerprint_parts
-        run.python_hash_seed, run.action_space = ctrl.python_hash_seed, ctrl.action_space
-        run.trace, run.step, run.obs = list(ctrl.trace), ctrl.step, ctrl.obs
-        run.query_records, run.queries = list(ctrl.query_records), list(ctrl.queries)
-        run.original = run.instruction = ctrl.original
-        run.success = run.done = ctrl.done and ctrl.success
-
-    async def replay_prefix(run: ArmRun, queries: list[tuple[int, dict]]) -> None:
-        for (step, policy_input), row in zip(queries, run.trace):
-            reply = await _query(run.policy, policy_input, step, run.firings)
-            chunk = checked_chunk(reply, interval=interval, due=min(interval, run.horizon - step), space=ctrl.action_space,
-                                  policy=getattr(run.policy, "url", type(run.policy).__name__), step=step)
-            if digest_array(chunk) != row.actions:
-                raise RuntimeError(f"fork replay: the policy answered step {step} differently (not deterministic under its seed)")
-
-    async def finish(run: ArmRun, follower: Follower, point: ForkPoint | None) -> ArmResult:
-        try:
-            run.attach(await follower.connect())
-            await run.start_policy()
-            run.prefix_replayed = replay
-            if replay:
-                await replay_prefix(run, run.queries)
-            k = continuation(run.spec.arm)
-            if k > 1 and run.rng_control:
-                # Each continuation its own draws, the same for every arm's k-th (paired across arms).
-                run.continuation_seed = continuation_seed(case.policy_seed, k)
-                await run.policy.reset_rng(run.continuation_seed)
-            if point is not None:
-                run.sim = await follower.simulator()
-                try:
-                    await run.sim.restore(point.snapshot)
-                    run.q_state = await run._state_digest()
-                    if run.q_state != point.state:
-                        raise RuntimeError(f"fork: the restored simulator state differs from the state at step {run.q}")
-                    # The renderer's side too: the follower's first render of the state at q must be the
-                    # leader's, pixel for pixel (a stale render state would pass the state digest).
-                    run.q_views = await run.sim.render(list(VLM_VIEWS), run.spec.image_size)
-                    run.q_render = view_digests(run.q_views)
-                    differ = sorted(c for c in run.q_render if run.q_render[c] != point.render.get(c))
-                    if differ:
-                        raise RuntimeError(f"fork: the restored simulator renders {', '.join(differ)} otherwise than the "
-                                           f"leader did at step {run.q}")
-                    await run.run_until(run.horizon)
-                finally:
-                    # A follower done with its simulator gives it back at once, not when its case ends:
-                    # held until then, two cases' finished followers can starve each other's waiting ones.
-                    if isinstance(run.sim, SimLease):
-                        run.sim.release()
-        except Exception as exc:
-            return run.result(exc, "fork")
-        await run.end_policy(run.success)
-        return run.result(mode="fork")
-
-    async def heard(arm: Awaitable[ArmResult]) -> ArmResult:
-        result = await arm
-        on_result(result)
-        return result
-
-    started: dict[ArmRun, asyncio.Task] = {}
-    try:
-        await ctrl.start()
-        for q in sorted({run.q for run, _ in runs} | {ctrl.q}):
-            await ctrl.run_until(q)
-            point = None
-            if not ctrl.done:
-                point = ForkPoint(state=await ctrl._state_digest(), snapshot=await ctrl.sim.snapshot(),
-                                  render=view_digests(await ctrl.sim.render(list(VLM_VIEWS), ctrl.spec.image_size)))
-                if q == ctrl.q:
-                    ctrl.q_state, ctrl.q_render = point.state, point.render
-                else:
-                    ctrl.fork_points[q] = (point.state, point.render)
-            # The followers of this q start now; one whose q the leader never reached (it ended first) ends with it.
-            for run, follower in runs:
-                if run.q == q:
-                    start_at(run)
-                    started[run] = asyncio.ensure_future(heard(finish(run, follower, point)))
-    except Exception as exc:
-        control_done()
-        # The prefix is shared: its failure is the failure of every arm that had not forked yet.
-        by_run: dict[ArmRun, ArmResult] = {}
-        for run, _ in runs:
-            if run not in started:
-                start_at(run)
-                by_run[run] = run.result(exc, "fork")
-                on_result(by_run[run])
-        leader = ctrl.result(exc, "fork")
-        on_result(leader)
-        by_run.update(zip(started, await asyncio.gather(*started.values())))
-        return [leader, *(by_run[run] for run, _ in runs)]
-
-    async def finish_control() -> ArmResult:
-        try:
-            await ctrl.run_until(ctrl.horizon)
-        except Exception as exc:
-            return ctrl.result(exc, "fork")
-        finally:
-            control_done()
-        await ctrl.end_policy(ctrl.success)
-        return ctrl.result(mode="fork")
-
-    leader = await heard(finish_control())
-    by_run = dict(zip(started, await asyncio.gather(*started.values())))
-    return [leader, *(by_run[run] for run, _ in runs)]
-
-
-@dataclass
-class ForkPoint:
-    """The leader at one fork step: its state digest, its snapshot and its render of the VLM views there."""
-
-    state: str | None
-    snapshot: Any
-    render: dict[str, str]
 
 
 async def _assist(

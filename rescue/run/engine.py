@@ -29,7 +29,8 @@ from rescue.core.sham import donor_group
 from rescue.env.backend import LOCAL, Backend
 from rescue.env.pool import SimLease, SimulatorError
 from rescue.policy.client import WebsocketPolicyClient
-from rescue.run.arm import ArmSpec, Follower, run_arm, run_forked
+from rescue.run.arm import ArmSpec, run_arm
+from rescue.run.fork import Follower, run_forked
 from rescue.run.peers import Peers, start_services
 from rescue.run.sham import ShamSource
 from rescue.study.folder import SHAM_DONORS_KEY, classify_case, load_study_config, outcome_receipts, store_summary
