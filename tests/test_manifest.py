@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT, cli_env, rescue_cli, write_cases
 
 from rescue.core.catalog import CATALOG_FILE, OFFICIAL_HORIZON, libero_catalog, render
-from rescue.core.catalog_build import build_libero_catalog
+from rescue.env.catalog_build import build_libero_catalog
 from rescue.core.manifest import (
     MAX_LINE_BYTES,
     MAX_MANIFEST_BYTES,
@@ -368,7 +368,7 @@ def test_shipped_catalog_equals_the_installed_libero():
     assert built.suites == libero_catalog().suites
     assert built.unavailable == libero_catalog().unavailable
     shipped = (ROOT / "rescue" / "core" / CATALOG_FILE).read_text(encoding="utf-8")
-    assert render(built) == shipped, "regenerate with `python -m rescue.core.catalog_build`"
+    assert render(built) == shipped, "regenerate with `python -m rescue.env.catalog_build`"
 
 
 def test_checking_a_manifest_starts_no_simulator(tmp_path):

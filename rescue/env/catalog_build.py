@@ -1,4 +1,4 @@
-"""Generating the shipped catalog from the installed benchmark: `python -m rescue.core.catalog_build`.
+"""Generating the shipped catalog from the installed benchmark: `python -m rescue.env.catalog_build`.
 
 It reads the registry, checks every task's files, builds and resets one task of each suite in a
 worker process, and measures what each perturbation suite changes in its base suite: whether its
@@ -170,7 +170,7 @@ class _Prober:
             root = str(Path(__file__).resolve().parents[2])
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from rescue.core.catalog_build import _probe_worker; _probe_worker()"],
+                [sys.executable, "-c", "from rescue.env.catalog_build import _probe_worker; _probe_worker()"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
             )
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -365,7 +365,7 @@ def build_libero_catalog() -> Catalog:
 
 def main(argv: list[str] | None = None) -> int:
     """Regenerate the shipped catalog from the installed benchmark's registry."""
-    parser = argparse.ArgumentParser(prog="python -m rescue.core.catalog_build", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rescue.env.catalog_build", description=main.__doc__)
     parser.add_argument("--out", default=str(Path(__file__).with_name(CATALOG_FILE)), help="default: the shipped file")
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 if the file differs")
     args = parser.parse_args(argv)
