@@ -22,6 +22,7 @@ from rescue.core.records import Verdict
 from rescue.core.sham import ShamConfig
 from rescue.env.backend import LOCAL, Backend
 from rescue.run.engine import complement_manifest, recover, run_study
+from rescue.run.observer import RunObserver
 from rescue.run.peers import check_live_identity, resolved_config, study_protocol
 from rescue.study import logs
 from rescue.study.files import write_manifest
@@ -30,7 +31,7 @@ from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, Journal
 from rescue.study.layout import STUDIES, StudyLayout
 from rescue.study.owner import own_study
 
-OnCase = Callable[[Verdict], None] | None
+OnCase = RunObserver | Callable[[Verdict], None] | None
 
 
 def _manifest_of(cases: list[Case], source: str, catalog: str | None = "libero") -> Manifest:

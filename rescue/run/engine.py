@@ -31,6 +31,7 @@ from rescue.env.pool import SimLease, SimulatorError
 from rescue.policy.client import WebsocketPolicyClient
 from rescue.run.arm import ArmSpec, run_arm
 from rescue.run.fork import Follower, run_forked
+from rescue.run.observer import RunObserver, as_observer
 from rescue.run.peers import Peers, start_services
 from rescue.run.sham import ShamSource
 from rescue.study.folder import SHAM_DONORS_KEY, classify_case, load_study_config, outcome_receipts, store_summary
@@ -43,55 +44,6 @@ from rescue.vlm.client import VLMClient
 from wrappers.async_rules import AsyncRuleWrapper
 
 log = structlog.get_logger()
-
-
-
-class RunObserver:
-    """What a live view hears from a running study; every method is optional to override."""
-
-    def study_started(self, pending: int, arms_per_case: int, steps: int | None = None) -> None:
-        """The run begins with `pending` never-claimed cases of `arms_per_case` arms each, at most `steps`
-        env steps in all (their horizons times the arms)."""
-
-    def arm_started(self, arm: str) -> None:
-        """An arm took its simulator and policy connection."""
-
-    def arm_finished(self, arm: str) -> None:
-        """An arm ended (any status)."""
-
-    def vlm_waiting(self, delta: int) -> None:
-        """An assisted arm began (+1) or ended (-1) waiting for the VLM."""
-
-    def steps_done(self, steps: int) -> None:
-        """An arm stepped its simulator `steps` env steps (a chunk)."""
-
-    def case_finished(self, verdict: Verdict) -> None:
-        """A case got its verdict."""
-
-    def stopping(self, message: str) -> None:
-        """A signal changed how the run ends (one line to tell the person who sent it)."""
-
-
-class _CallbackObserver(RunObserver):
-    def __init__(self, on_case: Callable[[Verdict], None]):
-        self._on_case = on_case
-
-    def case_finished(self, verdict: Verdict) -> None:
-        self._on_case(verdict)
-
-
-def as_observer(on_case: RunObserver | Callable[[Verdict], None] | None) -> RunObserver:
-    """A RunObserver from an observer (anything with its methods), a per-case callback, or nothing."""
-    if isinstance(on_case, RunObserver):
-        return on_case
-    if on_case is not None and hasattr(on_case, "case_finished"):
-        # A live view that does not import the engine (the CLI's) fills in what it lacks.
-        observer = RunObserver()
-        for name in ("study_started", "arm_started", "arm_finished", "vlm_waiting", "steps_done", "case_finished", "stopping"):
-            if hasattr(on_case, name):
-                setattr(observer, name, getattr(on_case, name))
-        return observer
-    return _CallbackObserver(on_case) if on_case is not None else RunObserver()
 
 
 class Engine:

@@ -1,4 +1,4 @@
-"""The live view of a running study: an observer (the engine's RunObserver methods) that shows progress.
+"""The live view of a running study: a `RunObserver` that shows progress.
 
 On a terminal, a bar; elsewhere (nohup, Slurm, CI, `| tee`) a plain line now and then.
 """
@@ -19,8 +19,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from rescue.run.observer import RunObserver
 
-class LiveProgress:
+
+class LiveProgress(RunObserver):
     """A live view of a running study: cases (or episodes) done of the total, rate and ETA, arms in
     flight, arms waiting for the VLM, and the labels so far.
 
