@@ -70,7 +70,7 @@ from rescue.study.folder import (
     open_journal,
 )
 from rescue.study.layout import StudyLayout
-from rescue.study.owner import StudyBusy, own_study
+from rescue.study.owner import StudyBusy, alive, own_study
 
 log = structlog.get_logger("rescue.service")
 
@@ -85,16 +85,6 @@ EXIT_REFUSED = 2
 class ServeError(RuntimeError):
     """The worker cannot start as asked: a bind beyond loopback without a key, a bad service
     configuration, or a queue another worker serves."""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _is_job_child(pid: int, job: Job) -> bool:
@@ -193,16 +183,16 @@ class Worker:
     def _reap_orphan(self, job: Job) -> None:
         """A job left running by a dead worker: let its orphaned child drain, then wait for the study's lock."""
         pids = {p for p in (job.state.pid, _lock_owner(job.layout.study)) if p and p != os.getpid()}
-        orphans = [p for p in pids if _alive(p) and _is_job_child(p, job)]
+        orphans = [p for p in pids if alive(p) and _is_job_child(p, job)]
         for pid in orphans:
             log.warning("serve.orphan_draining", job=job.spec.job_id, pid=pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + ORPHAN_DRAIN_S
-        while any(_alive(p) and _is_job_child(p, job) for p in orphans) and time.monotonic() < deadline:
+        while any(alive(p) and _is_job_child(p, job) for p in orphans) and time.monotonic() < deadline:
             time.sleep(0.2)
         for pid in orphans:
-            if _alive(pid) and _is_job_child(pid, job):
+            if alive(pid) and _is_job_child(pid, job):
                 log.error("serve.orphan_killed", job=job.spec.job_id, pid=pid)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)

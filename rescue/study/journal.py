@@ -22,8 +22,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,6 +33,7 @@ from rescue.core.digest import digest_json
 from rescue.core.manifest import Case
 from rescue.core.records import ArmResult, Verdict
 from rescue.study.layout import StudyLayout
+from rescue.study.transaction import write_transaction
 
 # 2: arms.digest and receipts.line_sha256.
 SCHEMA_VERSION = 2
@@ -275,20 +276,8 @@ class Journal:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        # IMMEDIATE takes the write lock up front, so two writers queue on the
-        # busy timeout instead of failing when a read would upgrade to a write.
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-                self._conn.execute("COMMIT")
-            except BaseException:
-                # Also after a failed COMMIT, so the connection stays usable.
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+        return write_transaction(self._conn, self._lock)
 
     def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self._lock:

@@ -28,8 +28,8 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +41,8 @@ from rescue.core.records import Receipt
 from rescue.study.files import fsync_dir
 from rescue.study.folder import StudyError
 from rescue.study.layout import LAB_LEDGER, LAB_RECEIPTS
+from rescue.study.owner import alive as _alive
+from rescue.study.transaction import write_transaction
 from rescue.study.usage import CallCost, call_cost, study_calls
 
 SCHEMA_VERSION = 1
@@ -125,16 +127,6 @@ def _study_calls(study: str) -> list[CallCost]:
     return [ledger_cost(call_cost(config, r, study), r) for r in receipts]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class Ledger:
     """A handle on the lab's ledger; one SQLite connection, safe to share across threads."""
 
@@ -169,17 +161,8 @@ class Ledger:
         with self._lock:
             self._conn.close()
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-                self._conn.execute("COMMIT")
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+        return write_transaction(self._conn, self._lock)
 
     # --- calls ------------------------------------------------------------
 

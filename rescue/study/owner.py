@@ -43,6 +43,17 @@ def own_study(study_dir: str | os.PathLike[str]) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
+def alive(pid: int) -> bool:
+    """Whether a process of this host has this pid (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _read_owner(path: Path) -> str:
     try:
         return path.read_text().strip() or "?"
