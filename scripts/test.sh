@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 [ "${SKIP_SETUP:-0}" = 1 ] || bash scripts/setup.sh
 export MUJOCO_GL="${MUJOCO_GL:-egl}"
 # A tier runs on TEST_WORKERS pytest-xdist workers (default 2; 0 runs it in this process), a test module per
-# worker at a time (tests/conftest.py).
+# worker at a time (tests/tiers_plugin.py).
 WORKERS="${TEST_WORKERS:-2}"
 case "${1:-}" in
   fast) shift; set -- -m "not sim and not e2e" -n "$WORKERS" --dist loadgroup --no-loadscope-reorder "$@" ;;

@@ -1,181 +1,33 @@
-"""Shared fixtures: small manifests on the embedded LIBERO default, and a way to run the CLI.
+"""Shared helpers: small manifests on the embedded LIBERO default, a way to run the CLI, free ports,
+and readers of a study folder's journal, export and events.
 
-Also the test tiers. Every test module declares one with a module-level
-`pytestmark = pytest.mark.fast` (pure core and protocol), `pytest.mark.sim`
-(LIBERO/MuJoCo) or `pytest.mark.e2e` (CLI, servers or an install in
-subprocesses); `sim` and `e2e` may go together. Collection refuses a module
-without a tier, and a test outside the `sim` tier that loads MuJoCo into the
-test process fails, so `pytest -m "not sim and not e2e"` stays fast.
+The test tiers (every module declares one) are a plugin of their own, tests/tiers_plugin.py, registered here.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
-TIERS = ("fast", "sim", "e2e")
 # The bound on a wait that would otherwise hang (a child that never answers, a server that never
 # listens): far beyond what a busy machine makes of a few seconds, never a claim about speed.
 # Tests assert behaviour; speed is measured in benchmarks/.
 HANG_S = 600
-# Modules only the simulator brings in: loading one means the test runs LIBERO.
-SIM_MODULES = ("mujoco", "robosuite", "libero")
-# What each of the longest test groups (a module, or an `xdist_group`) took in its tier, in seconds: the sum of
-# `--durations=0` over its tests in one run of its tier (docs/benchmarks.md, "The test tiers"). Only an order: the
-# tier hands out the longest first.
-GROUP_SECONDS = {
-    "ray": 624,
-    "test_openpi_episodes.py": 480,
-    "test_hardening_e2e.py": 452,
-    "test_memory_budget.py": 398,
-    "test_fork_and_release.py": 335,
-    "test_sampling_policy.py": 328,
-    "test_interrupt.py": 314,
-    "test_manifest.py": 286,
-    "test_sham.py": 276,
-    "test_libero_pro.py": 272,
-    "test_engine_e2e.py": 255,
-    "test_service.py": 247,
-    "test_vlm_faults_e2e.py": 166,
-    "test_policy_processes.py": 153,
-    "test_eval_e2e.py": 149,
-    "test_libero_adapter.py": 142,
-    "test_openpi_conformance.py": 139,
-    "test_diagnose.py": 136,
-    # the fast tier's longest (test_report_html.py also has slow tests: 55 s)
-    "test_report_html.py": 21,
-    "test_vlm.py": 20,
-    "test_architecture.py": 9,
-    "test_policy_wire.py": 9,
-    "test_tiers.py": 7,
-}
+
+# The tiers, the run's caches and the order the groups go out in: tests/tiers_plugin.py.
+pytest_plugins = ("tiers_plugin",)
 
 
-def module_tiers(module: object) -> set[str]:
-    """The tier markers a test module declares in its `pytestmark`."""
-    marks = getattr(module, "pytestmark", [])
-    marks = marks if isinstance(marks, list) else [marks]
-    return {mark.name for mark in marks if getattr(mark, "name", None) in TIERS}
-
-
-# The caches the whole run shares (each opt-in for a user): compiled MuJoCo models (rescue.env.model_cache) and
-# the embedded policies' sentence embeddings (rescue.embedded.learned).
-RUN_CACHES = ("RESCUE_MODEL_CACHE", "RESCUE_EMBEDDING_CACHE")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """One cache of each kind in RUN_CACHES for the whole run: every simulator the tests start builds the same few
-    LIBERO envs, and every embedded policy embeds the same few instructions; what was computed once is loaded
-    byte for byte after. The pytest-xdist workers and every process they start inherit them; the process that
-    made them removes them at the end. A cache the caller names (`off` included) is used as it is."""
-    if hasattr(config, "workerinput"):
-        return
-    import tempfile
-
-    config._rescue_caches = []
-    for variable in RUN_CACHES:
-        if os.environ.get(variable) is None:
-            os.environ[variable] = made = tempfile.mkdtemp(prefix=f"{variable.lower().replace('_', '-')}-")
-            config._rescue_caches.append((variable, made))
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    import shutil
-
-    for variable, made in getattr(config, "_rescue_caches", []):
-        shutil.rmtree(made, ignore_errors=True)
-        del os.environ[variable]
-
-
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an unmarked module fails every tier's run
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Refuse test modules that declare no tier, or `fast` together with a slow tier."""
-    problems: dict[str, str] = {}
-    for item in items:
-        module = getattr(item, "module", None)
-        if module is None:
-            continue
-        tiers = module_tiers(module)
-        if not tiers:
-            problems[str(item.path)] = "declares no tier: add `pytestmark = pytest.mark.fast` (or sim, e2e)"
-        elif "fast" in tiers and len(tiers) > 1:
-            problems[str(item.path)] = f"declares fast together with {sorted(tiers - {'fast'})}"
-    if problems:
-        raise pytest.UsageError("\n".join(f"{path}: {why}" for path, why in sorted(problems.items())))
-    _one_worker_per_module(items)
-
-
-def _one_worker_per_module(items: list[pytest.Item]) -> None:
-    """With pytest-xdist (`-n N --dist loadgroup`, as scripts/test.sh runs every tier), a module's tests run
-    on one worker, in order, sharing its module-scoped fixtures; modules that must not overlap declare one
-    `pytest.mark.xdist_group(name)` (the two that count the machine's Ray processes share one).
-
-    The groups go out longest first (scripts/test.sh keeps this order with `--no-loadscope-reorder`): a long
-    module started last would run alone on one worker while the others wait at the end of the tier. The
-    measured ones (GROUP_SECONDS) lead; the rest follow by their number of tests, pytest-xdist's own order."""
-    groups = {}
-    for item in items:
-        marker = item.get_closest_marker("xdist_group")
-        if marker is None:
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
-            marker = item.get_closest_marker("xdist_group")
-        groups[item.nodeid] = marker.args[0] if marker.args else marker.kwargs.get("name", "")
-    order = {item.nodeid: i for i, item in enumerate(items)}
-    size = collections.Counter(groups.values())
-
-    def longest_first(item: pytest.Item) -> tuple:
-        group = groups[item.nodeid]
-        if group in GROUP_SECONDS:  # measured
-            return 0, -GROUP_SECONDS[group], order[item.nodeid]
-        return 1, -size[group], order[item.nodeid]  # the rest by their number of tests, as pytest-xdist orders
-
-    items.sort(key=longest_first)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
-    """Under `--dist loadgroup` every test a worker collected must carry its group, or the modules that must not
-    overlap (the Ray tests) would run at once on two workers: pytest 9 with pytest-xdist 3.8 did that."""
-    if node.config.getvalue("dist") == "loadgroup":
-        ungrouped = [i for i in ids if "@" not in i.rpartition("]")[2]]
-        if ungrouped:
-            pytest.exit(f"pytest-xdist grouped none of {len(ungrouped)} tests under pytest {pytest.__version__} "
-                        f"({ungrouped[0]}); install the versions pyproject.toml pins", returncode=4)
-
-
-def _sim_loaded() -> bool:
-    return any(name in sys.modules for name in SIM_MODULES)
-
-
-def _guard_sim(item: pytest.Item, before: bool) -> None:
-    if not before and _sim_loaded() and item.get_closest_marker("sim") is None:
-        loaded = [name for name in SIM_MODULES if name in sys.modules]
-        pytest.fail(f"{item.nodeid} loaded {loaded} but its module is not marked sim", pytrace=False)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item: pytest.Item):
-    """Fixtures of a test outside the sim tier must not start the simulator."""
-    before = _sim_loaded()
-    result = yield
-    _guard_sim(item, before)
-    return result
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item):
-    """A test outside the sim tier must not start the simulator."""
-    before = _sim_loaded()
-    result = yield
-    _guard_sim(item, before)
-    return result
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def write_cases(path: Path, n: int, horizon: int = 64, task_id: int = 3, **extra) -> Path:

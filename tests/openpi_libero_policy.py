@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import hashlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from conftest import free_port
 
 CHUNK = 10
 IMAGE_SHAPE = (224, 224, 3)
@@ -95,13 +95,6 @@ def load_received(received_dir: Path) -> list[dict]:
             obs["prompt"] = str(data["prompt"])
         out.append(obs)
     return out
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

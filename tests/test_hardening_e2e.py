@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from conftest import HANG_S, ROOT, case_states, cli_env, rescue_cli, write_cases
+from conftest import HANG_S, ROOT, case_states, cli_env, free_port, rescue_cli, write_cases
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
@@ -22,12 +22,6 @@ def _one_clean_line(proc: subprocess.CompletedProcess) -> str:
     out = (proc.stdout + proc.stderr).strip()
     assert "Traceback" not in out, out
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_port(port: int, timeout: float = 60) -> None:
@@ -83,7 +77,7 @@ def test_a_broken_config_is_one_line_and_writes_nothing(tmp_path, toml, named):
 
 def test_a_dead_policy_server_stops_the_study_before_it_consumes_the_queue(tmp_path):
     """The server dies mid-study: no further case is claimed, the run exits 3, resume after a restart runs the rest."""
-    port = _free_port()
+    port = free_port()
     manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=48)
     study = tmp_path / "study"
     server = _serve(["serve-policy", "--policy", "rescue.embedded.scripted:make_policy"], port)
@@ -148,7 +142,7 @@ def test_an_observation_mismatch_stops_after_k_arms_naming_the_key(tmp_path):
 
 
 def test_a_rejected_vlm_key_is_found_before_anything_runs_or_stops_the_study_the_same_way(tmp_path):
-    port = _free_port()
+    port = free_port()
     endpoint = _serve(["serve-vlm", "--api-key-env", "RIGHT_KEY"], port, env={"RIGHT_KEY": "the-right-key"})
     manifest = write_cases(tmp_path / "m.jsonl", 6, horizon=48)
     url = f"http://127.0.0.1:{port}/v1"
@@ -179,7 +173,7 @@ def test_a_rejected_vlm_key_is_found_before_anything_runs_or_stops_the_study_the
 
 def test_an_unreachable_policy_server_or_vlm_endpoint_is_named_before_anything_runs(tmp_path):
     manifest = write_cases(tmp_path / "m.jsonl", 1, horizon=48)
-    dead = _free_port()  # nothing listens on it
+    dead = free_port()  # nothing listens on it
     # The line says the 5 s bound the client waited; the run's timeout only bounds a hang.
     policy = rescue_cli("run", str(manifest), "--study", str(tmp_path / "a"), "--policy-url", f"ws://127.0.0.1:{dead}",
                         check=False, timeout=HANG_S)
@@ -342,7 +336,7 @@ def test_a_rule_that_cannot_fire_stops_the_study_unless_allowed(tmp_path):
 
 
 def test_a_taken_port_is_one_clear_line(tmp_path):
-    port = _free_port()
+    port = free_port()
     first = _serve(["serve-vlm"], port)
     try:
         proc = subprocess.run([sys.executable, "-m", "rescue.cli", "serve-vlm", "--port", str(port)], cwd=ROOT,

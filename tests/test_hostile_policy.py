@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, cli_env, rescue_cli, write_cases
+from conftest import ROOT, cli_env, free_port, rescue_cli, write_cases
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
@@ -22,14 +22,8 @@ EXIT_STOPPED = 3
 HORIZON, Q = 48, 24
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(factory: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     env = cli_env()
     env["PYTHONPATH"] = str(ROOT / "tests") + os.pathsep + env["PYTHONPATH"]
     proc = subprocess.Popen(

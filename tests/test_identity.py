@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HANG_S, ROOT, cli_env, rescue_cli, write_cases
+from conftest import HANG_S, ROOT, cli_env, free_port, rescue_cli, write_cases
 from pydantic import ValidationError
 
 from rescue.core.config import StudyConfig, load_config
@@ -25,15 +25,9 @@ from rescue.study.folder import load_study_config
 pytestmark = pytest.mark.fast
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(factory: str) -> tuple[subprocess.Popen, str]:
     """A real policy server in its own process, announcing the factory's action horizon."""
-    port = _free_port()
+    port = free_port()
     env = cli_env()
     env["PYTHONPATH"] = str(ROOT / "tests") + os.pathsep + env["PYTHONPATH"]
     proc = subprocess.Popen(

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 import structlog
-from conftest import write_cases
+from conftest import free_port, write_cases
 from openpi_server import WebsocketPolicyServer
 
 from rescue.core.config import load_config
@@ -27,17 +26,11 @@ HORIZON, INTERVAL = 48, 8
 INSTRUCTION = "pick up the bbq sauce and place it in the basket"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def _openpi(case) -> tuple[str, asyncio.Task]:
     """The scripted policy behind openpi's server: one shared instance, no reset, no RNG control."""
     policy = make_policy()
     policy.reset_rng(case.policy_seed)  # seeded once in process, as a plain openpi deployment would be
-    port = _free_port()
+    port = free_port()
     server = WebsocketPolicyServer(policy, host="127.0.0.1", port=port, metadata={"action_horizon": INTERVAL})
     return f"ws://127.0.0.1:{port}", asyncio.create_task(server.run())
 

@@ -12,8 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, arm_rows, case_states, cli_env, ensure_stopped, export_of, rescue_cli, write_cases
-from openpi_libero_policy import free_port
+from conftest import ROOT, arm_rows, case_states, cli_env, ensure_stopped, export_of, free_port, rescue_cli, write_cases
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 

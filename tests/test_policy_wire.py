@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ import msgpack
 import numpy as np
 import pytest
 import structlog
-from conftest import HANG_S
+from conftest import HANG_S, free_port
 from openpi_client import msgpack_numpy as openpi_msgpack
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from openpi_server import WebsocketPolicyServer
@@ -74,12 +73,6 @@ def _obs(prompt: str = "pick up the cup") -> dict:
         "observation/image": np.zeros((4, 4, 3), dtype=np.uint8),
         "prompt": prompt,
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _http(url: str) -> str:
@@ -239,7 +232,7 @@ def test_server_exception_arrives_as_policy_server_error():
 
 def test_connect_gives_up_when_nothing_listens():
     async def main():
-        url = f"ws://127.0.0.1:{_free_port()}/"
+        url = f"ws://127.0.0.1:{free_port()}/"
         # It gives up (the error) instead of retrying for ever; the outer bound catches only a hang
         # and is generous on purpose (a busy machine is slow, not that slow).
         with pytest.raises(aiohttp.ClientConnectorError):
@@ -400,7 +393,7 @@ def test_openpi_client_drives_our_server():
 
 def test_our_client_against_openpi_server():
     async def main():
-        port = _free_port()
+        port = free_port()
         openpi = WebsocketPolicyServer(PlainPolicy(), host="127.0.0.1", port=port, metadata={"name": "openpi"})
         task = asyncio.create_task(openpi.run())
         try:
@@ -487,7 +480,7 @@ def test_our_server_answers_episode_frames_without_feeding_the_policy():
 def test_episode_frames_are_not_sent_to_a_plain_openpi_server():
     async def main():
         RecordingPolicy.seen = []
-        port = _free_port()
+        port = free_port()
         openpi = WebsocketPolicyServer(RecordingPolicy(), host="127.0.0.1", port=port, metadata={})
         task = asyncio.create_task(openpi.run())
         try:
@@ -552,7 +545,7 @@ def test_load_factory():
 
 
 def test_serve_main_in_a_subprocess():
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "TEST_POLICY_KEY": "k1"}
     cmd = [
         sys.executable,

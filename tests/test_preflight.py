@@ -6,12 +6,11 @@ import asyncio
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, cli_env, rescue_cli, write_cases
+from conftest import ROOT, cli_env, free_port, rescue_cli, write_cases
 from openpi_libero_policy import openpi_server
 
 from rescue.core.config import load_config
@@ -57,12 +56,6 @@ class IgnoresResetRng:
         return self._inner.rng_state()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_preflight_passes_on_the_embedded_default(tmp_path):
     manifest = write_cases(tmp_path / "m.jsonl", 3, horizon=HORIZON)
     out = rescue_cli("preflight", str(manifest), "--cases", "2", "--clients", "2", "--idle-s", "1").stdout
@@ -85,7 +78,7 @@ def test_preflight_passes_on_the_embedded_default(tmp_path):
 
 def test_preflight_fails_when_the_policy_ignores_reset_rng(tmp_path):
     manifest = write_cases(tmp_path / "m.jsonl", 1, horizon=HORIZON)
-    port = _free_port()
+    port = free_port()
     env = {**cli_env(), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     server = subprocess.Popen(
         [sys.executable, "-m", "rescue.cli", "serve-policy", "--policy", "test_preflight:IgnoresResetRng", "--port", str(port)],

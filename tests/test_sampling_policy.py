@@ -27,8 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, arm_rows, case_states, cli_env, ensure_stopped, export_of, rescue_cli, wait_healthy, write_cases
-from openpi_libero_policy import free_port
+from conftest import ROOT, arm_rows, case_states, cli_env, ensure_stopped, export_of, free_port, rescue_cli, wait_healthy, write_cases
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from conftest import (
     case_states,
     cli_env,
     ensure_stopped,
+    free_port,
     rescue_cli,
     states_before_resume,
     write_cases,
@@ -30,12 +30,6 @@ from conftest import (
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
 SMALL = ("--cases-in-flight", "1", "--simulators", "1")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve(queue: Path, port: int, *extra: str, env: dict | None = None) -> subprocess.Popen:
@@ -121,7 +115,7 @@ def test_serve_survives_sigkill_mid_job_and_resumes_as_rescue_resume(tmp_path):
     assert len(problems) >= 2 and all(str(bad) in line for line in problems)
     assert _jobs(queue) == sorted([first, second])  # nothing queued for the malformed manifest
 
-    port = _free_port()
+    port = free_port()
     proc = _serve(queue, port)
     try:
         _wait_up(port, proc)
@@ -203,9 +197,9 @@ def test_serve_survives_sigkill_mid_job_and_resumes_as_rescue_resume(tmp_path):
 
 def test_serve_beyond_loopback_needs_an_api_key_and_asks_for_it(tmp_path):
     queue = tmp_path / "queue"
-    refused = rescue_cli("serve", "--queue", str(queue), "--host", "0.0.0.0", "--port", str(_free_port()), check=False)
+    refused = rescue_cli("serve", "--queue", str(queue), "--host", "0.0.0.0", "--port", str(free_port()), check=False)
     assert refused.returncode == 2 and "API key" in refused.stderr  # refused before binding anything
-    port = _free_port()
+    port = free_port()
     env = {**cli_env(), "RESCUE_TEST_KEY": "s3cret"}
     # A key given on loopback is asked for too (the test binds nothing beyond loopback).
     proc = _serve(queue, port, "--api-key-env", "RESCUE_TEST_KEY", env=env)
@@ -236,7 +230,7 @@ def test_restart_after_only_the_worker_was_killed_drains_the_orphan_then_resumes
     queue = tmp_path / "queue"
     job_id = _submit(write_cases(tmp_path / "a.jsonl", 3, horizon=48), "orphaned", queue)
     study = _study(queue, job_id)
-    port = _free_port()
+    port = free_port()
     proc = _serve(queue, port)
     deadline = time.time() + 400
     try:
@@ -289,7 +283,7 @@ def test_cancel_drains_a_running_job_and_sigterm_puts_the_job_back_in_the_queue(
     queue = tmp_path / "queue"
     first = _submit(write_cases(tmp_path / "a.jsonl", 3, horizon=48), "cancelled", queue)
     second = _submit(write_cases(tmp_path / "b.jsonl", 3, horizon=48), "drained", queue)
-    port = _free_port()
+    port = free_port()
     proc = _serve(queue, port)
     try:
         _wait_claimed(_study(queue, first))
@@ -326,7 +320,7 @@ def test_a_job_names_the_services_endpoint_a_second_serve_is_refused_and_log_and
         service.write_text(f'[vlm.lab]\nbase_url = "{lab.url}"\napi_key_env = "LAB_KEY"\n'
                            'models = ["rescue-advisor-v0"]\n')
         env = {"RESCUE_SERVICE_CONFIG": str(service), "LAB_KEY": "lab-key"}
-        port = _free_port()
+        port = free_port()
         proc = serve(queue, port, env=env)
         try:
             wait_up(port, proc)
@@ -340,7 +334,7 @@ def test_a_job_names_the_services_endpoint_a_second_serve_is_refused_and_log_and
             state_file = queue / "jobs" / job_id / "state.json"
             before = json.loads(state_file.read_text())
 
-            second = serve(queue, _free_port(), env=env)
+            second = serve(queue, free_port(), env=env)
             try:
                 _, err = second.communicate(timeout=60)
             finally:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Self
 
 import pytest
-from conftest import HANG_S, ROOT, cli_env, ensure_stopped, write_cases
+from conftest import HANG_S, ROOT, cli_env, ensure_stopped, free_port, write_cases
 
 pytestmark = pytest.mark.e2e
 
@@ -81,12 +81,6 @@ class Recorder:
     def __exit__(self, *exc) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(30)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(queue: Path, port: int, *extra: str, env: dict | None = None) -> subprocess.Popen:

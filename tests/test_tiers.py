@@ -9,7 +9,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import HANG_S, ROOT, TIERS, module_tiers
+from conftest import HANG_S, ROOT
+from tiers_plugin import TIERS, module_tiers
 
 pytestmark = pytest.mark.fast
 
@@ -17,9 +18,10 @@ LOADS_MUJOCO = "def test_loads():\n    import mujoco\n    assert mujoco.MjModel\
 
 
 def pytest_in(folder: Path, files: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    """Run pytest on `files` next to a copy of this suite's conftest.py."""
+    """Run pytest on `files` next to a copy of this suite's conftest.py and its tier plugin."""
     folder.mkdir()
-    shutil.copy(ROOT / "tests" / "conftest.py", folder / "conftest.py")
+    for name in ("conftest.py", "tiers_plugin.py"):
+        shutil.copy(ROOT / "tests" / name, folder / name)
     for name, text in files.items():
         (folder / name).write_text("import pytest\n\n" + textwrap.dedent(text))
     return subprocess.run(
