@@ -15,7 +15,7 @@ pytestmark = pytest.mark.fast
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "rescue"
-# The policy wrappers beside the package: numpy-only, they import nothing of it.
+# The policy wrappers beside the package: on numpy and pydantic alone, they import nothing of it.
 WRAPPERS = ROOT / "wrappers"
 
 # What a read-side command must not load: SDKs, servers, processes, the simulator, torch.

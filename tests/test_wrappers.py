@@ -1,4 +1,4 @@
-"""Wrappers: instruction injection, chunk brokering, and the rule framework."""
+"""Wrappers: instruction injection and the rule framework."""
 
 from __future__ import annotations
 

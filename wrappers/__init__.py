@@ -1,1 +1,1 @@
-"""Numpy-only policy wrappers: the instruction injection and the correction-rule wrappers."""
+"""Policy wrappers on numpy and pydantic alone: the instruction injection and the correction-rule wrappers."""

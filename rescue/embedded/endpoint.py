@@ -1,4 +1,4 @@
-"""A local OpenAI-compatible endpoint that answers with `advisor.propose_subgoal`.
+"""A local OpenAI-compatible endpoint that answers with `rescue.embedded.decision.propose_subgoal`.
 
 It serves `/v1/chat/completions`, `/v1/responses` and `/v1/models` on aiohttp,
 reads only the request's text and data-URL images, and can inject the faults a
