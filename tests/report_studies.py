@@ -229,13 +229,13 @@ class Builder:
     def assistance(self, case, arm: str, receipt: Receipt | None, ref, request_id: str | None, **source) -> Assistance:
         if receipt is None or receipt.status != "ok":
             return Assistance(status="timeout" if receipt is not None else "broker_error", query_step=Q,
-                              call_id=receipt.call_id if receipt else None, request_id=request_id, receipt=ref if receipt else None,
+                              call_id=receipt.call_id if receipt else None, request_id=request_id, receipt_ref=ref if receipt else None,
                               error_kind="timeout" if receipt is not None else "donor_failed", **source)
         subgoal = receipt.subgoals[request_id]
         instruction = inject(instruction_of(case.task), subgoal)
         return Assistance(status="applied", query_step=Q, subgoal=subgoal, instruction=instruction,
                           instruction_digest=digest_text(instruction), call_id=receipt.call_id, request_id=request_id,
-                          receipt=ref, **source)
+                          receipt_ref=ref, **source)
 
     def run(self) -> Path:
         kinds = self.plan()
@@ -278,11 +278,11 @@ class Builder:
                     arms["sham"] = self.arm(case, "sham", sham_ok and s.status == "applied", 160 if sham_ok else H, s, fp)
             receipts = {}
             for arm in arms.values():
-                if arm.assistance.call_id and arm.assistance.receipt is not None:
+                if arm.assistance.call_id and arm.assistance.receipt_ref is not None:
                     receipts[arm.assistance.call_id] = by_call[arm.assistance.call_id]
             verdict = classify_case(self.config, case, arms, receipts, interrupted=False, donors=self.donors)
             a = arms.get("assisted")
-            index = (a.assistance.call_id, RECEIPTS, a.assistance.receipt.sha256) if a and a.assistance.receipt else None
+            index = (a.assistance.call_id, RECEIPTS, a.assistance.receipt_ref.sha256) if a and a.assistance.receipt_ref else None
             self.journal.finish_case(cid, list(arms.values()), verdict, index)
         self.journal.close()
         from rescue.run.engine import recover

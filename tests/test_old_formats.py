@@ -147,3 +147,15 @@ def test_an_old_study_reports_with_its_advisors_and_its_sham(advisors, plain):
         assert 'data-figure="main.n"' in page and "assisted vs control over M" in page
     page = (advisors / "report.html").read_text(encoding="utf-8")
     assert "assisted vs sham" in page and 'data-figure="main.pair.local.continue.k"' in page
+
+
+def test_an_old_arm_records_receipt_reads_as_its_receipt_ref(advisors):
+    # Arm records written before the field was named for what it holds call the reference `receipt`.
+    con = sqlite3.connect(advisors / "journal.sqlite")
+    try:
+        stored = [json.loads(d)["assistance"] for (d,) in con.execute("SELECT data FROM arms")]
+    finally:
+        con.close()
+    refs = [a["receipt"] for a in stored if a.get("receipt") is not None]
+    assert refs and all("receipt_ref" not in a for a in stored)
+    assert verify_study(advisors).checked["receipt references"] == len(refs)

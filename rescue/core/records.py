@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from rescue.core.arms import ADVISOR_ARM_PREFIX, ArmName, base_arm, continuation
 from rescue.core.digest import digest_json, digest_text
@@ -128,8 +128,9 @@ class Assistance(BaseModel):
     """sha256 of a fixed sham text; None for every other source."""
     donor_case_id: str | None = None
     """A permuted sham arm's donor case; None otherwise."""
-    receipt: ReceiptRef | None = None
-    """The outcome line of that call (file, line, sha256 of its bytes); None when there is no call."""
+    receipt_ref: ReceiptRef | None = Field(default=None, validation_alias=AliasChoices("receipt_ref", "receipt"))
+    """The outcome line of that call (file, line, sha256 of its bytes); None when there is no call. Records
+    written before it was named for what it holds call it `receipt`; both names read."""
     request_id: str | None = None
     """Our request id within that call (a call may batch several cases); None when there is no call."""
     error_kind: str | None = None

@@ -283,7 +283,7 @@ class _Verifier:
         for case_id, by_arm in arms.items():
             for name in [n for n in by_arm if answered_at_q(n)]:
                 a = by_arm.get(name)
-                ref = a.assistance.receipt if a is not None else None
+                ref = a.assistance.receipt_ref if a is not None else None
                 if ref is None:
                     continue
                 self.checked["receipt references"] += 1

@@ -355,7 +355,7 @@ async def _assist(
             raise RuntimeError(f"after the VLM wait the restored simulator renders {', '.join(differ)} otherwise than "
                                "before it")
     common = dict(
-        query_step=step, call_id=answer.call_id, request_id=answer.request_id, receipt=answer.receipt_ref,
+        query_step=step, call_id=answer.call_id, request_id=answer.request_id, receipt_ref=answer.receipt_ref,
         source=answer.source, source_sha256=answer.source_sha256, donor_case_id=answer.donor_case_id,
     )
     if answer.status != "ok":

@@ -276,7 +276,7 @@ class Engine:
                             "check the policy server (rescue preflight), then `rescue resume`")
         index, receipts = [], {}
         for name, arm in by_arm.items():
-            ref = arm.assistance.receipt if answered_at_q(name) else None
+            ref = arm.assistance.receipt_ref if answered_at_q(name) else None
             if ref is None:
                 continue
             # The outcome line this arm's reference names, read back by the one receipts reader.
@@ -302,7 +302,7 @@ class Engine:
     def _keep(self, result: ArmResult) -> ArmResult:
         """Record an arm in the journal as soon as it ends, so that a kill keeps its work (the case stays claimed
         until its verdict); a record that fails here is made again with the verdict, or the case is settled."""
-        ref = result.assistance.receipt
+        ref = result.assistance.receipt_ref
         entry = (result.assistance.call_id, ref.path, ref.sha256) if ref and is_assisted(result.arm) else None
         try:
             self.journal.record_arm(result, entry)

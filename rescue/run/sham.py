@@ -69,7 +69,7 @@ class ShamSource:
                     why = "was interrupted" if a is None else f"had assistance {a.status}"
                     return _failed(donor, "donor_failed", f"donor {donor} {why}")
                 return Answer(status="ok", subgoal=a.subgoal, source="permuted", donor_case_id=donor,
-                              call_id=a.call_id, request_id=a.request_id, receipt_ref=a.receipt)
+                              call_id=a.call_id, request_id=a.request_id, receipt_ref=a.receipt_ref)
             if state == "pending" and self._stopping():
                 return _failed(donor, "donor_never_ran", f"donor {donor} never ran: the study stopped claiming")
             with contextlib.suppress(asyncio.TimeoutError):

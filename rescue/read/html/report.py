@@ -153,8 +153,8 @@ def _case_view(study: Path, records: StudyRecords, case: Case, entry, assets: As
         return v
     v.evidence = check_evidence(rec, rec.primary, arm_advisor(rec.primary))
     a = assisted.assistance
-    if a.receipt is not None:
-        raw, v.receipt_check = _receipt_line(layout, a.receipt, cache)
+    if a.receipt_ref is not None:
+        raw, v.receipt_check = _receipt_line(layout, a.receipt_ref, cache)
         if raw is not None:
             v.receipt_line = raw.decode("utf-8", "replace")
             v.receipt_href = assets.write(f"{case.case_id}.receipt.json", raw + b"\n")
