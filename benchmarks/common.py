@@ -26,7 +26,7 @@ from rescue.core.records import ReceiptRef
 from rescue.env.pool import as_float_chunk
 from rescue.policy.client import WebsocketPolicyClient
 from rescue.run.engine import run_study
-from rescue.run.peers import resolved_config, start_services
+from rescue.run.peers import resolved_config, start_peers
 from rescue.study import logs
 from rescue.study.folder import create_study
 from rescue.study.layout import StudyLayout
@@ -61,7 +61,7 @@ def manifest(items: list[Case]) -> Manifest:
 
 
 def timed_study(items: list[Case], config: StudyConfig) -> float:
-    """Wall time of a full study (services started inside, as `rescue run` does)."""
+    """Wall time of a full study (peers started inside, as `rescue run` does)."""
     logs.configure(None, verbose=False)
     root = Path(tempfile.mkdtemp(prefix="bench-"))
     try:
@@ -83,19 +83,19 @@ class _NoReceipts:
 async def _bare(items: list[Case], config: StudyConfig, root: Path) -> None:
     config = await resolved_config(config)
     profile = get_profile(config.policy.observation)
-    async with start_services(config, StudyLayout.of(root)) as services:
-        vlm = VLMClient(services.vlm.config, _NoReceipts()) if services.vlm else None
+    async with start_peers(config, StudyLayout.of(root)) as peers:
+        vlm = VLMClient(peers.vlm.config, _NoReceipts()) if peers.vlm else None
         queue = list(items)
 
         async def arm(case: Case, name: str) -> None:
-            sim = await services.pool.acquire()
-            client = await WebsocketPolicyClient.connect(services.policy_url)
+            sim = await peers.pool.acquire()
+            client = await WebsocketPolicyClient.connect(peers.policy_url)
             try:
                 await client.reset()
                 await client.reset_rng(case.policy_seed)
                 reset = await sim.reset(case, profile)
                 obs, instruction, step = reset.obs, reset.instruction, 0
-                q, c, h = query_point(case.horizon, services.interval), services.interval, case.horizon
+                q, c, h = query_point(case.horizon, peers.interval), peers.interval, case.horizon
                 asked = False
                 while step < h:
                     if name == "assisted" and step >= q and not asked:
@@ -113,7 +113,7 @@ async def _bare(items: list[Case], config: StudyConfig, root: Path) -> None:
                         break
             finally:
                 await client.close()
-                services.pool.release(sim)
+                peers.pool.release(sim)
 
         async def worker() -> None:
             while queue:

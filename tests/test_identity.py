@@ -19,7 +19,7 @@ from rescue.core.config import StudyConfig, load_config
 from rescue.core.identity import IdentityError, identity_changes, resolve_interval
 from rescue.core.manifest import load_manifest
 from rescue.run.commands import new_study
-from rescue.run.peers import resolve_config
+from rescue.run.peers import config_with_identity
 from rescue.study.folder import load_study_config
 
 pytestmark = pytest.mark.fast
@@ -60,11 +60,11 @@ def _snapshot(folder: Path) -> dict[str, str]:
 
 
 def test_resolution_is_pure_and_names_what_changed():
-    config = resolve_config(StudyConfig(policy={"url": "ws://x"}), {"action_horizon": 8, "policy": "p"})
+    config = config_with_identity(StudyConfig(policy={"url": "ws://x"}), {"action_horizon": 8, "policy": "p"})
     assert config.policy.replan_interval == 8 and config.policy.observation == "openpi-libero"
     assert config.policy.announced == {"action_horizon": 8, "policy": "p"}
     # A configured C wins over the announced chunk length (openpi's LIBERO client runs 5 of 10).
-    assert resolve_config(StudyConfig(policy={"url": "ws://x", "replan_interval": 5}), {"action_horizon": 10}).interval == 5
+    assert config_with_identity(StudyConfig(policy={"url": "ws://x", "replan_interval": 5}), {"action_horizon": 10}).interval == 5
     with pytest.raises(IdentityError, match="replan_interval"):
         resolve_interval(None, {})  # openpi's empty metadata and no C configured
     assert identity_changes({"action_horizon": 8}, {"action_horizon": 8}) == []
@@ -78,9 +78,9 @@ def test_the_episode_protocol_is_resolved_into_the_identity_and_a_changed_one_is
     from rescue.core.episode_protocol import get_protocol
     from rescue.run.peers import check_identity
 
-    external = resolve_config(StudyConfig(policy={"url": "ws://x", "replan_interval": 5}), {})
-    bundled = resolve_config(StudyConfig(), {"action_horizon": 8})
-    chosen = resolve_config(StudyConfig(policy={"url": "ws://x", "replan_interval": 5}, env={"episode_protocol": "lerobot"}), {})
+    external = config_with_identity(StudyConfig(policy={"url": "ws://x", "replan_interval": 5}), {})
+    bundled = config_with_identity(StudyConfig(), {"action_horizon": 8})
+    chosen = config_with_identity(StudyConfig(policy={"url": "ws://x", "replan_interval": 5}, env={"episode_protocol": "lerobot"}), {})
     assert (external.env.episode_protocol, bundled.env.episode_protocol, chosen.env.episode_protocol) == ("openpi", "rescue", "lerobot")
     assert external.env.episode_protocol_sha256 == get_protocol("openpi").sha256()
     assert external.sha256() != chosen.sha256()  # part of the digest once set
@@ -161,7 +161,7 @@ def test_the_rules_read_the_gripper_opening_where_the_studys_profile_sends_it():
     # vector's gripper entry, not the privileged observable; a layout the config sets is kept as it is.
     from wrappers.async_rules import LIBERO_LAYOUT
 
-    layouts = {profile: resolve_config(StudyConfig(policy={"url": "ws://x", "observation": profile}),
+    layouts = {profile: config_with_identity(StudyConfig(policy={"url": "ws://x", "observation": profile}),
                                        {"action_horizon": 8}).rules.layout
                for profile in ("openpi-libero", "lerobot-libero", "privileged")}
     assert {p: (lay.state_key, lay.gripper_state_dims) for p, lay in layouts.items()} == {
@@ -172,4 +172,4 @@ def test_the_rules_read_the_gripper_opening_where_the_studys_profile_sends_it():
     assert layouts["privileged"] == LIBERO_LAYOUT
     mine = load_config(None, {"policy.url": "ws://x", "policy.observation": "openpi-libero",
                               "rules.layout": {"state_key": "observation/state", "gripper_state_dims": [7]}})
-    assert resolve_config(mine, {"action_horizon": 8}).rules.layout.gripper_state_dims == (7,)
+    assert config_with_identity(mine, {"action_horizon": 8}).rules.layout.gripper_state_dims == (7,)

@@ -517,7 +517,7 @@ class LerobotShaped:
 
 def test_a_served_policy_announces_its_profile_and_chunk_and_the_study_takes_them():
     from rescue.core.config import load_config
-    from rescue.run.peers import resolve_config
+    from rescue.run.peers import config_with_identity
 
     async def main():
         server = PolicyServer(LerobotShaped, policy_metadata(LerobotShaped, "mine:make_policy"))
@@ -530,7 +530,7 @@ def test_a_served_policy_announces_its_profile_and_chunk_and_the_study_takes_the
 
     metadata = asyncio.run(main())
     assert metadata["observation"] == "lerobot-libero" and metadata["action_horizon"] == CHUNK
-    config = resolve_config(load_config(None, {"policy.url": "ws://127.0.0.1:1/"}), metadata)
+    config = config_with_identity(load_config(None, {"policy.url": "ws://127.0.0.1:1/"}), metadata)
     assert config.policy.observation == "lerobot-libero" and config.policy.replan_interval == CHUNK
 
 

@@ -21,7 +21,7 @@ from rescue.embedded.endpoint import EndpointOptions, start_endpoint
 from rescue.embedded.scripted import make_policy
 from rescue.policy.bundled import policy_metadata
 from rescue.policy.server import PolicyServer
-from rescue.run.peers import resolved_config, start_services
+from rescue.run.peers import resolved_config, start_peers
 from rescue.run.preflight import agreement, check_idle_hold, run_preflight
 from rescue.study.layout import StudyLayout
 
@@ -117,9 +117,9 @@ def test_idle_hold_fails_when_the_server_drops_connections_between_probes(tmp_pa
         url = await server.start()
         try:
             config = await resolved_config(load_config(None, {"policy.url": url, "env.simulators": 1, "arms": ["control"]}))
-            async with start_services(config, StudyLayout.of(tmp_path)) as services:
-                sparse = await check_idle_hold(case, config.model_copy(update={"keepalive_s": 30.0}), services, 3.0)
-                dense = await check_idle_hold(case, config.model_copy(update={"keepalive_s": 0.3}), services, 3.0)
+            async with start_peers(config, StudyLayout.of(tmp_path)) as peers:
+                sparse = await check_idle_hold(case, config.model_copy(update={"keepalive_s": 30.0}), peers, 3.0)
+                dense = await check_idle_hold(case, config.model_copy(update={"keepalive_s": 0.3}), peers, 3.0)
             return sparse, dense
         finally:
             await server.stop()

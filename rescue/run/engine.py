@@ -32,7 +32,7 @@ from rescue.policy.client import WebsocketPolicyClient
 from rescue.run.arm import ArmSpec, run_arm
 from rescue.run.fork import Follower, run_forked
 from rescue.run.observer import RunObserver, as_observer
-from rescue.run.peers import Peers, start_services
+from rescue.run.peers import Peers, start_peers
 from rescue.run.sham import ShamSource
 from rescue.study.folder import SHAM_DONORS_KEY, classify_case, load_study_config, outcome_receipts, store_summary
 from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, Journal
@@ -53,12 +53,12 @@ class Engine:
         self,
         study_dir: Path,
         config: StudyConfig,
-        services: Peers,
+        peers: Peers,
         on_case: RunObserver | Callable[[Verdict], None] | None = None,
     ):
         self.layout = StudyLayout.of(study_dir)
         self.config = config
-        self.services = services
+        self.peers = peers
         self.journal = Journal.open(self.layout.root)
         self.observer = as_observer(on_case)
         self.profile = get_profile(config.policy.observation or "privileged")
@@ -96,7 +96,7 @@ class Engine:
             arms = len(self.config.case_arms)
             self.observer.study_started(len(pending), arms, horizons * arms)
             self._workers = [
-                asyncio.create_task(self._worker(f"w{i}-{os.getpid()}", self.services))
+                asyncio.create_task(self._worker(f"w{i}-{os.getpid()}", self.peers))
                 for i in range(max(1, self.config.cases_in_flight))
             ]
             await asyncio.wait(self._workers)
@@ -151,13 +151,13 @@ class Engine:
             self.journal.request_drain()
         self.drain()
 
-    async def _worker(self, name: str, services: Peers) -> None:
+    async def _worker(self, name: str, peers: Peers) -> None:
         # A case is claimed only with a simulator and a policy connection in hand, immediately
         # before its first reset: a crash never leaves a case that had not begun marked started,
         # and an unreachable policy server stops the study instead of consuming its queue.
         while not self._stopping():
             try:
-                lease = await self._unless_stopped(SimLease(services.pool).acquire(urgent=False))
+                lease = await self._unless_stopped(SimLease(peers.pool).acquire(urgent=False))
             except SimulatorError as exc:  # no simulator can be had any more (a Ray cluster without room)
                 self.stop_study(f"{one_line(str(exc))}; then `rescue resume` runs the cases never started")
                 return
@@ -167,16 +167,16 @@ class Engine:
             try:
                 if self._stopping():
                     return
-                url = services.next_policy_url()
+                url = peers.next_policy_url()
                 try:
-                    policy = await self._connect(services, url)
+                    policy = await self._connect(peers, url)
                 except Exception as exc:
                     self.stop_study(
                         f"the policy server at {url} is unreachable ({type(exc).__name__}: "
                         f"{one_line(str(exc))}); start it, then `rescue resume` runs the cases never started"
                     )
                     return
-                hold = await self._hold(services)
+                hold = await self._hold(peers)
                 if self._stopping():
                     return
                 # A case of a task this simulator loaded, when one is pending: its env is likely still built.
@@ -189,11 +189,11 @@ class Engine:
                 held, lease, policy = (lease, policy), None, None  # the case's first arm owns them now
                 # A permuted sham arm waits for its donor's answer: the donor group starts together.
                 partners = [
-                    asyncio.create_task(self._run_partner(member, name, services))
+                    asyncio.create_task(self._run_partner(member, name, peers))
                     for member in donor_group(self.donors, case.case_id)[1:]
                     if self.config.sham.source == "permuted"
                 ]
-                await self._run_case(case, services, held)
+                await self._run_case(case, peers, held)
                 await asyncio.gather(*partners)
             finally:
                 if hold is not None:
@@ -203,13 +203,13 @@ class Engine:
                 if lease is not None:
                     lease.release()
 
-    async def _hold(self, services: Peers) -> Hold | None:
+    async def _hold(self, peers: Peers) -> Hold | None:
         """Hold the next case's VLM calls on the lab budget (None: no budget, or the run stops claiming); when
         they would pass the cap the study stops claiming, with the reason."""
-        if services.budget is None:
+        if peers.budget is None:
             return None
         try:
-            return await services.budget.hold(self._stopping)
+            return await peers.budget.hold(self._stopping)
         except BudgetReached as exc:
             self.stop_study(str(exc))
             return None
@@ -229,24 +229,24 @@ class Engine:
             return None
         return task.result()
 
-    async def _run_partner(self, case_id: str, worker: str, services: Peers) -> None:
+    async def _run_partner(self, case_id: str, worker: str, peers: Peers) -> None:
         """Claim and run a donor-group member if nobody has: a simulator and a connection in hand first."""
         if self.journal.state(case_id) != "pending":
             return
         # Urgent: a sham arm of a started case waits for this donor's answer.
         member = self.journal.case(case_id)
-        lease = await SimLease(services.pool, task=(member.suite, member.task_id)).acquire()
+        lease = await SimLease(peers.pool, task=(member.suite, member.task_id)).acquire()
         policy = hold = None
         try:
-            policy = await self._connect(services)
-            hold = await self._hold(services)
+            policy = await self._connect(peers)
+            hold = await self._hold(peers)
             if self._stopping() or not self.journal.claim(case_id, worker):
                 return
             if hold is not None:
                 hold.bind(case_id)
             log.info("case.claimed", case_id=case_id, worker=worker, with_donor_group=True)
             held, lease, policy = (lease, policy), None, None
-            await self._run_case(member, services, held)
+            await self._run_case(member, peers, held)
         except Exception as exc:  # the member stays pending (never claimed); its waiters learn it when the study stops
             log.warning("case.partner_not_started", case_id=case_id, error=one_line(str(exc)))
         finally:
@@ -257,12 +257,12 @@ class Engine:
             if lease is not None:
                 lease.release()
 
-    async def _run_case(self, case: Case, services: Peers, held: tuple[SimLease, AsyncRuleWrapper]) -> None:
+    async def _run_case(self, case: Case, peers: Peers, held: tuple[SimLease, AsyncRuleWrapper]) -> None:
         if self.config.forked:
-            arms = list(await self._run_forked(case, services, held))
+            arms = list(await self._run_forked(case, peers, held))
         else:
             arms = await asyncio.gather(
-                *(self._run_one_arm(case, arm, services, held if i == 0 else None) for i, arm in enumerate(self.config.arms))
+                *(self._run_one_arm(case, arm, peers, held if i == 0 else None) for i, arm in enumerate(self.config.arms))
             )
         by_arm = {r.arm: r for r in arms}
         idle = next((r.error for r in arms if r.error and r.error.startswith("RulesCannotFire")), None)
@@ -333,23 +333,23 @@ class Engine:
         path.write_bytes(data)
         return digest_bytes(data)
 
-    async def _connect(self, services: Peers, url: str | None = None) -> AsyncRuleWrapper:
+    async def _connect(self, peers: Peers, url: str | None = None) -> AsyncRuleWrapper:
         # Each connection to the next policy URL (one per policy process), unless the caller chose it.
-        client = await WebsocketPolicyClient.connect(url or services.next_policy_url(), api_key=services.policy_api_key)
+        client = await WebsocketPolicyClient.connect(url or peers.next_policy_url(), api_key=peers.policy_api_key)
         # The configured correction rules sit between the policy and the simulator; firings go to the arm record.
         return AsyncRuleWrapper(client, self.config.rules, self.config.interval, strict=not self.config.allow_idle_rules)
 
     async def _run_one_arm(
-        self, case: Case, arm: str, services: Peers, held: tuple[SimLease, AsyncRuleWrapper] | None
+        self, case: Case, arm: str, peers: Peers, held: tuple[SimLease, AsyncRuleWrapper] | None
     ) -> ArmResult:
-        spec = ArmSpec(arm=arm, interval=services.interval, **self._spec_kwargs())
+        spec = ArmSpec(arm=arm, interval=peers.interval, **self._spec_kwargs())
         lease, policy = held if held is not None else (None, None)
         try:
             if lease is None:
-                lease = await SimLease(services.pool, task=(case.suite, case.task_id)).acquire()
+                lease = await SimLease(peers.pool, task=(case.suite, case.task_id)).acquire()
             if policy is None:
-                policy = await self._connect(services)
-            advisor = self._advisor_for(arm, services, case)
+                policy = await self._connect(peers)
+            advisor = self._advisor_for(arm, peers, case)
             self.observer.arm_started(arm)
             try:
                 return self._keep(await run_arm(case, spec, lease, policy, advisor))
@@ -364,22 +364,22 @@ class Engine:
                 lease.release()
 
     async def _run_forked(
-        self, case: Case, services: Peers, held: tuple[SimLease, AsyncRuleWrapper]
+        self, case: Case, peers: Peers, held: tuple[SimLease, AsyncRuleWrapper]
     ) -> list[ArmResult]:
         leases: list[SimLease] = [held[0]]
         policies: list[AsyncRuleWrapper] = [held[1]]
         names = list(self.config.case_arms)
 
         async def sim_at_q() -> SimLease:
-            leases.append(await SimLease(services.pool, task=(case.suite, case.task_id)).acquire())
+            leases.append(await SimLease(peers.pool, task=(case.suite, case.task_id)).acquire())
             return leases[-1]
 
         async def connect() -> AsyncRuleWrapper:
-            policies.append(await self._connect(services))
+            policies.append(await self._connect(peers))
             return policies[-1]
 
         # One answer per arm at q, whatever the number of its continuations: they share the call (DESIGN §13).
-        advisors = {base: _once(self._advisor_for(base, services, case))
+        advisors = {base: _once(self._advisor_for(base, peers, case))
                     for base in dict.fromkeys(base_arm(name) for name in names if name != "control")}
         fractions = {p.name: p.fraction for p in self.config.query_points or []}
         followers = [Follower(name, sim_at_q, connect, advisors.get(base_arm(name)), fractions.get(query_point_of(name)))
@@ -390,7 +390,7 @@ class Engine:
             # Without RNG control nothing can put a fresh connection where the prefix left the policy's RNG:
             # a stateless policy's followers continue at once (a study made before this was recorded replays).
             return await run_forked(
-                case, services.interval, self._spec_kwargs(), (leases[0], policies[0]), followers,
+                case, peers.interval, self._spec_kwargs(), (leases[0], policies[0]), followers,
                 control_done=leases[0].release, replay=self.config.policy.rng_control is not False, on_result=self._keep,
             )
         except Exception as exc:
@@ -403,13 +403,13 @@ class Engine:
             for lease in leases:
                 lease.release()
 
-    def _advisor_for(self, arm: str, services: Peers, case: Case):
+    def _advisor_for(self, arm: str, peers: Peers, case: Case):
         """Who answers an arm at q: its advisor's VLM (assisted, assisted:<name>), the sham's declared source
         (sham), nobody (control); every continuation of an arm is its arm's."""
         arm = base_arm(arm)
         if is_assisted(arm):
             # A query point's arm asks its advisor (the primary's) at its own q, in a call of its own.
-            return self._advisor(services.advisors.get(base_arm(arm, query_point=False)), arm)
+            return self._advisor(peers.advisors.get(base_arm(arm, query_point=False)), arm)
         if arm == "sham":
             return self.sham.advisor(case)
         return None
@@ -508,8 +508,8 @@ async def run_study(
     elif vlm_api_key is not None:
         config = config.with_keys({config.primary_arm: vlm_api_key})
     log.info("study.backend", backend=backend.describe())
-    async with start_services(config, layout, backend, lab_budget) as services:
-        engine = Engine(layout.root, config, services, on_case)
+    async with start_peers(config, layout, backend, lab_budget) as peers:
+        engine = Engine(layout.root, config, peers, on_case)
         try:
             await engine.run()
         finally:

@@ -146,7 +146,7 @@ def _of(advisor: str | None) -> str:
     return f" of advisor {advisor!r}" if advisor is not None else ""
 
 
-def resolve_config(config: StudyConfig, metadata: dict[str, Any]) -> StudyConfig:
+def config_with_identity(config: StudyConfig, metadata: dict[str, Any]) -> StudyConfig:
     """The study's configuration with its identity fixed: C, observation profile, announced identity."""
     default = BUNDLED_DEFAULT_OBSERVATION if config.policy.url is None else EXTERNAL_DEFAULT_OBSERVATION
     observation = resolve_observation(config.policy.observation, metadata, default)
@@ -199,7 +199,7 @@ async def resolved_config(config: StudyConfig) -> StudyConfig:
     """Probe the configured policy server and fix the study's identity (IdentityError when it cannot);
     check the VLM endpoint too (PeerUnreachable when either does not answer)."""
     await check_vlm(config)  # the cheap check first: building a bundled policy to ask it takes seconds
-    return resolve_config(config, await probe_policy(config.policy))
+    return config_with_identity(config, await probe_policy(config.policy))
 
 
 def check_identity(config: StudyConfig, metadata: dict[str, Any]) -> None:
@@ -260,7 +260,7 @@ class Peers:
 
 
 @contextlib.asynccontextmanager
-async def start_services(
+async def start_peers(
     config: StudyConfig, layout: StudyLayout, backend: Backend = LOCAL, lab_budget: float | None = None
 ) -> AsyncIterator[Peers]:
     """Start what a created study's config asks for, after checking the policy server's identity.

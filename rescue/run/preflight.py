@@ -38,7 +38,7 @@ from rescue.core.records import ArmResult
 from rescue.core.reported_model import mismatch
 from rescue.policy.client import PolicyConnectionClosed, PolicyServerError, WebsocketPolicyClient
 from rescue.run.arm import ArmSpec, KeepaliveError, run_arm, wait_with_keepalive
-from rescue.run.peers import Peers, resolved_config, start_services
+from rescue.run.peers import Peers, resolved_config, start_peers
 from rescue.study.layout import StudyLayout
 from rescue.study.receipts import ReceiptLog
 from rescue.vlm.answers import SubgoalRequest
@@ -468,7 +468,7 @@ async def run_preflight(
             fork = resolve_fork(config.fork_at_q, bool(run_config.policy.rng_control), config.continuations,
                                 bool(config.query_points))
             config = config.model_copy(update={"policy": run_config.policy, "fork_at_q": fork})
-            async with start_services(run_config, StudyLayout.of(workdir or tmp)) as peers:
+            async with start_peers(run_config, StudyLayout.of(workdir or tmp)) as peers:
                 url = peers.policy_url
                 # The real calls first: a wrong profile or VLM key ends the preflight in one line.
                 calls = [await check_policy_query(cases[0], config, peers)]
@@ -488,8 +488,8 @@ async def run_preflight(
                     log.info("preflight.check", **checks[-1].model_dump())
                 checks.append(await check_idle_hold(cases[0], config, peers, idle_s))
                 log.info("preflight.check", **checks[-1].model_dump())
-        except Exception as exc:  # a service that does not start is a failed preflight, not a crash
-            checks.append(Check(name="services", verdict="fail", detail=f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:  # a peer that does not start is a failed preflight, not a crash
+            checks.append(Check(name="peers", verdict="fail", detail=f"{type(exc).__name__}: {exc}"))
     idle = _idle_length_check(config, idle_s)
     if idle is not None:
         checks.append(idle)
