@@ -16,18 +16,16 @@ from rescue.core.evaluation import classify_episode, episode_cases, summarize_ev
 from rescue.core.manifest import Case, parse_manifest
 from rescue.core.records import ArmResult, Assistance, Verdict
 from rescue.core.stats import paired_diff_ci
+from rescue.core.comparison import Episode, compare_episodes, pair_episodes
 from rescue.run.compare import (
     PLAN_FILE,
     RESULT_FILE,
     ComparePlan,
     CompareRequest,
-    Episode,
     Side,
-    compare_episodes,
     compare_studies,
     create_compare,
     load_plan,
-    pair_episodes,
     side_config,
 )
 from rescue.run.engine import recover
@@ -63,42 +61,45 @@ def seed_sides(rng_seed: int = 7) -> tuple[list[Episode], list[Episode]]:
 def test_seed_confirmation_figures():
     a, b = seed_sides()
     c = compare_episodes(a, b, seed=11)
-    k = c.counts
-    assert (k.n, k.paired, k.wins, k.losses, k.ties) == (600, 600, 53, 47, 500)
-    assert (k.both_success, k.both_fail) == (366, 134)
+    k, v = c.counts, c.counts.versus
+    t = v.pairs  # B first: wins are first_only, losses second_only
+    assert (k.n, v.k, t.first_only, t.second_only, t.both_success + t.both_fail) == (600, 600, 53, 47, 500)
+    assert (t.both_success, t.both_fail) == (366, 134)
+    assert (v.first, v.second) == ("b", "a")
     assert round(100 * c.a_rate, 2) == 68.83 and round(100 * c.b_rate, 2) == 69.83
-    assert c.diff == pytest.approx(6 / 600)
-    assert round(c.mcnemar_p, 4) == 0.6173
+    assert v.diff == pytest.approx(6 / 600)
+    assert round(v.mcnemar_p, 4) == 0.6173
     assert c.excluded == {}
 
     # Newcombe's paired interval, B minus A: the analytic one over the same 2x2.
-    lo, hi = c.newcombe_ci
+    lo, hi = v.diff_ci
     assert (lo, hi) == paired_diff_ci(53, 47, 600, 0.95, both_success=366)
     assert (round(lo, 4), round(hi, 4)) == (-0.0228, 0.0428)
-    assert -1 < lo < 0 < c.diff < hi < 1  # not a reliable improvement
-    wider = compare_episodes(a, b, seed=11, confidence=0.99).newcombe_ci
+    assert -1 < lo < 0 < v.diff < hi < 1  # not a reliable improvement
+    wider = compare_episodes(a, b, seed=11, confidence=0.99).counts.versus.diff_ci
     assert wider[0] < lo and wider[1] > hi
 
     # The task-block bootstrap: reproducible from the recorded seed, around the point estimate.
     assert c.bootstrap_seed == 11 and c.bootstrap_reps == 2000
     blo, bhi = c.bootstrap_ci
-    assert blo < c.diff < bhi and blo < 0 < bhi
+    assert blo < v.diff < bhi and blo < 0 < bhi
     assert compare_episodes(a, b, seed=11).bootstrap_ci == (blo, bhi)
     assert compare_episodes(a, b, seed=12).bootstrap_ci != (blo, bhi)
 
     # Each side over all its episodes.
     assert (c.a.overall.success, c.a.overall.n) == (413, 600)
     assert (c.b.overall.success, c.b.overall.n) == (419, 600)
-    assert sum(t.paired for t in c.per_task.values()) == 600 and len(c.per_task) == 30
+    assert sum(t.versus.k for t in c.per_task.values()) == 600 and len(c.per_task) == 30
 
 
 def test_swapping_the_sides_mirrors_the_figures():
     a, b = seed_sides()
     ab, ba = compare_episodes(a, b, seed=3), compare_episodes(b, a, seed=3)
-    assert (ba.counts.wins, ba.counts.losses, ba.counts.ties) == (47, 53, 500)
+    t, ab, ba = ba.counts.versus.pairs, ab.counts.versus, ba.counts.versus
+    assert (t.first_only, t.second_only, t.both_success + t.both_fail) == (47, 53, 500)
     assert ba.diff == pytest.approx(-ab.diff)
     assert ba.mcnemar_p == pytest.approx(ab.mcnemar_p)
-    assert ba.newcombe_ci == pytest.approx((-ab.newcombe_ci[1], -ab.newcombe_ci[0]))
+    assert ba.diff_ci == pytest.approx((-ab.diff_ci[1], -ab.diff_ci[0]))
 
 
 def test_excluded_pairs_are_counted_and_named_but_leave_the_paired_figures_alone():
@@ -120,21 +121,22 @@ def test_excluded_pairs_are_counted_and_named_but_leave_the_paired_figures_alone
     base = compare_episodes(a, b, seed=5)
     c = compare_episodes(a + extra_a, b + extra_b, seed=5)
     k = c.counts
-    assert k.n == 606 and k.paired == 600
+    assert k.n == 606 and k.versus.k == 600
     assert (k.fingerprint_mismatch, k.unknown, k.unexecuted, k.unmatched) == (2, 1, 1, 2)
-    assert k.n == k.paired + k.fingerprint_mismatch + k.unknown + k.unexecuted + k.unmatched
+    assert k.n == k.versus.k + k.fingerprint_mismatch + k.unknown + k.unexecuted + k.unmatched
     assert c.excluded == {
         "fingerprint_mismatch": ["moved", "unknown-but-moved"],
         "unknown": ["crashed"],
         "unexecuted": ["half-run"],
         "unmatched": ["only-a", "only-b"],
     }
-    for field in ("a_rate", "b_rate", "diff", "mcnemar_p", "newcombe_ci", "bootstrap_ci"):
+    for field in ("a_rate", "b_rate", "bootstrap_ci"):
         assert getattr(c, field) == getattr(base, field), field
+    assert c.counts.versus == base.counts.versus  # the 2x2, diff, McNemar p and Newcombe interval
     # The sides' own rates keep every episode in the denominator.
     assert (c.a.overall.n, c.a.overall.unknown, c.a.overall.success) == (605, 2, 415)
     assert (c.b.overall.n, c.b.overall.unexecuted) == (605, 1)
-    assert c.per_task["task0"].fingerprint_mismatch == 1 and c.per_task["task0"].paired == 20
+    assert c.per_task["task0"].fingerprint_mismatch == 1 and c.per_task["task0"].versus.k == 20
     by_id = {p.case_id: p for p in c.pairs}
     assert by_id["moved"].status == "fingerprint_mismatch" and by_id["moved"].outcome is None
     assert by_id["moved"].a_fingerprint != by_id["moved"].b_fingerprint
@@ -156,9 +158,10 @@ def test_pairing_rules():
 
 def test_nothing_paired():
     c = compare_episodes([ep("x", "unknown")], [ep("x", "success")])
-    assert c.counts.paired == 0 and c.counts.unknown == 1
-    assert c.a_rate is None and c.diff is None and c.newcombe_ci is None and c.bootstrap_ci is None
-    assert c.mcnemar_p == 1.0
+    v = c.counts.versus
+    assert v.k == 0 and c.counts.unknown == 1
+    assert c.a_rate is None and v.diff is None and v.diff_ci is None and c.bootstrap_ci is None
+    assert v.mcnemar_p == 1.0
     assert math.isclose(c.b.overall.rate, 1.0)
 
 
@@ -209,10 +212,11 @@ def test_seed_group_rates_through_the_comparison():
     assert {g: round(100 * r.rate, 2) for g, r in c.b.per_group.items()} == {
         "Atomic-Seen": 7.84, "Composite-Seen": 7.79, "Composite-Unseen": 3.58,
     }
-    assert {g: (p.wins, p.unknown, p.unexecuted) for g, p in c.per_group.items()} == {
+    assert {g: (p.versus.pairs.first_only, p.unknown, p.unexecuted) for g, p in c.per_group.items()} == {
         g: (wins, 1, 1) for g, (wins, _) in SEED_GROUPS.items()
     }
-    assert c.counts.wins == 56 and c.counts.losses == 0 and c.counts.paired == 1004 - 6
+    t = c.counts.versus.pairs
+    assert t.first_only == 56 and t.second_only == 0 and t.k == 1004 - 6
 
 
 # --- two real evaluation journals, no simulator ---------------------------------------------
@@ -248,8 +252,8 @@ def test_compare_studies_reads_two_journals(tmp_path):
     (tmp_path / PLAN_FILE).write_text(plan.model_dump_json())
 
     c = compare_studies(tmp_path)
-    k = c.counts
-    assert (k.paired, k.wins, k.both_success, k.fingerprint_mismatch, k.unexecuted) == (2, 1, 1, 1, 1)
+    k, t = c.counts, c.counts.versus.pairs
+    assert (t.k, t.first_only, t.both_success, k.fingerprint_mismatch, k.unexecuted) == (2, 1, 1, 1, 1)
     assert c.excluded == {"fingerprint_mismatch": [ids[2]], "unexecuted": [ids[3]]}
     # ids[3] never ran on side a and was interrupted on side b: unexecuted there, unknown here.
     assert (c.a.overall.unexecuted, c.b.overall.unknown) == (1, 1)
@@ -312,10 +316,12 @@ def test_rescue_compare_end_to_end(tmp_path):
     assert plan["seed"] == 9 and plan["a"]["name"] != plan["b"]["name"]
     assert plan["a"]["config_sha256"] != plan["b"]["config_sha256"]
     result = json.loads((study / RESULT_FILE).read_text())
-    k = result["counts"]
+    assert result["schema_version"] == "rescue-comparison/2"
+    k, v = result["counts"], result["counts"]["versus"]
+    t = v["pairs"]  # B first: wins are first_only, losses second_only
     assert k["n"] == 2
-    assert k["n"] == k["paired"] + k["fingerprint_mismatch"] + k["unknown"] + k["unexecuted"] + k["unmatched"]
-    assert k["paired"] == k["wins"] + k["losses"] + k["ties"] and k["ties"] == k["both_success"] + k["both_fail"]
+    assert k["n"] == v["k"] + k["fingerprint_mismatch"] + k["unknown"] + k["unexecuted"] + k["unmatched"]
+    assert v["k"] == t["first_only"] + t["second_only"] + t["both_success"] + t["both_fail"]
     assert result["bootstrap_seed"] == 9 and result["bootstrap_reps"] == 300
 
     # Both sides ran the same episodes from the same initial states; each pair's fingerprints match.
@@ -332,7 +338,7 @@ def test_rescue_compare_end_to_end(tmp_path):
         assert pair["status"] == "paired" and pair["a_fingerprint"] and pair["a_fingerprint"] == pair["b_fingerprint"]
     successes = {side: sum(p[f"{side}_label"] == "success" for p in result["pairs"]) for side in ("a", "b")}
     assert result["a_rate"] == successes["a"] / 2 and result["b_rate"] == successes["b"] / 2
-    assert k["wins"] - k["losses"] == successes["b"] - successes["a"]
+    assert t["first_only"] - t["second_only"] == successes["b"] - successes["a"]
 
     # Each side is an ordinary evaluation study: it re-verifies on its own.
     for side in ("a", "b"):
@@ -359,7 +365,7 @@ def test_sigkill_mid_compare_then_resume_excludes_interrupted_pairs_as_unknown(t
     assert "recorded as unknown (interrupted)" in " ".join(out.stdout.split())
     result = json.loads((study / RESULT_FILE).read_text())
     k = result["counts"]
-    assert k["n"] == 3 and k["unknown"] == len(in_flight) and k["paired"] == 3 - len(in_flight)
+    assert k["n"] == 3 and k["unknown"] == len(in_flight) and k["versus"]["k"] == 3 - len(in_flight)
     assert result["excluded"] == {"unknown": in_flight}
     assert result["a"]["overall"]["unknown"] == len(in_flight) and result["a"]["overall"]["unexecuted"] == 0
     with Journal.open(study / "a", readonly=True) as journal:

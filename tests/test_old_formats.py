@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from rescue.core.comparison import EXCLUDED, Episode, compare_episodes
+from rescue.read.comparison import ComparisonError, read_comparison
 from rescue.read.export import EXPORT_SCHEMA, export_study, read_export
 from rescue.read.status import study_status
 from rescue.read.verify import verify_study
@@ -159,3 +161,40 @@ def test_an_old_arm_records_receipt_reads_as_its_receipt_ref(advisors):
     refs = [a["receipt"] for a in stored if a.get("receipt") is not None]
     assert refs and all("receipt_ref" not in a for a in stored)
     assert verify_study(advisors).checked["receipt references"] == len(refs)
+
+
+# `tests/data/comparison_v1/comparison.json` is a `rescue-comparison/1` document written by `compare_episodes` at
+# 7b91aca (the commit before the comparison spoke the record family): 13 pairs on two tasks and two groups, with
+# one pair of each excluded kind, seed 3, 200 resamples.
+COMPARISON_V1 = DATA / "comparison_v1" / "comparison.json"
+
+
+def test_a_comparison_of_the_version_before_reads_into_todays_shape():
+    old = json.loads(COMPARISON_V1.read_text())
+    assert old["schema_version"] == "rescue-comparison/1"
+    c = read_comparison(COMPARISON_V1)
+    assert c.schema_version == "rescue-comparison/1"  # what the document is; its contents in today's shape
+    k, v, o = c.counts, c.counts.versus, old["counts"]
+    assert (v.first, v.second) == ("b", "a")
+    assert (k.n, v.k, v.pairs.first_only, v.pairs.second_only) == (o["n"], o["paired"], o["wins"], o["losses"])
+    assert (v.pairs.both_success, v.pairs.both_fail) == (o["both_success"], o["both_fail"])
+    assert (v.mcnemar_p, v.diff, list(v.diff_ci)) == (old["mcnemar_p"], old["diff"], old["newcombe_ci"])
+    assert [getattr(k, s) for s in EXCLUDED] == [o[s] for s in EXCLUDED]
+    for key in ("per_task", "per_group"):
+        for name, before in old[key].items():
+            now = getattr(c, key)[name]
+            assert (now.n, now.versus.k, now.versus.pairs.first_only, now.versus.pairs.second_only, now.unknown) == (
+                before["n"], before["paired"], before["wins"], before["losses"], before["unknown"])
+    assert (c.a_rate, c.b_rate, c.excluded, len(c.pairs)) == (old["a_rate"], old["b_rate"], old["excluded"], len(old["pairs"]))
+
+
+def test_todays_comparison_reads_back_as_it_was_written_and_an_unknown_version_is_one_line(tmp_path):
+    episodes = [Episode(case_id=f"e{i}", task="t", group="g", label=label, fingerprint="f")
+                for i, label in enumerate(("success", "failure", "success"))]
+    written = compare_episodes(episodes, list(reversed(episodes)), reps=50)
+    path = tmp_path / "comparison.json"
+    path.write_text(written.model_dump_json())
+    assert read_comparison(path) == written and written.schema_version == "rescue-comparison/2"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "schema_version": "rescue-comparison/9"}))
+    with pytest.raises(ComparisonError, match="comparison schema 'rescue-comparison/9'; this version reads"):
+        read_comparison(path)

@@ -10,6 +10,7 @@ from typing import Annotated, Literal, get_args, get_origin, get_type_hints
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rescue.core.comparison import Comparison
 from rescue.core.config import StudyConfig
 from rescue.core.manifest import Case
 from rescue.core.records import ArmResult, CaseRecord, Receipt, Verdict
@@ -18,7 +19,7 @@ from rescue.read import schemas
 from rescue.read.export import StudyExport
 from rescue.read.lab_usage import LabUsage
 from rescue.run.commands import Ablation
-from rescue.run.compare import ComparePlan, Comparison
+from rescue.run.compare import ComparePlan
 from rescue.service.queue import JobSpec, JobState
 from rescue.study.usage import UsageSummary
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from rescue.core.arms import advisor_arm
-from rescue.core.stats import Breakdown, PairedComparison, PairedTable, Summary
+from rescue.core.stats import Breakdown, PairedComparison, PairedTable, Summary, compare
 
 # --- an old export read into today's shape -------------------------------------------------------------
 
@@ -176,3 +176,33 @@ def legacy_summary(s: Summary, advisors: list[str] | None) -> dict[str, Any]:
                               **_old_comparison(c, ("first_only", "second_only")), "holm_p": c.holm_p})
         out["advisor_pairs"] = pairs
     return out
+
+
+# --- an old comparison read into today's shape ----------------------------------------------------------
+
+
+def _upgrade_slice(old: dict[str, Any], confidence: float, figures: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A `rescue-comparison/1` PairCounts as a PairSlice; `figures`: the McNemar p, difference and interval the
+    document stored for this slice (it stored them for all episodes only; a task's or group's are derived from
+    its counts, as the document's own were)."""
+    outcomes = ([(True, False)] * old.get("wins", 0) + [(False, True)] * old.get("losses", 0)
+                + [(True, True)] * old.get("both_success", 0) + [(False, False)] * old.get("both_fail", 0))
+    versus = compare("b", "a", outcomes, confidence).model_dump(mode="json")
+    if figures is not None:
+        versus.update(figures)
+    excluded = {k: old.get(k, 0) for k in ("fingerprint_mismatch", "unknown", "unexecuted", "unmatched")}
+    return {"n": old["n"], "versus": versus, **excluded}
+
+
+def upgrade_comparison(data: dict[str, Any]) -> dict[str, Any]:
+    """A comparison document of `rescue-comparison/1` (or of before it was versioned) in today's shape, its
+    version kept: its own 2x2 (`wins`, `losses`, ...) and its `mcnemar_p`, `diff` and `newcombe_ci` become
+    B's paired comparison with A (`counts.versus`)."""
+    data = dict(data)
+    confidence = data["confidence"]
+    figures = {"mcnemar_p": data.pop("mcnemar_p"), "diff": data.pop("diff"), "diff_ci": data.pop("newcombe_ci")}
+    data["schema_version"] = data.get("schema_version") or "rescue-comparison/1"
+    data["counts"] = _upgrade_slice(data["counts"], confidence, figures)
+    for key in ("per_task", "per_group"):
+        data[key] = {name: _upgrade_slice(old, confidence) for name, old in (data.get(key) or {}).items()}
+    return data

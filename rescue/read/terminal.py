@@ -254,19 +254,20 @@ def _ci(ci: tuple[float, float] | None) -> str:
 def render_compare(comparison: Any) -> Group:
     """A paired comparison: wins, losses, ties, both rates, McNemar, both intervals, excluded pairs."""
     c, k = comparison, comparison.counts
+    v, two = k.versus, k.versus.pairs  # B first: a win is the table's first_only, a loss its second_only
     conf = f"{int(round(c.confidence * 100))}%"
     head = Text(f"B = {c.b_name}\nA = {c.a_name}\na win: B succeeded where A failed; differences are B - A")
     t = Table(title="paired comparison", show_header=False)
     t.add_row("episode pairs", str(k.n))
-    t.add_row("paired (completed, same initial state)", str(k.paired))
-    t.add_row("wins / losses / ties", f"{k.wins} / {k.losses} / {k.ties}")
-    t.add_row("ties: both success / both fail", f"{k.both_success} / {k.both_fail}")
+    t.add_row("paired (completed, same initial state)", str(v.k))
+    t.add_row("wins / losses / ties", f"{two.first_only} / {two.second_only} / {two.both_success + two.both_fail}")
+    t.add_row("ties: both success / both fail", f"{two.both_success} / {two.both_fail}")
     t.add_row("excluded: fingerprint mismatch", str(k.fingerprint_mismatch))
     t.add_row("excluded: unknown / unexecuted / unmatched", f"{k.unknown} / {k.unexecuted} / {k.unmatched}")
     t.add_row("success, paired episodes: A / B", f"{_pct(c.a_rate)} / {_pct(c.b_rate)}")
     t.add_row("success, all episodes: A / B", f"{_pct(c.a.overall.rate)} / {_pct(c.b.overall.rate)}")
-    t.add_row("exact McNemar p", _p(c.mcnemar_p))
-    t.add_row(f"B - A, Newcombe {conf} CI", f"{_pct(c.diff)} {_ci(c.newcombe_ci)}")
+    t.add_row("exact McNemar p", _p(v.mcnemar_p))
+    t.add_row(f"B - A, Newcombe {conf} CI", f"{_pct(v.diff)} {_ci(v.diff_ci)}")
     t.add_row(f"B - A, task-bootstrap {conf} CI", _ci(c.bootstrap_ci))
     t.add_row("bootstrap seed, resamples", f"{c.bootstrap_seed}, {c.bootstrap_reps}")
     tasks = Table(title="per task")
@@ -274,7 +275,9 @@ def render_compare(comparison: Any) -> Group:
     for col in ("pairs", "paired", "wins", "losses", "ties", "excluded"):
         tasks.add_column(col)
     for name, p in c.per_task.items():
-        tasks.add_row(name.removeprefix("libero_"), *(str(x) for x in (p.n, p.paired, p.wins, p.losses, p.ties, p.n - p.paired)))
+        pt = p.versus.pairs
+        tasks.add_row(name.removeprefix("libero_"), *(str(x) for x in (
+            p.n, pt.k, pt.first_only, pt.second_only, pt.both_success + pt.both_fail, p.n - pt.k)))
     sides = Table(title="each side over all its episodes")
     for col in ("side", "episodes", "success", "failure", "unknown", "unexecuted", "success rate"):
         sides.add_column(col)

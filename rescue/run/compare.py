@@ -3,11 +3,8 @@
 Each side runs as its own evaluation study over one shared episode manifest
 (`a/` and `b/` under the comparison folder): same suite, tasks, initial states,
 env and policy seeds, on the same engine and journal, so claim-before-run and
-resume hold for both. Pairs are matched by episode id. A pair enters the
-paired figures only when both episodes completed and their initial-state
-fingerprints are equal; every other pair is counted and named, never dropped
-silently. Orientation: a *win* is a pair that B succeeded and A failed, and
-every difference is B minus A.
+resume hold for both. The pairing and the paired figures are pure
+(`rescue.core.comparison`); this module runs the two studies and reads them.
 """
 
 from __future__ import annotations
@@ -15,18 +12,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
+from rescue.core.comparison import SIDES, Comparison, Episode, compare_episodes
 from rescue.core.config import StudyConfig, load_config
-from rescue.core.evaluation import EvalSummary, episode_cases, summarize_labels
+from rescue.core.evaluation import episode_cases
 from rescue.core.manifest import parse_manifest
-from rescue.core.records import EpisodeLabel, Verdict
-from rescue.core.stats import block_bootstrap_ci, mcnemar_exact, paired_diff_ci
+from rescue.core.records import Verdict
 from rescue.run.engine import run_study
 from rescue.run.peers import resolved_config
 from rescue.study.files import write_atomic
@@ -38,237 +34,6 @@ log = structlog.get_logger()
 
 PLAN_FILE = "compare.json"
 RESULT_FILE = "comparison.json"
-SIDES = ("a", "b")
-
-# How a pair was treated, checked in this order (first match wins).
-PairStatus = Literal["unmatched", "unexecuted", "fingerprint_mismatch", "unknown", "paired"]
-EXCLUDED: tuple[PairStatus, ...] = ("fingerprint_mismatch", "unknown", "unexecuted", "unmatched")
-Outcome = Literal["win", "loss", "both_success", "both_fail"]
-
-
-# --- the pure part: pairing and paired figures -----------------------------------
-
-
-class Episode(BaseModel):
-    """One side's episode as the comparison sees it."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    case_id: str
-    """The episode's case id (the same on both sides)."""
-    task: str
-    """`suite/task_id`."""
-    group: str
-    """The manifest's group of the episode."""
-    label: EpisodeLabel | None = None
-    """success, failure or unknown; None: never run (unexecuted)."""
-    fingerprint: str | None = None
-    """The initial-state fingerprint of the run; None when it did not reset."""
-    result_sha256: str | None = None
-    """sha256 of the stored arm record (the journal's digest); None when none is stored."""
-
-
-class Pair(BaseModel):
-    """One episode id on both sides: how it was treated and, when paired, its outcome."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    case_id: str
-    """The episode's case id."""
-    task: str
-    """`suite/task_id`."""
-    group: str
-    """The manifest's group of the episode."""
-    status: PairStatus
-    """How the pair was treated: `paired`, or why it was excluded (first match of PairStatus's order)."""
-    outcome: Outcome | None = None
-    """win (B only succeeded), loss (A only), both_success or both_fail; None unless paired."""
-    reason: str
-    """One line saying why the pair got its status."""
-    a_label: str | None = None
-    """Side A's label; None: never run."""
-    b_label: str | None = None
-    """Side B's label; None: never run."""
-    a_fingerprint: str | None = None
-    """Side A's initial-state fingerprint; None when it did not reset."""
-    b_fingerprint: str | None = None
-    """Side B's initial-state fingerprint; None when it did not reset."""
-    a_result_sha256: str | None = None
-    """sha256 of side A's stored arm record; None when none is stored."""
-    b_result_sha256: str | None = None
-    """sha256 of side B's stored arm record; None when none is stored."""
-
-
-class PairCounts(BaseModel):
-    """Pairs of one slice: the paired outcomes and every excluded pair by reason."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    n: int = 0
-    """Every pair of the slice, excluded ones included."""
-    paired: int = 0
-    """Pairs in the paired figures (both sides ran, same fingerprint, neither unknown)."""
-    wins: int = 0
-    """B succeeded, A failed."""
-    losses: int = 0
-    """A succeeded, B failed."""
-    ties: int = 0
-    """both_success + both_fail."""
-    both_success: int = 0
-    """Both sides succeeded."""
-    both_fail: int = 0
-    """Both sides failed."""
-    fingerprint_mismatch: int = 0
-    """Excluded: the two sides' initial-state fingerprints differ."""
-    unknown: int = 0
-    """Excluded: either side's episode is unknown (infrastructure)."""
-    unexecuted: int = 0
-    """Excluded: either side never ran the episode."""
-    unmatched: int = 0
-    """Excluded: the episode id exists on one side only."""
-
-    def add(self, pair: Pair) -> None:
-        """Count one pair."""
-        self.n += 1
-        if pair.status != "paired":
-            setattr(self, pair.status, getattr(self, pair.status) + 1)
-            return
-        self.paired += 1
-        field = {"win": "wins", "loss": "losses", "both_success": "both_success", "both_fail": "both_fail"}[pair.outcome]
-        setattr(self, field, getattr(self, field) + 1)
-        self.ties = self.both_success + self.both_fail
-
-
-class Comparison(BaseModel):
-    """The paired figures of B against A, with every excluded pair counted and named."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    schema_version: Literal["rescue-comparison/1"] = "rescue-comparison/1"
-    """The format of this document (`comparison.json`); files written before it was versioned lack it."""
-    a_name: str = "A"
-    """Side A's name: its config file's stem and/or its policy."""
-    b_name: str = "B"
-    """Side B's name."""
-    counts: PairCounts
-    """The pairs over all episodes."""
-    a_rate: float | None
-    """A's success rate over the paired episodes (0-1); None when none is paired."""
-    b_rate: float | None
-    """B's success rate over the paired episodes (0-1); None when none is paired."""
-    diff: float | None
-    """b_rate - a_rate; None when none is paired."""
-    mcnemar_p: float
-    """Exact McNemar p-value on wins and losses (two-sided binomial test)."""
-    confidence: float
-    """The confidence level of both intervals (e.g. 0.95)."""
-    newcombe_ci: tuple[float, float] | None
-    """Newcombe's square-and-add interval of diff, paired, analytic; None when none is paired."""
-    bootstrap_ci: tuple[float, float] | None
-    """Percentile interval of diff resampling whole tasks; None when none is paired."""
-    bootstrap_seed: int
-    """The block bootstrap's seed."""
-    bootstrap_reps: int
-    """The block bootstrap's resamples."""
-    a: EvalSummary
-    """Side A over all its episodes, unknown and unexecuted included (fixed denominator)."""
-    b: EvalSummary
-    """Side B over all its episodes, unknown and unexecuted included (fixed denominator)."""
-    per_task: dict[str, PairCounts] = Field(default_factory=dict)
-    """The pairs per task (`suite/task_id`)."""
-    per_group: dict[str, PairCounts] = Field(default_factory=dict)
-    """The pairs per manifest group."""
-    excluded: dict[str, list[str]] = Field(default_factory=dict)
-    """Excluded episode ids by status."""
-    pairs: list[Pair] = Field(default_factory=list)
-    """Every pair, in manifest order."""
-
-
-def _pair(case_id: str, a: Episode | None, b: Episode | None) -> Pair:
-    ref = a or b
-    assert ref is not None
-    fields = dict(
-        case_id=case_id, task=ref.task, group=ref.group,
-        a_label=a.label if a else None, b_label=b.label if b else None,
-        a_fingerprint=a.fingerprint if a else None, b_fingerprint=b.fingerprint if b else None,
-        a_result_sha256=a.result_sha256 if a else None, b_result_sha256=b.result_sha256 if b else None,
-    )
-    if a is None or b is None:
-        return Pair(status="unmatched", reason=f"only on side {'a' if a else 'b'}", **fields)
-    if a.task != b.task:
-        return Pair(status="unmatched", reason=f"task {a.task} on side a, {b.task} on side b", **fields)
-    if a.label is None or b.label is None:
-        missing = [side for side, ep in (("a", a), ("b", b)) if ep.label is None]
-        return Pair(status="unexecuted", reason=f"never run on side {' and '.join(missing)}", **fields)
-    # As in DESIGN §3, a deviation is decided before anything else about the episodes.
-    if a.fingerprint and b.fingerprint and a.fingerprint != b.fingerprint:
-        return Pair(status="fingerprint_mismatch", reason="initial-state fingerprints differ", **fields)
-    if "unknown" in (a.label, b.label):
-        sides = [side for side, ep in (("a", a), ("b", b)) if ep.label == "unknown"]
-        return Pair(status="unknown", reason=f"unknown on side {' and '.join(sides)}", **fields)
-    if not a.fingerprint or not b.fingerprint:
-        return Pair(status="fingerprint_mismatch", reason="a completed episode has no fingerprint", **fields)
-    a_ok, b_ok = a.label == "success", b.label == "success"
-    outcome: Outcome = "win" if b_ok and not a_ok else "loss" if a_ok and not b_ok else "both_success" if a_ok else "both_fail"
-    return Pair(status="paired", outcome=outcome, reason="fingerprints match, both completed", **fields)
-
-
-def pair_episodes(a: Sequence[Episode], b: Sequence[Episode]) -> list[Pair]:
-    """Match episodes by id (A's order, then B-only ids) and decide how each pair is treated."""
-    for side, episodes in (("a", a), ("b", b)):
-        ids = [e.case_id for e in episodes]
-        if len(ids) != len(set(ids)):
-            raise ValueError(f"side {side} lists an episode twice")
-    by_a = {e.case_id: e for e in a}
-    by_b = {e.case_id: e for e in b}
-    order = list(by_a) + [case_id for case_id in by_b if case_id not in by_a]
-    return [_pair(case_id, by_a.get(case_id), by_b.get(case_id)) for case_id in order]
-
-
-def compare_episodes(
-    a: Sequence[Episode],
-    b: Sequence[Episode],
-    seed: int = 0,
-    reps: int = 2000,
-    confidence: float = 0.95,
-    names: tuple[str, str] = ("A", "B"),
-) -> Comparison:
-    """Pair two sides' episodes and compute wins, losses, ties, McNemar and both intervals."""
-    pairs = pair_episodes(a, b)
-    counts = PairCounts()
-    per_task: dict[str, PairCounts] = {}
-    per_group: dict[str, PairCounts] = {}
-    excluded: dict[str, list[str]] = {status: [] for status in EXCLUDED}
-    for pair in pairs:
-        for bucket in (counts, per_task.setdefault(pair.task, PairCounts()), per_group.setdefault(pair.group, PairCounts())):
-            bucket.add(pair)
-        if pair.status != "paired":
-            excluded[pair.status].append(pair.case_id)
-    paired = [p for p in pairs if p.status == "paired"]
-    n = counts.paired
-    a_wins = counts.losses + counts.both_success
-    b_wins = counts.wins + counts.both_success
-    blocks = [(p.task, p.a_label == "success", p.b_label == "success") for p in paired]
-    return Comparison(
-        a_name=names[0],
-        b_name=names[1],
-        counts=counts,
-        a_rate=a_wins / n if n else None,
-        b_rate=b_wins / n if n else None,
-        diff=(b_wins - a_wins) / n if n else None,
-        mcnemar_p=mcnemar_exact(counts.wins, counts.losses),
-        confidence=confidence,
-        newcombe_ci=paired_diff_ci(counts.wins, counts.losses, n, confidence, both_success=counts.both_success) if n else None,
-        bootstrap_ci=block_bootstrap_ci(blocks, seed, reps, confidence) if n else None,
-        bootstrap_seed=seed,
-        bootstrap_reps=reps,
-        a=summarize_labels((e.task, e.group, e.label) for e in a),
-        b=summarize_labels((e.task, e.group, e.label) for e in b),
-        per_task=dict(sorted(per_task.items())),
-        per_group=dict(sorted(per_group.items())),
-        excluded={k: v for k, v in excluded.items() if v},
-        pairs=pairs,
-    )
 
 
 # --- the shell: two evaluation studies on one episode manifest ---------------------
