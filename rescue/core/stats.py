@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -221,7 +222,27 @@ class ArmFigures(BaseModel):
     such comparison for the sham arm."""
 
 
-class Breakdown(BaseModel):
+class JudgedArms(BaseModel):
+    """The base of a summary and of its breakdowns: the figures of the arms judged besides the primary (`arms`)
+    and the comparisons between arms (`comparisons`), with their finders. It holds no field of its own: each
+    subclass declares both where its records have always had them."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    if TYPE_CHECKING:  # declared by each subclass, so that its fields keep their order
+        arms: list[ArmFigures]
+        comparisons: list[PairedComparison]
+
+    def figures_of(self, arm: str) -> ArmFigures | None:
+        """The figures of one judged arm (None: no such arm here)."""
+        return next((f for f in self.arms if f.arm == arm), None)
+
+    def comparison(self, first: str, second: str) -> PairedComparison | None:
+        """The comparison of two arms (either order asked), or None when none is made here."""
+        return next((c for c in self.comparisons if (c.first, c.second) in ((first, second), (second, first))), None)
+
+
+class Breakdown(JudgedArms):
     """Counts of one group or task."""
 
     model_config = ConfigDict(use_attribute_docstrings=True)
@@ -255,7 +276,7 @@ class Reproduction(BaseModel):
     """failed / controls, a fraction; None when no control run completed."""
 
 
-class Summary(ArmFigures):
+class Summary(ArmFigures, JudgedArms):
     """The fixed-denominator summary of a study's main cohort (DESIGN §3): the primary arm's figures against
     control (the study's answer), every other arm's, and the comparisons between arms."""
 
@@ -285,11 +306,17 @@ class Summary(ArmFigures):
         primary = ArmFigures.model_validate({f: getattr(self, f) for f in ArmFigures.model_fields})
         return [primary, *self.arms]
 
+    def figures_of(self, arm: str) -> ArmFigures | None:
+        """The figures of one judged arm, the primary's included (None: the study has no such arm)."""
+        return next((f for f in self.figures() if f.arm == arm), None)
+
     def comparison(self, first: str, second: str) -> PairedComparison | None:
-        """The comparison of two arms (either order asked), or None when the study makes none."""
+        """The comparison of two arms (either order asked; against control, the arm's own), or None when the
+        study makes none."""
         if second == "control":
-            return next((f.versus_control for f in self.figures() if f.arm == first), None)
-        return next((c for c in self.comparisons if (c.first, c.second) in ((first, second), (second, first))), None)
+            figures = self.figures_of(first)
+            return figures.versus_control if figures is not None else None
+        return super().comparison(first, second)
 
 
 def ranked(figures: Sequence[ArmFigures]) -> list[ArmFigures]:

@@ -48,16 +48,6 @@ def arm_name(arm: str) -> str:
     return shown(arm)
 
 
-def arm_figures(figures: Iterable[Any], arm: str) -> Any:
-    """The figures of one arm among a summary's (None: the study has no such arm)."""
-    return next((f for f in figures if f.arm == arm), None)
-
-
-def comparison(comparisons: Iterable[Any], first: str, second: str) -> Any:
-    """The paired comparison of `first` against `second` (None: none was made)."""
-    return next((c for c in comparisons if (c.first, c.second) == (first, second)), None)
-
-
 def pair_of(pairs: Iterable[Any], row: str, col: str) -> Any:
     """The comparison of two advisors (by name) in either order."""
     by = {(arm_name(q.first), arm_name(q.second)): q for q in pairs}
@@ -72,8 +62,8 @@ def _helpers() -> dict[str, Any]:
     return {
         "LABELS": LABELS, "ranked": ranked, "significance_reading": significance_reading,
         "level": lambda confidence: f"{round(confidence * 100)}%",
-        "arm_name": arm_name, "shown_keys": lambda by_arm: {shown(a): u for a, u in by_arm.items()}, "arm_figures": arm_figures, "comparison": comparison, "pair_of": pair_of,
-        "any_sham": lambda rows: any(arm_figures(b.arms, "sham") is not None for b in rows.values()),
+        "arm_name": arm_name, "shown_keys": lambda by_arm: {shown(a): u for a, u in by_arm.items()}, "pair_of": pair_of,
+        "any_sham": lambda rows: any(b.figures_of("sham") is not None for b in rows.values()),
         "infos_by_arm": lambda infos: {a.arm: a for a in infos or []}, "path_plot": path_plot, "static": static,
     }
 
