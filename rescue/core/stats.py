@@ -223,13 +223,10 @@ class ArmFigures(BaseModel):
 
 
 class JudgedArms(BaseModel):
-    """The base of a summary and of its breakdowns: the figures of the arms judged besides the primary (`arms`)
-    and the comparisons between arms (`comparisons`), with their finders. It holds no field of its own: each
-    subclass declares both where its records have always had them."""
+    """What a summary and its breakdowns share: the other judged arms' figures and the comparisons between arms,
+    with their finders (each subclass declares both fields, where its records have always had them)."""
 
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    if TYPE_CHECKING:  # declared by each subclass, so that its fields keep their order
+    if TYPE_CHECKING:  # not fields here: a subclass's fields keep their order
         arms: list[ArmFigures]
         comparisons: list[PairedComparison]
 
