@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import time
 from pathlib import Path
 from typing import Callable, Literal
@@ -109,9 +110,9 @@ def resume(
     `lab_budget`: a new cap for the lab budget the study declared (its `[vlm] lab_budget` otherwise).
     """
     study_dir = Path(study_dir)
+    if lab_budget is not None and not (math.isfinite(lab_budget) and lab_budget > 0):
+        raise ConfigError(f"--lab-budget {lab_budget:g}: a cap is a finite positive amount")
     config = _ready_to_go_on(study_dir, "resume that study instead")
-    if lab_budget is not None and lab_budget <= 0:
-        raise ConfigError(f"--lab-budget {lab_budget:g}: a cap is a positive amount")
     if lab_budget is not None and config.vlm.lab_budget is None:
         raise ConfigError(f"{study_dir} declares no lab budget ([vlm] lab_budget); --lab-budget changes the cap of one")
     backend.connect(config.env.simulators)
