@@ -13,7 +13,7 @@ from typing import Callable, Literal
 from pydantic import BaseModel, ConfigDict
 
 from rescue.core.catalog import format_ids
-from rescue.core.config import ConfigError, StudyConfig
+from rescue.core.config import ConfigError, StudyConfig, work_problems
 from rescue.core.digest import digest_json, digest_text
 from rescue.core.episode_protocol import get_protocol
 from rescue.core.evaluation import EvalSummary, case_id_of, episode_cases, failure_cases, mark_pilot, summarize_eval
@@ -28,6 +28,7 @@ from rescue.study import logs
 from rescue.study.files import write_manifest
 from rescue.study.folder import StudyError, create_study, load_study_config, new_study_dir, open_journal, study_outcome
 from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, Journal
+from rescue.study.ledger import check_ledger
 from rescue.study.layout import STUDIES, StudyLayout
 from rescue.study.owner import own_study
 
@@ -55,10 +56,17 @@ def _run(
 def new_study(study_dir: Path | None, manifest: Manifest, config: StudyConfig, extra_meta: dict | None = None) -> Path:
     """Fix the study's identity against its policy server, then create its folder (nothing on failure)."""
     study_dir = Path(study_dir) if study_dir else new_study_dir()
-    problem = config.sham.by_task_problem(c.task for c in manifest.cases)
+    horizons = [c.horizon for c in manifest.cases]
+    problem = config.sham.by_task_problem(c.task for c in manifest.cases) or work_problems(config, horizons)
     if problem is not None:
         raise ConfigError(problem)
-    create_study(study_dir, manifest, asyncio.run(resolved_config(config)), extra_meta)
+    if config.vlm.lab_budget is not None:
+        check_ledger(config.vlm.lab_ledger)  # a ledger that cannot be used is named before the study exists
+    resolved = asyncio.run(resolved_config(config))
+    problem = work_problems(resolved, horizons)  # C is known now: a query point that cannot fire
+    if problem is not None:
+        raise ConfigError(problem)
+    create_study(study_dir, manifest, resolved, extra_meta)
     return study_dir
 
 

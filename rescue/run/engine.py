@@ -523,13 +523,13 @@ def settle(journal: Journal, config: StudyConfig, receipts_path: Path, reason: s
     return ids
 
 
-def recover(study_dir: Path) -> list[str]:
-    """Turn started-unfinished cases into `unknown` (reason: interrupted); return their ids."""
+def recover(study_dir: Path, reason: str = "interrupted") -> list[str]:
+    """Turn started-unfinished cases into `unknown` (with `reason`); return their ids."""
     layout = StudyLayout.of(study_dir)
     config = load_study_config(layout.root)
     journal = Journal.open(layout.root)
     try:
-        return settle(journal, config, layout.receipts)
+        return settle(journal, config, layout.receipts, reason)
     finally:
         journal.close()
 

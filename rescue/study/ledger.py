@@ -107,6 +107,10 @@ class LedgerTotals(BaseModel):
     """Holds open now (one per call still to come of a case in flight)."""
 
 
+class LedgerError(StudyError):
+    """The lab's ledger cannot be used: one line naming its file (bad input, exit 2)."""
+
+
 class BudgetReached(StudyError):
     """The lab budget leaves no room for the next case's calls (or cannot be kept): the study stops claiming."""
 
@@ -147,11 +151,29 @@ class Ledger:
     """A handle on the lab's ledger; one SQLite connection, safe to share across threads."""
 
     def __init__(self, path: Path, readonly: bool = False):
+        """Open (and, writable, create) the ledger; LedgerError naming the file when it cannot be used (not a
+        regular file, not SQLite, another schema, read-only, its folder not a folder)."""
         self.path = Path(path)
         self._lock = threading.RLock()
+        if self.path.exists() and not self.path.is_file():
+            # A FIFO would block the open; a folder is no ledger either.
+            raise LedgerError(f"{self.path}: the lab's ledger is not a regular file")
+        try:
+            self._open(readonly)
+        except (sqlite3.Error, OSError, LedgerError) as exc:
+            conn = getattr(self, "_conn", None)
+            if conn is not None:
+                conn.close()
+            if isinstance(exc, LedgerError):
+                raise
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise LedgerError(f"{self.path}: the lab's ledger cannot be used ({why})") from None
+
+    def _open(self, readonly: bool) -> None:
         if readonly:
             self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
                                          isolation_level=None, check_same_thread=False)
+            self._check_version()
             return
         new_dir = not self.path.parent.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,9 +190,12 @@ class Ledger:
                 conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         if new_dir:
             fsync_dir(self.path.parent.parent)  # the new folder's entry, beside the studies
+        self._check_version()
+
+    def _check_version(self) -> None:
         version = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if version is None or int(version[0]) != SCHEMA_VERSION:
-            raise StudyError(f"{self.path}: ledger schema {version and version[0]!r}, expected {SCHEMA_VERSION}")
+        if version is None or str(version[0]) != str(SCHEMA_VERSION):
+            raise LedgerError(f"{self.path}: ledger schema {version and version[0]!r}, expected {SCHEMA_VERSION}")
 
     def close(self) -> None:
         """Close the connection."""
@@ -393,6 +418,12 @@ def _arm_cost(arm: str, vlm: VLMConfig) -> ArmCost:
         raise ValueError(f"arm {arm}: a lab budget needs a declared price")
     return ArmCost(arm=arm, model=vlm.model, endpoint=endpoint_host(vlm.base_url), price=vlm.price,
                    max_output_tokens=vlm.max_output_tokens)
+
+
+def check_ledger(folder: str | os.PathLike[str] | None) -> None:
+    """Open (creating it on first use) and check a lab's ledger before a study that counts into it is created;
+    LedgerError naming the file when it cannot be used."""
+    Ledger(ledger_path(folder)).close()
 
 
 def read_ledger(folder: str | os.PathLike[str] | None = None) -> LedgerTotals | None:
