@@ -19,7 +19,8 @@ from report_studies import build_report_study
 from rescue.core.config import ConfigError, StudyConfig, TokenPrice, validate_config
 from rescue.core.manifest import parse_manifest
 from rescue.study.folder import create_study, load_study_config
-from rescue.study.ledger import ArmCost, BudgetReached, Ledger, LedgerTotals, case_calls, ledger_path, read_ledger
+from rescue.study import ledger as lab_ledger
+from rescue.study.ledger import ArmCost, BudgetReached, Ledger, LedgerTotals, ledger_path, read_ledger
 from rescue.study.usage import CallCost, call_costs
 
 pytestmark = pytest.mark.fast
@@ -163,15 +164,15 @@ def test_a_case_holds_every_call_it_can_make_and_each_call_releases_one_hold(tmp
         "vlm": {"price": price, "lab_budget": 100.0}, "continuations": 3,
         "query_point": [{"name": "early", "fraction": 0.25}, {"name": "late", "fraction": 0.75}]})
     # One call per arm that asks at its own q: the advisor's and each query point's; the K continuations share them.
-    assert [arm for arm, _ in case_calls(config)] == ["assisted"] * 3
+    assert [arm for arm, _ in lab_ledger.case_calls(config)] == ["assisted"] * 3
     advisors = StudyConfig.model_validate({
         "vlm": {"lab_budget": 100.0}, "query_point": [{"name": "early", "fraction": 0.25}],
         "advisor": [{"name": "a", "price": price}, {"name": "b", "price": price}]})
     # The query point is the primary advisor's: its call is that advisor's.
-    assert [arm for arm, _ in case_calls(advisors)] == ["assisted:a", "assisted:b", "assisted:a"]
+    assert [arm for arm, _ in lab_ledger.case_calls(advisors)] == ["assisted:a", "assisted:b", "assisted:a"]
     ledger = Ledger(ledger_path(tmp_path / "receipts"))
     ledger.record(_call("seed"), [], "assisted")  # the estimate: 1.0 per call
-    arms = [ArmCost(arm=arm, model="m", endpoint="local", price=PRICE, max_output_tokens=None) for arm, _ in case_calls(config)]
+    arms = [ArmCost(arm=arm, model="m", endpoint="local", price=PRICE, max_output_tokens=None) for arm, _ in lab_ledger.case_calls(config)]
     ids = ledger.try_hold("/a", arms, cap=6.5)
     assert ids is not None and ledger.totals().held == pytest.approx(3.0)
     ledger.bind(ids, "case-1")

@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 
 from rescue import cli
 from rescue.core.config import ConfigError, load_config
-from rescue.service import keydocs
 from rescue.service.api import make_app
 from rescue.service.settings import load_service_config
 
@@ -275,6 +274,8 @@ def test_a_ledger_that_cannot_be_used_is_named_before_the_study_exists(tmp_path,
 
 
 def test_the_job_settable_keys_in_the_docs_are_the_codes():
+    from rescue.service import keydocs
+
     for path, text in keydocs.current().items():
         assert path.read_text(encoding="utf-8") == text, f"run `{keydocs.COMMAND}`"
     listed = keydocs.job_keys_markdown()
