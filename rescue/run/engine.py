@@ -258,7 +258,8 @@ class Engine:
         try:
             return await services.budget.hold(self._stopping)
         except BudgetReached as exc:
-            self.stop_study(str(exc))
+            if self.journal.counts().get("pending", 0):
+                self.stop_study(str(exc))  # else every case is claimed already: nothing was refused
             return None
 
     async def _unless_stopped(self, wait: Awaitable[Any]) -> Any:
@@ -467,7 +468,8 @@ class Engine:
         async def ask(case_id: str, instruction: str, remaining: int, views: dict) -> Answer:
             self.observer.vlm_waiting(+1)
             try:
-                answer = await vlm.ask(SubgoalRequest(case_id=case_id, instruction=instruction, remaining_steps=remaining, views=views))
+                answer = await vlm.ask(SubgoalRequest(case_id=case_id, instruction=instruction, remaining_steps=remaining,
+                                                      views=views, arm=arm))
             finally:
                 self.observer.vlm_waiting(-1)
             if donor:
