@@ -319,3 +319,15 @@ def _slow_client(port: int) -> bytes:
                 return received  # the server closed the connection
             received += chunk
             time.sleep(0)
+
+
+def test_rescue_run_refuses_more_arm_steps_than_a_study_may_ask_for_before_anything_exists(tmp_path):
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(
+        json.dumps({"case_id": f"c{t}-{i}", "suite": "libero_object", "task_id": t, "init_state_index": i,
+                    "env_seed": i, "horizon": 2800}) + "\n" for t in range(10) for i in range(12)))
+    config = _write(tmp_path / "study.toml", "continuations = 32\n")
+    code, err = _cli("run", str(manifest), "--study", str(tmp_path / "s"), "--config", str(config))
+    assert code == 2 and err == ["rescue: 120 cases × 64 arms per case, 336,000 horizon steps in all = 21,504,000 "
+                                 "arm-steps; the limit is 20,000,000"], err
+    assert not (tmp_path / "s").exists()
