@@ -165,7 +165,7 @@ def verdicts(root: Path, data: dict) -> dict[str, bool]:
     return out
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs())
 def test_the_three_surfaces_give_every_configuration_the_same_verdict(data):
     with tempfile.TemporaryDirectory() as tmp:
