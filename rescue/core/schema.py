@@ -34,20 +34,28 @@ MAX_ARMS_PER_CASE = 64
 MAX_ARM_STEPS = 20_000_000
 
 
+def number(value: float) -> str:
+    """A bound as the docs and refusals write it: a whole number with thousands separators, else `%g`."""
+    return f"{int(value):,}" if float(value).is_integer() and abs(value) < 1e19 else f"{value:g}"
+
+
 @dataclass(frozen=True)
 class Range:
-    """A number's documented range: above (or at) `low`, at most `high`."""
+    """A number's documented range: above (or at) `low`, below (or at) `high`."""
 
     low: float
     high: float
     low_open: bool = False
+    high_open: bool = False
 
     def holds(self, value: float) -> bool:
-        return (value > self.low if self.low_open else value >= self.low) and value <= self.high
+        return ((value > self.low if self.low_open else value >= self.low)
+                and (value < self.high if self.high_open else value <= self.high))
 
     def text(self) -> str:
-        low = f"above {self.low:g}" if self.low_open else f"at least {self.low:g}"
-        return f"{low} and at most {self.high:g}"
+        low = f"above {number(self.low)}" if self.low_open else f"at least {number(self.low)}"
+        high = f"below {number(self.high)}" if self.high_open else f"at most {number(self.high)}"
+        return f"{low} and {high}"
 
 
 # The VLM keys' ranges, for `[vlm]` and for each `[[advisor]]` table.
@@ -82,7 +90,7 @@ RANGES: dict[str, Range] = {
     "env.max_simulator_rss_gb": Range(0, 4096, low_open=True),
     "policy.replan_interval": Range(1, 100_000),
     "policy.processes": Range(0, 4096),
-    "query_points.fraction": Range(0, 1, low_open=True),
+    "query_points.fraction": Range(0, 1, low_open=True, high_open=True),
     **{f"vlm.{k}": r for k, r in _VLM_RANGES.items()},
     **{f"advisors.{k}": r for k, r in _VLM_RANGES.items() if k != "lab_budget"},
 }

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rescue.core.schema import MAX_ARM_STEPS, MAX_ARMS_PER_CASE, RANGES
+from rescue.core.schema import MAX_ARM_STEPS, MAX_ARMS_PER_CASE, RANGES, number
 from rescue.service.settings import JOB_KEYS, _SECTIONS
 
 COMMAND = "python -m rescue.service.keydocs"
@@ -36,9 +36,10 @@ def ranges_markdown() -> str:
     rows = ["| key | range |", "|---|---|"]
     for key in sorted(RANGES):
         r = RANGES[key]
-        low = f"> {r.low:g}" if r.low_open else f">= {r.low:g}"
+        low = f"> {number(r.low)}" if r.low_open else f">= {number(r.low)}"
+        high = f"< {number(r.high)}" if r.high_open else f"<= {number(r.high)}"
         rows.append(f"| `{key.replace('advisors.', '[[advisor]] ').replace('query_points.', '[[query_point]] ')}` "
-                    f"| {low}, <= {r.high:g} |")
+                    f"| {low}, {high} |")
     rows.append(f"| arms per case (arms × continuations) | <= {MAX_ARMS_PER_CASE:,} |")
     rows.append(f"| arm-steps of a study (cases' horizons × arms per case) | <= {MAX_ARM_STEPS:,} |")
     return "\n".join(rows)
