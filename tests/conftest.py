@@ -87,9 +87,9 @@ def case_states(study: Path) -> dict[str, str]:
         con.close()
 
 
-def kill_mid_study(args: list[str], study: Path, timeout: float = 300) -> None:
+def kill_mid_study(args: list[str], study: Path, timeout: float = 300, also=None) -> None:
     """Start `rescue ARGS` in its own process group and SIGKILL the group once `study`
-    has a finished case and a case in flight."""
+    has a finished case and a case in flight (and `also(states)` holds, when given)."""
     import signal
     import time
 
@@ -106,7 +106,7 @@ def kill_mid_study(args: list[str], study: Path, timeout: float = 300) -> None:
         while time.time() < deadline:
             if (study / "journal.sqlite").exists():
                 states = list(case_states(study).values())
-                if "finished" in states and "claimed" in states:
+                if "finished" in states and "claimed" in states and (also is None or also(case_states(study))):
                     return
             time.sleep(0.05)
         raise AssertionError(f"{study} never reached a finished case and a case in flight")

@@ -19,6 +19,7 @@ from report_studies import build_report_study
 from rescue.core.config import ConfigError, StudyConfig, TokenPrice, validate_config
 from rescue.core.manifest import parse_manifest
 from rescue.study.folder import create_study, load_study_config
+from rescue.study import ledger as lab_ledger
 from rescue.study.ledger import ArmCost, BudgetReached, Ledger, LedgerTotals, ledger_path, read_ledger
 from rescue.study.usage import CallCost, call_costs
 
@@ -155,3 +156,64 @@ def test_the_configuration_of_a_lab_budget(tmp_path, monkeypatch):
     assert stored.vlm.lab_ledger == str(tmp_path / "receipts")
     assert json.loads((tmp_path / "study" / "config.json").read_text())["vlm"]["lab_budget"] == 5.0
     assert StudyConfig().sha256() == StudyConfig(vlm={"lab_budget": None}).sha256()
+
+
+def test_a_case_holds_every_call_it_can_make_and_each_call_releases_one_hold(tmp_path):
+    price = {"input": 1000.0, "output": 0.0}
+    config = StudyConfig.model_validate({
+        "vlm": {"price": price, "lab_budget": 100.0}, "continuations": 3,
+        "query_point": [{"name": "early", "fraction": 0.25}, {"name": "late", "fraction": 0.75}]})
+    # One call per arm that asks at its own q: the advisor's and each query point's; the K continuations share them.
+    assert [arm for arm, _ in lab_ledger.case_calls(config)] == ["assisted"] * 3
+    advisors = StudyConfig.model_validate({
+        "vlm": {"lab_budget": 100.0}, "query_point": [{"name": "early", "fraction": 0.25}],
+        "advisor": [{"name": "a", "price": price}, {"name": "b", "price": price}]})
+    # The query point is the primary advisor's: its call is that advisor's.
+    assert [arm for arm, _ in lab_ledger.case_calls(advisors)] == ["assisted:a", "assisted:b", "assisted:a"]
+    ledger = Ledger(ledger_path(tmp_path / "receipts"))
+    ledger.record(_call("seed"), [], "assisted")  # the estimate: 1.0 per call
+    arms = [ArmCost(arm=arm, model="m", endpoint="local", price=PRICE, max_output_tokens=None) for arm, _ in lab_ledger.case_calls(config)]
+    ids = ledger.try_hold("/a", arms, cap=6.5)
+    assert ids is not None and ledger.totals().held == pytest.approx(3.0)
+    ledger.bind(ids, "case-1")
+    # Its first call drops one hold: the two calls still to come stay held.
+    ledger.record(_call("c1", "/a"), ["case-1"], "assisted")
+    assert (ledger.totals().holds, ledger.totals().held) == (2, pytest.approx(2.0))
+    # 2 spent + 2 held + 3 for the next case pass 6.5: refused, though a hold per case would have let it in.
+    with pytest.raises(BudgetReached, match="leaves no room"):
+        ledger.try_hold("/b", arms, cap=6.5)
+    ledger.record(_call("c2", "/a"), ["case-1"], "assisted")
+    ledger.record(_call("c2", "/a"), ["case-1"], "assisted")  # a call counted again releases nothing more
+    assert (ledger.totals().holds, ledger.totals().cost) == (1, 3.0)
+
+
+def test_the_unknown_holds_of_the_first_case_count_at_the_estimate_its_first_call_gives(tmp_path):
+    ledger = Ledger(ledger_path(tmp_path / "receipts"))
+    arms = [ARM, ARM, ARM]
+    first = ledger.try_hold("/a", arms, cap=5.0)
+    assert first is not None and ledger.totals().held == 0.0
+    ledger.bind(first, "case-1")
+    ledger.record(_call("c1", "/a"), ["case-1"], "assisted")
+    # Its two calls still to come are held at 1.0 each: 1 spent + 2 held leave room for 2, not for a case of 3.
+    assert ledger.totals().held == pytest.approx(2.0)
+    with pytest.raises(BudgetReached):
+        ledger.try_hold("/b", arms, cap=5.0)
+    assert ledger.try_hold("/b", [ARM, ARM], cap=5.0) is not None
+
+
+@pytest.mark.parametrize("cap", ["nan", "inf", "-1", "0"])
+def test_resume_refuses_a_cap_that_is_not_a_finite_positive_amount(tmp_path, cap):
+    manifest = parse_manifest(b'{"case_id": "a", "suite": "s", "task_id": 0, "init_state_index": 0, "env_seed": 0, '
+                              b'"horizon": 64}\n', "m.jsonl", catalog=None)
+    config = resolved_config(16, vlm={"lab_budget": 5.0, "price": {"input": 1.0, "output": 1.0},
+                                      "lab_ledger": str(tmp_path / "receipts")})
+    study = tmp_path / "study"
+    create_study(study, manifest, config)
+    before = sorted((p.name, p.stat().st_size) for p in study.rglob("*"))
+    out = subprocess.run([sys.executable, "-m", "rescue.cli", "resume", str(study), "--lab-budget", cap],
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                         timeout=HANG_S)
+    assert out.returncode == 2, out
+    assert out.stderr.strip().splitlines() == [f"rescue: --lab-budget {float(cap):g}: a cap is a finite positive amount"]
+    assert sorted((p.name, p.stat().st_size) for p in study.rglob("*")) == before
+    assert not (tmp_path / "receipts").exists()

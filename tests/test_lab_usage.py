@@ -116,3 +116,38 @@ def test_the_table_names_each_grouping(lab, monkeypatch):
     for title in ("per model", "per endpoint", "per study", "per day (UTC)", "all calls", "gpt-4.1-mini",
                   "not read: studies/broken"):
         assert title in text
+
+
+def test_usage_counts_a_copied_study_once_and_skips_naming_what_it_cannot_read(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    lab = tmp_path / "lab"
+    garbage = lab / "bad-ledger"
+    garbage.mkdir(parents=True)
+    (garbage / "ledger.sqlite").write_bytes(b"not a database" * 100)
+    build_report_study(lab / "studies" / "a", 6, sham="off", seed=5, vlm={"price": {"input": 2.0, "output": 8.0}})
+    shutil.copytree(lab / "studies" / "a", lab / "studies" / "a-backup")  # the same calls, the same ids
+    build_report_study(lab / "studies" / "budgeted", 4, sham="off", seed=6,
+                       vlm={"price": {"input": 2.0, "output": 8.0}, "lab_budget": 5.0, "lab_ledger": str(garbage)})
+    fifo = lab / "studies" / "fifo"
+    build_report_study(fifo, 4, sham="off", seed=7)
+    (fifo / "receipts" / "receipts.jsonl").unlink()
+    os.mkfifo(fifo / "receipts" / "receipts.jsonl")
+    out = subprocess.run([sys.executable, "-m", "rescue.cli", "usage", "--json"], cwd=lab, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    usage = json.loads(out.stdout)
+    own = export_study(lab / "studies" / "a").usage.calls
+    seen = {s["path"]: s for s in usage["studies"]}
+    assert seen["studies/a"]["counted_elsewhere"] == 0 and seen["studies/a-backup"]["counted_elsewhere"] == own
+    budgeted = export_study(lab / "studies" / "budgeted").usage.calls
+    assert usage["total"]["calls"] == own + budgeted  # the copy's calls once
+    skipped = usage["skipped"]
+    assert any(s.startswith(f"studies/fifo: {fifo / 'receipts' / 'receipts.jsonl'}: not a regular file") or
+               s.startswith("studies/fifo: studies/fifo/receipts/receipts.jsonl: not a regular file") for s in skipped), skipped
+    assert any(s.startswith(f"{garbage / 'ledger.sqlite'}: the lab's ledger cannot be used") for s in skipped), skipped

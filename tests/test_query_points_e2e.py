@@ -31,6 +31,18 @@ HORIZON = 64  # C = 8 (the embedded policy's): early at 16, the pre-registered q
 ASKS = {"assisted@early": 16, "assisted": 32, "assisted@late": 48, "sham": 32}
 
 
+def _outcomes(study) -> list[dict]:
+    path = study / "receipts" / "receipts.jsonl"
+    if not path.is_file():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+    return [r for r in lines if r.get("kind") == "outcome"]
+
+
+def _called(study, claimed: list[str]) -> bool:
+    return any(set(r["case_ids"]) & set(claimed) for r in _outcomes(study))
+
+
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("query-points")
@@ -38,7 +50,9 @@ def study(tmp_path_factory):
     config = tmp / "study.toml"
     config.write_text(CONFIG)
     study = tmp / "study"
-    kill_mid_study(["run", str(manifest), "--study", str(study), "--config", str(config), "--cases-in-flight", "1"], study)
+    # Killed once the case in flight has made a call: its interrupted case's calls must still be counted.
+    kill_mid_study(["run", str(manifest), "--study", str(study), "--config", str(config), "--cases-in-flight", "1"], study,
+                   also=lambda states: _called(study, [c for c, s in states.items() if s == "claimed"]))
     before, states = arm_rows(study), case_states(study)
     rescue_cli("resume", str(study))
     after = arm_rows(study)
@@ -80,6 +94,31 @@ def test_each_query_point_forks_from_the_one_prefix_and_asks_at_its_own_q(study)
     assert 'id="sec-query-points"' in page and 'data-figure="main.advisor.assisted@early.r"' in page
     panel = (study / "report_files" / "case" / f"{finished[0]['case_id']}.js").read_text().replace('\\"', '"')  # JS string
     assert 'data-advisor="assisted@early"' in panel and 'data-advisor="assisted@late"' in panel
+
+
+def test_the_per_query_point_usage_counts_every_call_the_interrupted_case_made_too(study, tmp_path):
+    study, before = study
+    interrupted = [c for c, s in before.items() if s == "claimed"]
+    calls = {r["call_id"]: r for r in _outcomes(study)}
+    theirs = [r for r in calls.values() if set(r["case_ids"]) & set(interrupted)]
+    assert theirs and all(r["arms"] for r in theirs)  # the receipt names the arm that asked
+    by_point = export_of(study)["usage_by_query_point"]
+    assert sum(u["calls"] for u in by_point.values()) == len(calls)  # one case per call: each counted once
+    # verify holds the per-query-point usage to the receipts: a call no arm claims is a problem.
+    copy = shutil.copytree(study, tmp_path / "stripped")
+    path = copy / "receipts" / "receipts.jsonl"
+    lines = path.read_text().splitlines()
+    gone = theirs[0]["call_id"]
+    stripped = []
+    for line in lines:
+        r = json.loads(line)
+        if r.get("call_id") == gone and r.get("kind") == "outcome":
+            r["arms"] = {}
+            line = json.dumps(r)
+        stripped.append(line)
+    path.write_text("\n".join(stripped) + "\n")
+    out = rescue_cli("verify", str(copy), check=False)
+    assert out.returncode == 1 and f"call {gone} of the primary advisor is no query point's arm's" in out.stdout
 
 
 @pytest.mark.parametrize("arm", ["assisted@early", "assisted@late"])

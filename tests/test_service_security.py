@@ -313,9 +313,10 @@ def test_what_could_only_fail_when_the_job_starts_is_refused_at_submission_and_n
     try:
         wait_up(port, proc)
         for config, words in [
-            ({"advisors": [{"name": "x"}], "advisors.x": 1}, "advisors.x: given both whole and key by key"),
-            ({"rules": 5, "rules.x": 1}, "rules.x: given both whole and key by key"),
-            ({"rules.x": 1, "rules": 5}, "rules: given both whole and key by key"),
+            ({"advisors": [{"name": "x"}], "advisors.x": 1}, "advisors.x: given both as a dotted key and in the table advisors"),
+            ({"rules": 5, "rules.x": 1}, "rules.x: given both as a dotted key and in the table rules"),
+            ({"rules.x": 1, "rules": 5}, "rules.x: given both as a dotted key and in the table rules"),
+            ({"vlm.model": "x", "vlm": {"model": "y"}}, "vlm.model: given both as a dotted key and in the table vlm"),
             ({"policy.observation": "openpi_libero"}, "no observation profile 'openpi_libero'; did you mean openpi-libero?"),
             ({"env": {"episode_protocol": "nosuch"}}, "no episode protocol 'nosuch' (built in: rescue, openpi, lerobot)"),
             # A task of the catalog the manifest does not hold is fine (a file shared by studies); a typo is not.

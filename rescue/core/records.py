@@ -370,6 +370,9 @@ class Receipt(BaseModel):
     advisor: str | None = None
     """The advisor (a named VLM configuration, DESIGN §11) the call was made for; None: a study of one `[vlm]`
     (and every receipt written before studies had several)."""
+    arms: dict[str, str] = Field(default_factory=dict)
+    """Case id -> the arm that asked for it (its base: `assisted`, `assisted@early`), so that a call counts for its
+    query point even when its case never finished; empty: not said (a receipt written before it was recorded)."""
 
 
 class CaseRecord(BaseModel):

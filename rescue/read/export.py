@@ -486,17 +486,25 @@ def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
     )
 
 
+def query_point_calls(records: StudyRecords, receipts: list[Receipt]) -> dict[str, set[str]]:
+    """The calls of each query point's arm (the pre-registered q's is the primary arm's), by call id: those its arm
+    records applied, and those its receipts say it asked (a case that never finished has no arm record)."""
+    config = records.config
+    out = {}
+    for arm in [config.primary_arm, *(a for a in config.arms if query_point_of(a))]:
+        calls = {by_arm[name].assistance.call_id for by_arm in records.arms.values() for name in by_arm
+                 if base_arm(name) == arm and by_arm[name].assistance.call_id}
+        out[arm] = calls | {r.call_id for r in receipts if arm in r.arms.values()}
+    return out
+
+
 def _usage_by_query_point(records: StudyRecords, receipts: list[Receipt]) -> dict[str, UsageSummary] | None:
     config = records.config
     if not config.query_points:
         return None
     primary = config.advisor_configs()[0][2]
-    out = {}
-    for arm in [config.primary_arm, *(a for a in config.arms if query_point_of(a))]:
-        calls = {by_arm[name].assistance.call_id for by_arm in records.arms.values() for name in by_arm
-                 if base_arm(name) == arm and by_arm[name].assistance.call_id}
-        out[arm] = usage_summary([r for r in receipts if r.call_id in calls], primary.price)
-    return out
+    return {arm: usage_summary([r for r in receipts if r.call_id in calls], primary.price)
+            for arm, calls in query_point_calls(records, receipts).items()}
 
 
 def read_export(path: str | os.PathLike[str]) -> StudyExport:

@@ -79,6 +79,9 @@ class StudySeen(BaseModel):
     """Its folder, as found under the folders given."""
     calls: int
     """Its VLM calls (an evaluation makes none)."""
+    counted_elsewhere: int = 0
+    """Of them, calls a study read before it holds too (a copy of its folder: the call ids are the same), counted
+    there only."""
 
 
 class LabUsage(BaseModel):
@@ -93,7 +96,7 @@ class LabUsage(BaseModel):
     studies: list[StudySeen]
     """Every study read, in the order found."""
     skipped: list[str] = Field(default_factory=list)
-    """Folders that look like studies and could not be read, each with why (one line)."""
+    """Folders that look like studies, and ledgers, that could not be read, each with why (one line)."""
     total: UsageGroup
     """Every call of every study."""
     by_model: list[UsageGroup]
@@ -165,6 +168,10 @@ def _grouped(calls: list[CallCost], field: str, keys: list[str] | None = None) -
     return [group(k, by[k]) for k in order if k in by]
 
 
+def _one_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
 def lab_usage(folders: Iterable[str | os.PathLike[str]], optional: Iterable[str | os.PathLike[str]] = ()) -> LabUsage:
     """Read every study under the folders; StudyError names a given folder that does not exist. `optional`
     folders are searched when they exist (the default `studies/`, the service's `queue/`)."""
@@ -174,17 +181,26 @@ def lab_usage(folders: Iterable[str | os.PathLike[str]], optional: Iterable[str 
             raise StudyError(f"{f}: no such folder")
     searched = given + [str(f) for f in optional if Path(f).is_dir() and str(f) not in given]
     studies, skipped, calls, ledgers = [], [], [], {}
+    seen: set[tuple[str, str]] = set()
     for study_dir in find_studies(searched):
         try:
             study_id, config, receipts = study_calls(study_dir)
         except (StudyError, OSError, ValueError) as exc:
-            skipped.append(f"{study_dir}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+            skipped.append(f"{study_dir}: {_one_line(exc)}")
             continue
         mine = [call_cost(config, r, str(study_dir)) for r in receipts]
-        studies.append(StudySeen(study=study_id, path=str(study_dir), calls=len(mine)))
-        calls += mine
+        # A call is counted once by its id, wherever its study's folder was copied (the ledger counts it so too).
+        new = [c for c in mine if (study_id, c.call_id) not in seen]
+        seen.update((study_id, c.call_id) for c in mine)
+        studies.append(StudySeen(study=study_id, path=str(study_dir), calls=len(mine),
+                                 counted_elsewhere=len(mine) - len(new)))
+        calls += new
         if config.vlm.lab_ledger is not None and config.vlm.lab_ledger not in ledgers:
-            ledgers[config.vlm.lab_ledger] = read_ledger(config.vlm.lab_ledger)
+            try:
+                ledgers[config.vlm.lab_ledger] = read_ledger(config.vlm.lab_ledger)
+            except StudyError as exc:
+                ledgers[config.vlm.lab_ledger] = None
+                skipped.append(_one_line(exc))
     return LabUsage(
         folders=searched, studies=studies, skipped=skipped, total=group("all", calls),
         by_model=_grouped(calls, "model"), by_endpoint=_grouped(calls, "endpoint"),

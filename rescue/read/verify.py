@@ -39,6 +39,7 @@ from rescue.study.folder import (
 )
 from rescue.study.journal import SUMMARY_KEY, Journal, stored_arm_digest
 from rescue.study.layout import CONFIG, MANIFEST, LayoutError, StudyLayout
+from rescue.study.usage import study_usage
 from rescue.study.receipts import (
     ReceiptLine,
     check_artifacts,
@@ -564,6 +565,32 @@ class _Verifier:
             if not r <= e <= m <= len(main):
                 self.problem("invariant", None, f"{what}s break R <= E <= M <= N: R={r} E={e} M={m} N={len(main)}")
 
+    def check_usage(self, records: StudyRecords) -> None:
+        """Per-advisor usage adds up to the study's, and every call of the primary advisor is some query point's arm's
+        (each call once, its tokens too): the per-arm and per-query-point tables sum to the receipts."""
+        from rescue.read.export import query_point_calls
+
+        receipts = list(records.receipts.values())
+        usage, by_advisor = study_usage(receipts, records.config)
+        self.checked["usage"] += 1
+        if by_advisor is not None:
+            calls = sum(u.calls for u in by_advisor.values())
+            tokens = {k: sum(u.tokens[k].known_sum for u in by_advisor.values()) for k in usage.tokens}
+            if calls != usage.calls or tokens != {k: t.known_sum for k, t in usage.tokens.items()}:
+                self.problem("usage", None, f"the advisors' usage counts {calls} calls ({tokens}), the receipts "
+                             f"{usage.calls}")
+        if not records.config.query_points:
+            return
+        primary = records.config.advisor_configs()[0][0]
+        theirs = {r.call_id for r in receipts if r.advisor == primary}
+        attributed = set().union(*query_point_calls(records, receipts).values())
+        for call_id in sorted(theirs - attributed):
+            self.problem("usage", None, f"call {call_id} of the primary advisor is no query point's arm's: the "
+                         "per-query-point usage leaves it out")
+        for call_id in sorted(attributed - theirs):
+            self.problem("usage", None, f"call {call_id} counted for a query point's arm has no outcome receipt "
+                         "of the primary advisor")
+
     def check_counts(self, cases: list[Case], states: dict[str, str]) -> None:
         counts = self.journal.counts()
         rows = self.journal.rows()
@@ -617,6 +644,7 @@ def verify_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
                 v.check_instructions(case, by_arm, config)
                 v.check_continuations(case, by_arm)
             if not config.is_evaluation:
+                v.check_usage(records)
                 v.check_invariant(records, stored, "stored")
                 v.check_invariant(records, fresh, "recomputed")
                 v.check_summary(records, fresh)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import time
 from pathlib import Path
 from typing import Callable, Literal
@@ -12,7 +13,7 @@ from typing import Callable, Literal
 from pydantic import BaseModel, ConfigDict
 
 from rescue.core.catalog import format_ids
-from rescue.core.config import ConfigError, StudyConfig
+from rescue.core.config import ConfigError, StudyConfig, work_problems
 from rescue.core.digest import digest_json, digest_text
 from rescue.core.episode_protocol import get_protocol
 from rescue.core.evaluation import EvalSummary, case_id_of, episode_cases, failure_cases, mark_pilot, summarize_eval
@@ -28,6 +29,7 @@ from rescue.study import logs
 from rescue.study.files import write_manifest
 from rescue.study.folder import StudyError, create_study, load_study_config, new_study_dir, open_journal, study_outcome
 from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, Journal
+from rescue.study.ledger import check_ledger
 from rescue.study.layout import STUDIES, StudyLayout
 from rescue.study.owner import own_study
 
@@ -55,10 +57,17 @@ def _run(
 def new_study(study_dir: Path | None, manifest: Manifest, config: StudyConfig, extra_meta: dict | None = None) -> Path:
     """Fix the study's identity against its policy server, then create its folder (nothing on failure)."""
     study_dir = Path(study_dir) if study_dir else new_study_dir()
-    problem = config.sham.by_task_problem(c.task for c in manifest.cases)
+    horizons = [c.horizon for c in manifest.cases]
+    problem = config.sham.by_task_problem(c.task for c in manifest.cases) or work_problems(config, horizons)
     if problem is not None:
         raise ConfigError(problem)
-    create_study(study_dir, manifest, asyncio.run(resolved_config(config)), extra_meta)
+    if config.vlm.lab_budget is not None:
+        check_ledger(config.vlm.lab_ledger)  # a ledger that cannot be used is named before the study exists
+    resolved = asyncio.run(resolved_config(config))
+    problem = work_problems(resolved, horizons)  # C is known now: a query point that cannot fire
+    if problem is not None:
+        raise ConfigError(problem)
+    create_study(study_dir, manifest, resolved, extra_meta)
     return study_dir
 
 
@@ -110,9 +119,9 @@ def resume(
     `lab_budget`: a new cap for the lab budget the study declared (its `[vlm] lab_budget` otherwise).
     """
     study_dir = Path(study_dir)
+    if lab_budget is not None and not (math.isfinite(lab_budget) and lab_budget > 0):
+        raise ConfigError(f"--lab-budget {lab_budget:g}: a cap is a finite positive amount")
     config = _ready_to_go_on(study_dir, "resume that study instead")
-    if lab_budget is not None and lab_budget <= 0:
-        raise ConfigError(f"--lab-budget {lab_budget:g}: a cap is a positive amount")
     if lab_budget is not None and config.vlm.lab_budget is None:
         raise ConfigError(f"{study_dir} declares no lab budget ([vlm] lab_budget); --lab-budget changes the cap of one")
     backend.connect(config.env.simulators)

@@ -211,7 +211,8 @@ class Engine:
         try:
             return await peers.budget.hold(self._stopping)
         except BudgetReached as exc:
-            self.stop_study(str(exc))
+            if self.journal.counts().get("pending", 0):
+                self.stop_study(str(exc))  # else every case is claimed already: nothing was refused
             return None
 
     async def _unless_stopped(self, wait: Awaitable[Any]) -> Any:
@@ -420,7 +421,8 @@ class Engine:
         async def ask(case_id: str, instruction: str, remaining: int, views: dict) -> Answer:
             self.observer.vlm_waiting(+1)
             try:
-                answer = await vlm.ask(SubgoalRequest(case_id=case_id, instruction=instruction, remaining_steps=remaining, views=views))
+                answer = await vlm.ask(SubgoalRequest(case_id=case_id, instruction=instruction, remaining_steps=remaining,
+                                                      views=views, arm=arm))
             finally:
                 self.observer.vlm_waiting(-1)
             if donor:
@@ -476,13 +478,13 @@ def settle(journal: Journal, config: StudyConfig, receipts_path: Path, reason: s
     return ids
 
 
-def recover(study_dir: Path) -> list[str]:
-    """Turn started-unfinished cases into `unknown` (reason: interrupted); return their ids."""
+def recover(study_dir: Path, reason: str = "interrupted") -> list[str]:
+    """Turn started-unfinished cases into `unknown` (with `reason`); return their ids."""
     layout = StudyLayout.of(study_dir)
     config = load_study_config(layout.root)
     journal = Journal.open(layout.root)
     try:
-        return settle(journal, config, layout.receipts)
+        return settle(journal, config, layout.receipts, reason)
     finally:
         journal.close()
 

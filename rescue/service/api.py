@@ -13,8 +13,9 @@ URL (a URL ends up in logs, histories and Referer headers); a POST must say
 `Content-Type: application/json`, which a cross-site form cannot send without
 the browser asking first (and nothing here answers that); without a key (on
 loopback only) a request must name a loopback host, so a page of another site
-that rebinds its name to 127.0.0.1 is refused; a body is bounded in size and
-nesting; and no answer holds an absolute path of the worker's host (the queue's
+that rebinds its name to 127.0.0.1 is refused; a body is bounded in size,
+nesting and the time it takes to arrive (BODY_TIMEOUT_S: a client that claims
+more than it sends is answered 408 and cut off); and no answer holds an absolute path of the worker's host (the queue's
 paths are relative to it, any other is cut to its last part).
 """
 
@@ -51,9 +52,12 @@ QUEUE = web.AppKey("queue", Path)
 API_KEY = web.AppKey("api_key", str)
 WORKER = web.AppKey("worker", object)
 SERVICE = web.AppKey("service", ServiceConfig)
+BODY_TIMEOUT = web.AppKey("body_timeout", float)
 
 # The largest body a POST may carry (the manifest reader's own limit is larger; a queue need not be).
 MAX_BODY = 16 * 1024 * 1024
+# Seconds a POST's body may take to arrive whole (a client that claims more than it sends is cut off).
+BODY_TIMEOUT_S = 30.0
 # The deepest nesting of a POST's JSON (a job's configuration needs five levels).
 MAX_DEPTH = 32
 # The tail of a job's log an answer carries at most.
@@ -165,8 +169,14 @@ def _parse(raw: bytes) -> Any:
 
 
 async def _body(request: web.Request) -> Any:
-    """The POST's JSON; 413 past MAX_BODY (aiohttp), 400 when it is not bounded JSON."""
-    raw = await request.read()
+    """The POST's JSON; 413 past MAX_BODY (aiohttp), 408 when it does not arrive whole within the body timeout
+    (a Content-Length that claims more than is sent holds no connection), 400 when it is not bounded JSON."""
+    try:
+        raw = await asyncio.wait_for(request.read(), request.app[BODY_TIMEOUT])
+    except asyncio.TimeoutError:
+        raise web.HTTPRequestTimeout(
+            text=json.dumps({"problems": [f"the body did not arrive whole within {request.app[BODY_TIMEOUT]:g} s"]}),
+            content_type="application/json", headers={"Connection": "close"}) from None
     try:
         return await asyncio.to_thread(_parse, raw)
     except ValueError as exc:
@@ -365,10 +375,12 @@ async def page(request: web.Request) -> web.Response:
 
 
 def make_app(queue: Path, api_key: str | None, worker: object | None = None,
-             service: ServiceConfig | None = None) -> web.Application:
+             service: ServiceConfig | None = None, body_timeout_s: float = BODY_TIMEOUT_S) -> web.Application:
     """The API application over a queue folder; `worker` (a service.worker.Worker) answers /healthz's running job,
-    `service` holds the choices a submitted job may make (default: the embedded ones)."""
+    `service` holds the choices a submitted job may make (default: the embedded ones); a POST's body must arrive
+    whole within `body_timeout_s`."""
     app = web.Application(middlewares=[_guard], client_max_size=MAX_BODY)
+    app[BODY_TIMEOUT] = body_timeout_s
     app[QUEUE] = Path(queue)
     app[API_KEY] = api_key or ""
     app[WORKER] = worker

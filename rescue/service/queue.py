@@ -29,7 +29,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rescue.core.config import ConfigError, StudyConfig
+from rescue.core.config import ConfigError, StudyConfig, work_problems
 from rescue.core.manifest import Manifest, parse_manifest, read_manifest_bytes
 from rescue.service.settings import (
     JobRequest,
@@ -115,6 +115,9 @@ class JobState(BaseModel):
     """One line for people: `starting`, `resuming`, `cancelled`, or the last line of the job's log; None at first."""
     cancel_requested: bool = False
     """Whether `cancel` asked the running job to drain (it then ends `stopped` and is never resumed)."""
+    killed_by: str | None = None
+    """The signal that ended the last run's child from outside (`SIGKILL`, ...), with `(out of memory)` when the
+    kernel's OOM killer sent it; its claimed cases were then made `unknown` with this reason. None: it exited."""
 
 
 @dataclass(frozen=True)
@@ -209,10 +212,11 @@ def validate_job(manifest_bytes: bytes, source: str, request: JobRequest, servic
 
     The job's choices must be the service's (`resolve_job`); the worker resolves them
     again when the job starts, under the service configuration it has then."""
-    resolve_job(request, service)
+    config = resolve_job(request, service)
     manifest = parse_manifest(manifest_bytes, source, catalog="libero")
     manifest.require_main_cohort()  # a job runs as `rescue run` without --pilot-run
-    problem = request.config.sham.by_task_problem(c.task for c in manifest.cases)
+    problem = (request.config.sham.by_task_problem(c.task for c in manifest.cases)
+               or work_problems(config, [c.horizon for c in manifest.cases], service.limits.arm_steps))
     if problem is not None:
         raise ConfigError(f"config: {problem}")
     return manifest

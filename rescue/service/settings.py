@@ -60,6 +60,7 @@ from rescue.core.config import (
     validate_config,
 )
 from rescue.core.prompts import DEFAULT_ROOT
+from rescue.core.schema import MAX_ARM_STEPS, MAX_ARMS_PER_CASE, mixed_keys_problem
 
 # The environment variable naming the service's configuration file (what `rescue serve` reads).
 SERVICE_CONFIG_ENV = "RESCUE_SERVICE_CONFIG"
@@ -203,6 +204,10 @@ class Limits(BaseModel):
     """Cases one job runs at once (`cases_in_flight`) at most."""
     image_size: int = Field(default=1024, gt=0)
     """Side of the views rendered for the VLM (`env.image_size`) at most, in pixels."""
+    arms_per_case: int = Field(default=MAX_ARMS_PER_CASE, gt=0, le=MAX_ARMS_PER_CASE)
+    """Arms one case of a job runs (its arms × its continuations) at most; at most the study's own bound."""
+    arm_steps: int = Field(default=MAX_ARM_STEPS, gt=0, le=MAX_ARM_STEPS)
+    """Arm-steps one job asks for (each case's horizon × its arms, summed) at most; at most the study's own bound."""
 
 
 def _embedded_endpoints() -> dict[str, Endpoint]:
@@ -370,8 +375,14 @@ def job_request(data: Any) -> JobRequest:
     """A job request from a configuration object (the API's `config`); ConfigError naming every refused key."""
     if not isinstance(data, Mapping):
         raise ConfigError("config: a JSON object of settings")
-    if "advisor" in data:  # TOML's [[advisor]] tables
-        data = {("advisors" if k == "advisor" else k): v for k, v in data.items()}
+    mixed = mixed_keys_problem(data)
+    if mixed is not None:
+        raise ConfigError(f"config: {mixed}")
+    tables = {"advisor": "advisors", "query_point": "query_points"}  # TOML's [[advisor]], [[query_point]] tables
+    for table, key in tables.items():
+        if table in data and key in data:
+            raise ConfigError(f"config: give [[{table}]] tables or {key}, not both")
+    data = {tables.get(k, k): v for k, v in data.items()}
     problems: list[str] = []
     choices: dict[str, str | None] = dict.fromkeys(CHOICE_KEYS)
     settings: dict[str, Any] = {}
@@ -490,7 +501,7 @@ def resolve_job(request: JobRequest, service: ServiceConfig) -> StudyConfig:
             problems.append(f"{key}: at most {most} on this service")
     if problems:
         raise ConfigError("config: " + "; ".join(problems))
-    return validate_config(data, "config")
+    return validate_config(data, "config", limits.arms_per_case)
 
 
 def _apply_endpoint(vlm: dict[str, Any], endpoint: Endpoint, given: set[str], where: str, problems: list[str]) -> None:

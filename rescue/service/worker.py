@@ -76,6 +76,8 @@ log = structlog.get_logger("rescue.service")
 
 # How long an orphaned child of a dead worker may take to drain before it is killed.
 ORPHAN_DRAIN_S = 600.0
+# How long the worker waits for a killed job's study lock (its simulators ending) before it leaves the cases claimed.
+SETTLE_WAIT_S = 60.0
 SERVE_INFO = "serve.json"
 SERVE_LOCK = ".serve.lock"
 # A job the service refuses at its start exits as bad input does.
@@ -252,6 +254,7 @@ class Worker:
                 *args, stdin=asyncio.subprocess.PIPE, stdout=out, stderr=asyncio.subprocess.STDOUT, env=env,
                 start_new_session=True,
             )
+        oom_kills = _oom_kills()
         assert self._proc.stdin is not None
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             self._proc.stdin.write((config_json or "").encode())
@@ -270,7 +273,7 @@ class Worker:
         code = self._proc.returncode
         self._proc = None
         self.current = None
-        await asyncio.to_thread(self._record, job, code)
+        await asyncio.to_thread(self._record, job, code, oom_kills != _oom_kills())
 
     @staticmethod
     def _drain_study(job: Job) -> bool:
@@ -280,10 +283,17 @@ class Worker:
             journal.request_drain()
         return True
 
-    def _record(self, job: Job, code: int) -> None:
+    def _record(self, job: Job, code: int, oom: bool = False) -> None:
         cancelled = job.layout.cancel.exists()
         now = time.time()
-        if code in (EXIT_OK, EXIT_ALL_UNKNOWN):
+        killed = None
+        if code < 0 and not (self.stopping.is_set() and code == -signal.SIGTERM):
+            # Killed from outside (the kernel's OOM killer, a kill -9): its claimed cases become unknown, saying so.
+            killed = _signal_name(-code) + (" (out of memory)" if oom and code == -signal.SIGKILL else "")
+            settled = self._settle_killed(job, killed)
+            state, message = "stopped", (f"the job's process was killed by {killed}; "
+                                         f"{len(settled)} claimed case(s) recorded as unknown")
+        elif code in (EXIT_OK, EXIT_ALL_UNKNOWN):
             state, message = "finished", _last_line(job.layout.log, "finished")
         elif self.stopping.is_set() and not cancelled and code in (EXIT_STOPPED, -signal.SIGTERM):
             # The service was stopped, not the job: it is resumed at the next start.
@@ -293,9 +303,51 @@ class Worker:
         else:
             state, message = "stopped", _last_line(job.layout.log, f"exited {code}")
         with queue_lock(self.queue):
-            write_state(job, state=state, pid=None, exit_code=code, message=message,
+            write_state(job, state=state, pid=None, exit_code=code, message=message, killed_by=killed,
                         finished_at=now if state != "queued" else None)
-        log.info("serve.job_ended", job=job.spec.job_id, state=state, exit_code=code)
+        log.info("serve.job_ended", job=job.spec.job_id, state=state, exit_code=code, killed_by=killed)
+
+    @staticmethod
+    def _settle_killed(job: Job, killed: str) -> list[str]:
+        """The claimed cases of a job whose child was killed: `unknown`, their reason naming the signal."""
+        from rescue.run.engine import recover
+
+        if not StudyLayout.of(job.layout.study).is_study():
+            return []
+        # Its simulators may hold the study's lock a moment longer (they end with their parent): wait, never steal.
+        deadline = time.monotonic() + SETTLE_WAIT_S
+        while True:
+            try:
+                with own_study(job.layout.study):
+                    return recover(job.layout.study, reason=f"interrupted: the job's process was killed by {killed}")
+            except StudyBusy as exc:
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                log.error("serve.job_not_settled", job=job.spec.job_id, error=str(exc))
+            except StudyError as exc:
+                log.error("serve.job_not_settled", job=job.spec.job_id, error=str(exc))
+            return []
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer ended in this process's cgroup so far (None: not known)."""
+    try:
+        group = Path("/proc/self/cgroup").read_text().strip().splitlines()[-1].split(":", 2)[2]
+        for line in (Path("/sys/fs/cgroup") / group.lstrip("/") / "memory.events").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, IndexError, ValueError):
+        return None
+    return None
 
 
 def _last_line(path: Path, default: str) -> str:

@@ -7,15 +7,23 @@ studies run by several processes share it safely. It holds two things:
 - **calls**: one row per VLM call of a budgeted study (by its call id, so a call is never counted
   twice), with its token counts and its cost under the study's declared price. The study's receipts
   stay the evidence; the ledger is what the cap is kept against.
-- **holds**: before a study claims a case it holds, for each of the case's VLM arms, the estimated
+- **holds**: before a study claims a case it holds, for every call the case can make, the estimated
   cost of one call (the dearest call per case this model and endpoint have made, its output bounded
-  by `max_output_tokens` when set). The check (spent + held + this case's estimate <= cap) and the
-  holds are one transaction: two studies cannot both pass a check only one of them fits. A call's
-  row replaces its hold in one transaction, and a case's leftover holds (an arm that never asked)
-  go when the case ends.
+  by `max_output_tokens` when set). A case calls once per arm that asks at its own q: each advisor's
+  arm and each declared query point's arm (`case_calls`); the K continuations of an arm share its
+  call. The check (spent + held + this case's estimates <= cap) and the holds are one transaction:
+  two studies cannot both pass a check only one of them fits. Each call's row replaces one of its
+  case's holds in one transaction (per call, not per case), and a case's leftover holds (an arm that
+  never asked) go when the case ends.
 
 Before the first call of a model at an endpoint its cost is unknown: one case at a time holds an
-unknown amount, the others wait for its call. A process that died leaves holds: they are dropped
+unknown amount, the others wait for its call; once that call is counted, the case's other unknown
+holds count at the estimate it gives.
+
+The bound: an admission never lets spent + held pass the cap, so the ledger's total passes it only
+by what the calls in flight at the moment of the refusal cost beyond their holds (a call dearer than
+any before it, or the calls of the one case admitted while the model's cost was unknown): at most
+the cost of those calls. A process that died leaves holds: they are dropped
 once its study's receipts are counted into the ledger (a call written to the receipts but not yet
 to the ledger is found there), by the next admission on the same machine.
 """
@@ -36,7 +44,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from rescue.core.config import StudyConfig, TokenPrice, VLMConfig, endpoint_host
-from rescue.core.arms import advisor_arm
+from rescue.core.arms import advisor_arm, base_arm, is_assisted
 from rescue.core.records import Receipt
 from rescue.study.files import fsync_dir
 from rescue.study.folder import StudyError
@@ -98,7 +106,11 @@ class LedgerTotals(BaseModel):
     held: float
     """The estimated cost of the calls of cases in flight, held against the cap."""
     holds: int
-    """Holds open now (one per VLM arm of a case in flight)."""
+    """Holds open now (one per call still to come of a case in flight)."""
+
+
+class LedgerError(StudyError):
+    """The lab's ledger cannot be used: one line naming its file (bad input, exit 2)."""
 
 
 class BudgetReached(StudyError):
@@ -131,11 +143,29 @@ class Ledger:
     """A handle on the lab's ledger; one SQLite connection, safe to share across threads."""
 
     def __init__(self, path: Path, readonly: bool = False):
+        """Open (and, writable, create) the ledger; LedgerError naming the file when it cannot be used (not a
+        regular file, not SQLite, another schema, read-only, its folder not a folder)."""
         self.path = Path(path)
         self._lock = threading.RLock()
+        if self.path.exists() and not self.path.is_file():
+            # A FIFO would block the open; a folder is no ledger either.
+            raise LedgerError(f"{self.path}: the lab's ledger is not a regular file")
+        try:
+            self._open(readonly)
+        except (sqlite3.Error, OSError, LedgerError) as exc:
+            conn = getattr(self, "_conn", None)
+            if conn is not None:
+                conn.close()
+            if isinstance(exc, LedgerError):
+                raise
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise LedgerError(f"{self.path}: the lab's ledger cannot be used ({why})") from None
+
+    def _open(self, readonly: bool) -> None:
         if readonly:
             self._conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
                                          isolation_level=None, check_same_thread=False)
+            self._check_version()
             return
         new_dir = not self.path.parent.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -152,9 +182,12 @@ class Ledger:
                 conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         if new_dir:
             fsync_dir(self.path.parent.parent)  # the new folder's entry, beside the studies
+        self._check_version()
+
+    def _check_version(self) -> None:
         version = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if version is None or int(version[0]) != SCHEMA_VERSION:
-            raise StudyError(f"{self.path}: ledger schema {version and version[0]!r}, expected {SCHEMA_VERSION}")
+        if version is None or str(version[0]) != str(SCHEMA_VERSION):
+            raise LedgerError(f"{self.path}: ledger schema {version and version[0]!r}, expected {SCHEMA_VERSION}")
 
     def close(self) -> None:
         """Close the connection."""
@@ -176,11 +209,15 @@ class Ledger:
         )
 
     def record(self, call: CallCost, case_ids: list[str], arm: str) -> None:
-        """Count one call (once, whoever records it again) and drop the holds it used."""
+        """Count one call (once, whoever records it again) and drop the one hold it used of each of its cases
+        (a case holds one per call it can make: its other calls stay held)."""
         with self._write() as conn:
+            before = conn.total_changes
             self._insert(conn, call)
-            conn.executemany("DELETE FROM holds WHERE study = ? AND case_id = ? AND arm = ?",
-                             [(call.study, c, arm) for c in case_ids])
+            if conn.total_changes == before:
+                return  # counted already: its holds went then
+            conn.executemany("DELETE FROM holds WHERE id = (SELECT MIN(id) FROM holds WHERE study = ? AND case_id = ? "
+                             "AND arm = ?)", [(call.study, c, arm) for c in case_ids])
 
     def reconcile(self, study: str) -> int:
         """Count every call of a study's receipts the ledger lacks (a process that died between its receipt and
@@ -224,6 +261,16 @@ class Ledger:
                 best = max(best or 0.0, cost / max(1, cases))
         return best
 
+    @staticmethod
+    def _held(conn: sqlite3.Connection) -> float:
+        """What the holds keep: their amounts, and a hold made while its model's cost was unknown at the dearest
+        call per case of that model and endpoint counted since (0 while there is none)."""
+        held = conn.execute("SELECT COALESCE(SUM(amount), 0) FROM holds").fetchone()[0]
+        unknown = conn.execute(
+            "SELECT COALESCE(SUM((SELECT MAX(c.cost / MAX(1, c.cases)) FROM calls c WHERE c.model = h.model "
+            "AND c.endpoint = h.endpoint AND c.cost IS NOT NULL)), 0) FROM holds h WHERE h.amount IS NULL").fetchone()[0]
+        return held + unknown
+
     def try_hold(self, study: str, arms: list[ArmCost], cap: float) -> list[int] | None:
         """Hold one case's calls if they fit under the cap: the hold ids; None: wait (the first call of a model
         here is in flight, its cost still unknown). BudgetReached when they do not fit or cannot be kept."""
@@ -237,7 +284,7 @@ class Ledger:
                         f"the lab budget cannot be kept: call {row[0]} of {row[1]} to {arm.model} at {arm.endpoint} "
                         f"reported no token counts, so its cost is unknown ({self.path})")
             spent = conn.execute("SELECT COALESCE(SUM(cost), 0) FROM calls").fetchone()[0]
-            held = conn.execute("SELECT COALESCE(SUM(amount), 0) FROM holds").fetchone()[0]
+            held = self._held(conn)
             estimates = [self._estimate(conn, arm) for arm in arms]
             unknown = [a for a, e in zip(arms, estimates) if e is None]
             for arm in unknown:
@@ -274,7 +321,8 @@ class Ledger:
         with self._lock:
             calls, cost, unknown = self._conn.execute(
                 "SELECT COUNT(*), COALESCE(SUM(cost), 0), COUNT(*) - COUNT(cost) FROM calls").fetchone()
-            held, holds = self._conn.execute("SELECT COALESCE(SUM(amount), 0), COUNT(*) FROM holds").fetchone()
+            holds = self._conn.execute("SELECT COUNT(*) FROM holds").fetchone()[0]
+            held = self._held(self._conn)
         return LedgerTotals(path=str(self.path), calls=calls, cost=cost, calls_without_cost=unknown, held=held,
                             holds=holds)
 
@@ -307,7 +355,7 @@ class LabBudget:
         if self.cap is None:
             raise ValueError("a lab budget needs a cap ([vlm] lab_budget)")
         self.ledger = Ledger(ledger_path(config.vlm.lab_ledger))
-        self.arms = [_arm_cost(arm, vlm) for _, arm, vlm in config.advisor_configs()]
+        self.arms = [_arm_cost(arm, vlm) for arm, vlm in case_calls(config)]
         # Calls this study made that the ledger lacks (a crash between receipt and ledger row) count first.
         self.ledger.reconcile(self.study)
 
@@ -339,11 +387,26 @@ def ledger_cost(call: CallCost, receipt: Receipt) -> CallCost:
     return call
 
 
+def case_calls(config: StudyConfig) -> list[tuple[str, VLMConfig]]:
+    """(advisor arm, its VLM configuration) of every call one case of this study can make: one per arm that asks
+    at its own q (each advisor's arm, each declared query point's arm of the primary advisor); the continuations
+    of an arm share its call. The advisor arm is what a call's receipt names (`LabBudget.record`)."""
+    vlms = {arm: vlm for _, arm, vlm in config.advisor_configs()}
+    asking = dict.fromkeys(base_arm(a) for a in config.case_arms if is_assisted(a))
+    return [(base_arm(a, query_point=False), vlms[base_arm(a, query_point=False)]) for a in asking]
+
+
 def _arm_cost(arm: str, vlm: VLMConfig) -> ArmCost:
     if vlm.price is None:
         raise ValueError(f"arm {arm}: a lab budget needs a declared price")
     return ArmCost(arm=arm, model=vlm.model, endpoint=endpoint_host(vlm.base_url), price=vlm.price,
                    max_output_tokens=vlm.max_output_tokens)
+
+
+def check_ledger(folder: str | os.PathLike[str] | None) -> None:
+    """Open (creating it on first use) and check a lab's ledger before a study that counts into it is created;
+    LedgerError naming the file when it cannot be used."""
+    Ledger(ledger_path(folder)).close()
 
 
 def read_ledger(folder: str | os.PathLike[str] | None = None) -> LedgerTotals | None:

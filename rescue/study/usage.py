@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.config import StudyConfig, TokenPrice, VLMConfig, endpoint_host
 from rescue.core.records import Receipt
-from rescue.study.folder import load_study_config, open_journal, receipt_files
+from rescue.study.folder import StudyError, load_study_config, open_journal, receipt_files
 from rescue.study.layout import StudyLayout
 from rescue.study.receipts import ReceiptLine, first_outcomes, read_receipts
 
@@ -222,6 +222,8 @@ def study_calls(study_dir: str | os.PathLike[str]) -> tuple[str, StudyConfig, li
         study_id = str(journal.meta().get("study_id") or Path(study_dir).name)
         receipts: list[Receipt] = []
         for path in receipt_files(layout, journal).values():
+            if path.exists() and not path.is_file():
+                raise StudyError(f"{path}: not a regular file (receipts are read from files only)")
             if path.exists():
                 receipts.extend(read_receipts(path))
     return study_id, config, list(first_outcomes(receipts).values())

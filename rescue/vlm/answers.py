@@ -27,6 +27,7 @@ class SubgoalRequest:
     instruction: str
     remaining_steps: int
     views: dict[str, np.ndarray]
+    arm: str | None = None  # the arm asking (`assisted@early`), recorded in the call's receipts; None: not said
 
     def __post_init__(self) -> None:
         if set(self.views) != set(VLM_VIEWS):

@@ -287,6 +287,7 @@ class VLMClient:
             request_ids=[p.request_id for p in call.group],
             tokens=call.tokens,
             case_ids=[p.req.case_id for p in call.group],
+            arms={p.req.case_id: p.req.arm for p in call.group if p.req.arm is not None},
             model_requested=self.config.model,
             endpoint_kind=self.config.api,
             prompt_template=self.template.name,
