@@ -116,7 +116,7 @@ TagValue = Annotated[str | int | float | bool, PlainValidator(_tag_value)]
 
 
 class Case(BaseModel):
-    """One historical failure to replay. Adapters with extra fields subclass it."""
+    """One historical episode to replay: a failure (or, with `outcome: success`, a success, DESIGN §17). Adapters with extra fields subclass it."""
 
     # Strict: a manifest saying "task_id": "3" is a mistake to report, not coerce.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
@@ -144,6 +144,9 @@ class Case(BaseModel):
     compared with each other)."""
     pilot: bool = False
     """Whether the case is a declared pilot (reported apart, never counted in N)."""
+    outcome: Literal["failure", "success"] | None = None
+    """How the episode ended in the evaluation: `success` for a historical success replayed to measure harm
+    (DESIGN §17), `failure`; None (absent): a failure, as every manifest before successes were cases."""
     tags: dict[str, TagValue] = Field(default_factory=dict)
     """Free labels carried with the case (string, number or boolean values)."""
     policy_seed: int = Field(ge=0, lt=2**32)
@@ -184,6 +187,11 @@ class Case(BaseModel):
     def task(self) -> str:
         """The benchmark task this case belongs to, as `suite/task_id`."""
         return f"{self.suite}/{self.task_id}"
+
+    @property
+    def historical_outcome(self) -> Literal["failure", "success"]:
+        """How the episode ended in the evaluation (`failure` when the manifest does not say)."""
+        return self.outcome or "failure"
 
 
 class Manifest(BaseModel):

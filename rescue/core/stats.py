@@ -11,7 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.arms import base_arm, is_assisted, query_point_of
 from rescue.core.continuations import PairedEstimate, estimate
+from rescue.core.harm_figures import HarmSummary, harm_summary
 from rescue.core.records import ArmVerdict, CaseRecord, Label, Verdict
+from rescue.core.success_sample import SamplingFrame
 
 LABELS: tuple[Label, ...] = ("rescued", "not_rescued", "unknown", "initial_state_deviation")
 
@@ -279,6 +281,9 @@ class Summary(ArmFigures):
     comparisons: list[PairedComparison] = Field(default_factory=list, exclude_if=lambda v: not v)
     """The arms that ask compared with each other over the cases where both are in E: each assisted arm against
     the sham, every pair of advisors and every pair of query points (Holm-adjusted within each family)."""
+    harm: HarmSummary | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The historical successes (DESIGN §17), summarized apart from the failures above (N counts failures only):
+    per arm their labels, exposure and harm, and the evaluation's net change; absent: a study of failures only."""
 
     def figures(self) -> list[ArmFigures]:
         """Every judged arm's figures, the primary's (this summary's own) first."""
@@ -446,9 +451,11 @@ def _summarize_cohort(cases: Sequence[Judged], confidence: float) -> Summary:
 
 
 def summarize(
-    records: Sequence[CaseRecord], verdicts: Sequence[Verdict], confidence: float = 0.95
+    records: Sequence[CaseRecord], verdicts: Sequence[Verdict], confidence: float = 0.95,
+    frame: SamplingFrame | None = None, task_frames: dict[str, SamplingFrame] | None = None,
 ) -> Summary:
-    """Summarize a study: the main cohort with N fixed, and pilot cases apart."""
+    """Summarize a study: the main cohort's failures with N fixed, its historical successes apart (with the net
+    change over `frame`, DESIGN §17), and pilot cases apart."""
     by_id: dict[str, Verdict] = {}
     for v in verdicts:
         if v.case_id in by_id:
@@ -468,7 +475,13 @@ def summarize(
     extra = set(by_id) - seen
     if extra:
         raise ValueError(f"verdicts for unknown cases: {sorted(extra)[:5]}")
-    summary = _summarize_cohort(main, confidence)
+    failures = [(rec, v) for rec, v in main if rec.historical_outcome != "success"]
+    successes = [(rec, v) for rec, v in main if rec.historical_outcome == "success"]
+    summary = _summarize_cohort(failures, confidence)
+    if successes:
+        judged = _judged_arms(main)
+        summary.harm = harm_summary(failures, successes, judged, frame, task_frames or {}, confidence)
     summary.pilot_ids = [rec.case_id for rec, _ in pilot]
-    summary.pilot = _summarize_cohort(pilot, confidence) if pilot else None
+    pilot_failures = [(rec, v) for rec, v in pilot if rec.historical_outcome != "success"]
+    summary.pilot = _summarize_cohort(pilot_failures, confidence) if pilot else None
     return summary
