@@ -548,6 +548,16 @@ def load_manifest(
     return parse_manifest(data, str(path), case_type, catalog=catalog, max_horizon_factor=max_horizon_factor)
 
 
+def case_places(data: bytes, source: str) -> dict[str, str]:
+    """Where each case id of a readable manifest stands (`file:line`, or `file[index]` in a JSON list)."""
+    out: dict[str, str] = {}
+    for where, _, obj in _entries(data, len(_UTF8_BOM) if data.startswith(_UTF8_BOM) else 0, source,
+                                  Path(source).suffix.lower()):
+        if isinstance(obj, dict) and isinstance(obj.get("case_id"), str):
+            out.setdefault(obj["case_id"], where)
+    return out
+
+
 def manifest_text(cases: Iterable[Case]) -> str:
     """Cases as the JSONL text of a manifest file; ManifestError on a duplicate case id."""
     cases = list(cases)
