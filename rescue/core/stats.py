@@ -236,6 +236,9 @@ class Breakdown(BaseModel):
     """Cases labelled `rescued`."""
     rate: float | None
     """rescued / n, a fraction; None when n is 0."""
+    versus_control: PairedComparison | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Over this group's or task's cases alone: the primary arm against control over its M (as the summary's
+    own `versus_control`); absent: a summary stored before breakdowns carried it."""
     arms: list[ArmFigures] = Field(default_factory=list, exclude_if=lambda v: not v)
     """Over this group's or task's cases alone: the figures of every arm the study judges besides its primary
     (the sham, further advisors, extra query points); absent: a study of two arms."""
@@ -421,6 +424,7 @@ def _breakdowns(cases: Sequence[Judged], key: str, judged: Sequence[str], confid
         counts = _label_counts(v.label for _, v in bucket)
         out[name] = Breakdown(
             n=len(bucket), counts=counts, rescued=counts["rescued"], rate=_ratio(counts["rescued"], len(bucket)),
+            versus_control=arm_figures(bucket, judged[0], confidence).versus_control,
             arms=[arm_figures(bucket, arm, confidence) for arm in judged[1:]],
             comparisons=_comparisons(bucket, judged, confidence),
         )
