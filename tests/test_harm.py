@@ -181,3 +181,13 @@ def test_allocation_and_seeded_stratified_sample():
                                                       SamplingFrame(failures=3, successes=10))}) for c in first]
     assert frame_of(tagged) == SamplingFrame(failures=9, successes=60, sampled=12, seed=5)
     assert frame_of(cases) is None
+
+
+def test_each_breakdown_carries_the_primary_against_control():
+    records = ([make_case(f"a{i}", group="A", assisted_success=i < 2) for i in range(5)]
+               + [make_case(f"b{i}", group="B", control_success=i < 1) for i in range(4)])
+    s = summarize(records, [classify(r) for r in records])
+    a, b = s.per_group["A"].versus_control, s.per_group["B"].versus_control
+    assert (a.k, a.pairs.first_only, a.pairs.second_only) == (5, 2, 0)
+    assert (b.k, b.pairs.first_only, b.pairs.second_only) == (4, 0, 1)
+    assert s.per_task["t"].versus_control.pairs.first_only == 2

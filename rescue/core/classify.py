@@ -165,13 +165,16 @@ def continuation_counts(rec: CaseRecord) -> dict[str, ContinuationCount]:
     out = {}
     for base in ["control", *rec.judged()]:
         names = [continuation_arm(base, k) for k in range(1, k_max + 1)]
-        successes = sum(bool(a.success) for a in (rec.arms.get(n) for n in names) if a is not None and a.status == "complete")
+        recorded = [a for a in (rec.arms.get(n) for n in names) if a is not None]
+        successes = sum(bool(a.success) for a in recorded if a.status == "complete")
+        # How many ran: an interrupted case may have recorded fewer than K (none at all).
+        ran = len(recorded)
         if base == "control":
             sound = all(control_sound(rec, n) for n in names)
-            out[base] = ContinuationCount(successes=successes, continuations=k_max, in_m=sound, in_e=sound)
+            out[base] = ContinuationCount(successes=successes, continuations=ran, in_m=sound, in_e=sound)
             continue
         pairs = [judge(rec, n, continuation_arm("control", k)) for k, n in enumerate(names, start=1)]
-        out[base] = ContinuationCount(successes=successes, continuations=k_max, in_m=all(v.in_m for v in pairs),
+        out[base] = ContinuationCount(successes=successes, continuations=ran, in_m=all(v.in_m for v in pairs),
                                       in_e=all(v.in_e for v in pairs))
     return out
 

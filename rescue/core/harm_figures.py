@@ -71,7 +71,7 @@ def _counts(rec: CaseRecord, v: Verdict, arm: str) -> tuple[int, int, int] | Non
     k = rec.continuations
     if k > 1:
         a, c = v.continuations.get(arm), v.continuations.get("control")
-        if a is None or c is None or not (a.in_m and c.in_m):
+        if a is None or c is None or not (a.in_m and c.in_m) or not a.continuations == c.continuations == k:
             return None
         return a.successes, c.successes, k
     verdict = v.of(arm, rec.primary)

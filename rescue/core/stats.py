@@ -343,9 +343,10 @@ def _estimate(cases: Sequence[Judged], first: str, second: str, needs: str, conf
     pairs = []
     for rec, v in cases:
         a, b = v.continuations.get(first), v.continuations.get(second)
-        if a is None or b is None or a.continuations != k_max or b.continuations != k_max:
+        if a is None or b is None or a.continuations > k_max or b.continuations > k_max:
             raise ValueError(f"case {rec.case_id} has no count of {k_max} continuations of its {first} and {second} arms")
-        if getattr(a, needs) and getattr(b, needs):
+        # A case where fewer than K ran (interrupted) is not sound: its count is not an estimate of K draws.
+        if getattr(a, needs) and getattr(b, needs) and a.continuations == b.continuations == k_max:
             pairs.append((a.successes, b.successes))
     return estimate(pairs, k_max, confidence)
 
