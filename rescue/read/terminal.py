@@ -216,7 +216,9 @@ def render_summary(export: Any) -> Group:
     if summary.harm is not None:
         what = evaluation_name(summary.harm)
         parts += [Text(net_sentence(f, what)) for f in summary.harm.arms]
-    parts += [summary_table(summary, title, main.n_manifest), group_table(summary)]
+    # N counts the failures; historical successes have their own denominator (the harm table).
+    successes = sum(1 for c in export.cases if not c.pilot and c.outcome == "success")
+    parts += [summary_table(summary, title, main.n_manifest - successes), group_table(summary)]
     if summary.harm is not None:
         parts += [harm_table(summary.harm), breakdown_table(summary.harm.per_group, "group")]
     if _sham(summary.arms) is not None:
