@@ -94,14 +94,14 @@ def test_the_export_reads_back_and_the_terminal_and_report_open_with_the_net_cha
     console = Console(record=True, width=200)
     console.print(render_summary(again))
     text = console.export_text()
-    assert "turning assisted on would change libero_spatial from 60.0% to 60.0%" in text
+    assert "turning assisted on at the pre-registered q would change libero_spatial from 60.0% to 60.0%" in text
     assert "historical successes" in text and "p vs control" in text
     assert "of which have a verdict" not in text  # N is the failures': both have one
     from rescue.read.html.report import write_report
 
     page = write_report(harm_study).read_text()
     first = page.index('data-answer="net"')
-    assert first < page.index('data-answer="main"') and "turning assisted on would change libero_spatial" in page
+    assert first < page.index('data-answer="main"') and "turning assisted on at the pre-registered q would change libero_spatial" in page
     assert 'data-harm="assisted"' in page
 
 

@@ -31,14 +31,16 @@ def evaluation_name(harm: HarmSummary) -> str:
 
 
 def net_sentence(figure: HarmFigures, what: str) -> str:
-    """"turning <arm> on at its q would change <what> from X% to Y% [a, b] (net ±d pp)", or why it cannot say."""
+    """"turning <arm> on at <its query point> would change <what> from X% to Y% [a, b] (net ±d pp)", or why it cannot say."""
     net = figure.net
-    arm = shown(figure.arm)
+    point = figure.query_point
+    arm = shown(figure.arm if point is None else figure.arm.removesuffix(f"@{point}"))
+    at = "at the pre-registered q" if point is None else f"at query point {point}"
     if net is None or net.change is None:
-        return f"{arm}: the net change on {what} cannot be estimated (a stratum of the evaluation has no replayed case)"
+        return f"{arm} {at}: the net change on {what} cannot be estimated (a stratum of the evaluation has no replayed case)"
     ci = net.change_ci
     span = "" if ci is None else f" [{_pct(net.base_rate + ci[0])}, {_pct(net.base_rate + ci[1])}]"
-    return (f"turning {arm} on would change {what} from {_pct(net.base_rate)} to {_pct(net.rate_on)}{span} "
+    return (f"turning {arm} on {at} would change {what} from {_pct(net.base_rate)} to {_pct(net.rate_on)}{span} "
             f"(net {_points(net.change)}; {net.confidence:.0%} interval, {net.method})")
 
 
