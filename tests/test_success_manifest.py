@@ -71,3 +71,11 @@ def test_a_row_that_contradicts_its_evaluation_is_refused_with_line_and_field(tm
     # The command line says it in one line, exit 2, no traceback.
     run = rescue_cli("manifest", "check", str(tmp_path / "bad.jsonl"), "--eval", str(study), check=False)
     assert run.returncode == 2 and ":2: outcome:" in run.stdout + run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_bad_sample_size_is_bad_input_with_nothing_written(tmp_path):
+    study = _eval_study(tmp_path / "eval", WON)
+    run = rescue_cli("manifest", "from-eval", str(study), "--out", str(tmp_path / "m.jsonl"), "--successes", "some",
+                     check=False)
+    assert run.returncode == 2 and "--successes 'some'" in run.stdout + run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "m.jsonl").exists()
