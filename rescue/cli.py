@@ -272,6 +272,10 @@ def cmd_manifest_check(args: argparse.Namespace) -> int:
     manifest = load_manifest(args.file, catalog=None if args.no_env else "libero")
     if not args.pilot_run:
         manifest.require_main_cohort()
+    from rescue.core.manifest import read_manifest_bytes
+    from rescue.run.commands import check_outcomes
+
+    check_outcomes(manifest, read_manifest_bytes(args.file), Path(args.eval) if args.eval else None)
     console.print(f"{args.file}: {len(manifest.cases)} cases ({len(manifest.pilot_cases)} pilot), sha256 {manifest.sha256}")
     if not args.no_env:
         _print_pairings(dict.fromkeys(case.suite for case in manifest.cases))
@@ -304,9 +308,18 @@ def cmd_manifest_from_eval(args: argparse.Namespace) -> int:
     from rescue.run.commands import manifest_from_eval
 
     inits = None if args.inits is None else _ids(args.inits, "--inits")
-    cases = manifest_from_eval(Path(args.study), Path(args.out), args.pilot_tasks, args.limit, inits)
+    successes = args.successes
+    if successes not in (None, "all"):
+        from rescue.core.config import ConfigError
+
+        if not successes.isdigit():
+            raise ConfigError(f"--successes {successes!r}: 'all', or how many successes to sample (0 or more)")
+        successes = int(successes)
+    cases = manifest_from_eval(Path(args.study), Path(args.out), args.pilot_tasks, args.limit, inits, successes, args.seed)
     pilot = [c.case_id for c in cases if c.pilot]
-    console.print(f"wrote {len(cases)} failure case(s) to {args.out}" + (f"; pilot: {', '.join(pilot)}" if pilot else ""))
+    won = sum(c.outcome == "success" for c in cases)
+    console.print(f"wrote {len(cases) - won} failure case(s)" + (f" and {won} success case(s)" if successes is not None else "")
+                  + f" to {args.out}" + (f"; pilot: {', '.join(pilot)}" if pilot else ""))
     return 0
 
 
@@ -629,6 +642,7 @@ def _add_manifest_commands(sub) -> None:
     m.add_argument("file")
     m.add_argument("--no-env", action="store_true", help="skip checking suites, tasks, initial states, instructions and horizons against the LIBERO catalog")
     m.add_argument("--pilot-run", action="store_true", help="the cases may all be pilot (a pilot run alone)")
+    m.add_argument("--eval", help="the evaluation study the cases name: refuse rows whose outcome contradicts it (default: studies/<its id>)")
     m.set_defaults(func=cmd_manifest_check)
     m = msub.add_parser("from-eval", help="write the failure manifest of an evaluation study")
     m.add_argument("study")
@@ -636,6 +650,8 @@ def _add_manifest_commands(sub) -> None:
     m.add_argument("--pilot-tasks", type=int, default=0, help="declare the first failure of each of the first K tasks pilot")
     m.add_argument("--inits", help="only failures of these official initial states, e.g. 30-39 (a held-out split)")
     m.add_argument("--limit", type=int, help="at most this many failures (after --inits), in manifest order")
+    m.add_argument("--successes", help="add historical successes (after --inits): 'all', or a seeded sample of N stratified by task")
+    m.add_argument("--seed", type=int, default=0, help="the seed of the successes' sample (default 0)")
     m.set_defaults(func=cmd_manifest_from_eval)
     for kind, what, default_seed in (("lerobot", "LeRobot's eval_info.json (lerobot-eval)", 1000),
                                      ("openpi", "openpi-style results: JSON lines of suite, task_id, episode, success", 7)):

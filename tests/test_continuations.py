@@ -156,3 +156,16 @@ def test_the_studys_estimate_is_the_mean_paired_difference_over_cases_whose_cont
     # One continuation per arm: no estimate at all (the McNemar test is the same test).
     plain = [make_case(f"p{i}") for i in range(3)]
     assert summarize(plain, [classify(r) for r in plain]).versus_control.estimate is None
+
+
+def test_an_interrupted_case_counts_the_continuations_that_ran_not_k():
+    rec = _continued("c", control=[False, True, False], assisted=[True, False, True])
+    cut = with_arms(rec, {"assisted": None, "assisted#2": None, "assisted#3": None, "control#3": None}, interrupted=True)
+    v = classify(cut)
+    assert v.label == "unknown"
+    assert (v.continuations["assisted"].successes, v.continuations["assisted"].continuations) == (0, 0)
+    assert v.continuations["control"].continuations == 2 and not v.continuations["control"].in_m
+    # The study still summarizes, the interrupted case in N and out of the estimate.
+    whole = _continued("d", control=[False] * 3, assisted=[True] * 3)
+    s = summarize([cut, whole], [classify(cut), classify(whole)])
+    assert s.n == 2 and s.versus_control.estimate.k == 1

@@ -114,3 +114,46 @@ def test_every_query_point_is_compared_with_control_and_each_pair_of_them_holm_a
     raw = [mcnemar_exact(0, 6), mcnemar_exact(3, 1), mcnemar_exact(9, 1)]
     assert [c.mcnemar_p for c in pairs.values()] == pytest.approx(raw)
     assert [c.holm_p for c in pairs.values()] == pytest.approx(holm(raw))
+
+
+def _combination(advisors: int, points: int, sham: str, k: int) -> dict:
+    data: dict = {"policy": {"replan_interval": 8}, "continuations": k, "sham": {"source": sham}}
+    if advisors:
+        data["advisor"] = [{"name": n} for n in ("wrongobj", "local")[:advisors]]
+    if points:
+        data["query_point"] = POINTS[:points]
+    return data
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("sham", ["off", "fixed", "permuted"])
+@pytest.mark.parametrize("points", [0, 1, 2])
+@pytest.mark.parametrize("advisors", [0, 1, 2])
+def test_every_combination_the_config_accepts_is_a_study_that_reads_back_and_whose_arms_all_have_a_source(
+        tmp_path, advisors, points, sham, k):
+    """The study folder holds its configuration as JSON; the study it creates must accept it back (it refused
+    advisors with query points: `assisted:a@early` was taken for an advisor's arm), and every arm a case runs must
+    have who answers it and where it asks."""
+    from conftest import resolved_config
+
+    from rescue.core.arms import arm_advisor, base_arm, is_assisted, query_point_of
+    from rescue.core.manifest import parse_manifest
+    from rescue.study.folder import create_study, load_study_config
+
+    config = resolved_config(8, **_combination(advisors, points, sham, k))
+    line = '{"case_id": "c0", "suite": "libero_object", "task_id": 0, "init_state_index": 0, "env_seed": 7, "horizon": 280}\n'
+    create_study(tmp_path / "s", parse_manifest(line.encode(), "m.jsonl"), config)
+    again = load_study_config(tmp_path / "s")
+    assert again == config
+    names = [a.name for a in config.advisors or []]
+    asking = [a for a in again.arms if is_assisted(a)]
+    assert len([a for a in asking if query_point_of(a) is None]) == max(1, advisors)
+    assert [query_point_of(a) for a in asking if query_point_of(a)] == [p["name"] for p in POINTS[:points]]
+    assert ("sham" in again.arms) == (sham != "off")
+    assert len(again.case_arms) == len(again.arms) * k
+    sources = {arm for _, arm, _ in again.advisor_configs()}
+    for arm in again.case_arms:
+        base = base_arm(arm, query_point=False)
+        assert base in ("control", "sham") or base in sources, arm
+        assert arm_advisor(arm) is None or arm_advisor(arm) in names
+        assert again.query_step(arm, 280) % 8 == 0

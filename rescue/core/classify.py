@@ -7,6 +7,7 @@ is judged against the control arm by the same rules; the primary's verdict is th
 from __future__ import annotations
 
 from rescue.core.arms import arm_advisor, base_arm, continuation, continuation_arm, is_assisted
+from rescue.core.harm import success_label, success_reason
 from rescue.core.proofs import check_evidence, check_sham_evidence, prefix_match, q_state_match
 from rescue.core.records import ArmResult, ArmVerdict, CaseRecord, ContinuationCount, Verdict
 
@@ -106,7 +107,14 @@ def judge(rec: CaseRecord, arm: str, against: str = "control") -> ArmVerdict:
     # The evidence checks demand status 'applied', so E is "M with the subgoal applied and valid evidence".
     in_e = in_m and evidence_ok
 
+    succeeded = rec.historical_outcome == "success"
+
     def verdict(label: str, rule: int, reason: str) -> ArmVerdict:
+        if succeeded:
+            # A historical success: the same rules in the same order, read as DESIGN §17 labels.
+            label = success_label(rule)
+            if rule in (4, 7, 8, 9):
+                reason = success_reason(rule, arm, against, q, judged.steps if judged is not None else 0)
         return ArmVerdict(against=against, label=label, rule=rule, reason=reason, in_m=in_m, in_e=in_e)
 
     if deviation is not None:
@@ -125,7 +133,8 @@ def judge(rec: CaseRecord, arm: str, against: str = "control") -> ArmVerdict:
         return verdict("unknown", 5, prefix_why)
     if not evidence_ok:
         return verdict("unknown", 6, f"evidence invalid: {evidence_why}")
-    if control.success:
+    # Rule 7: the control arm did not end as the evaluation did (a failure: it succeeded; a success: it failed).
+    if bool(control.success) != succeeded:
         return verdict("not_rescued", 7, f"{against} arm succeeded")
     if not judged.success:
         return verdict("not_rescued", 8, f"{arm} arm failed")
@@ -156,13 +165,16 @@ def continuation_counts(rec: CaseRecord) -> dict[str, ContinuationCount]:
     out = {}
     for base in ["control", *rec.judged()]:
         names = [continuation_arm(base, k) for k in range(1, k_max + 1)]
-        successes = sum(bool(a.success) for a in (rec.arms.get(n) for n in names) if a is not None and a.status == "complete")
+        recorded = [a for a in (rec.arms.get(n) for n in names) if a is not None]
+        successes = sum(bool(a.success) for a in recorded if a.status == "complete")
+        # How many ran: an interrupted case may have recorded fewer than K (none at all).
+        ran = len(recorded)
         if base == "control":
             sound = all(control_sound(rec, n) for n in names)
-            out[base] = ContinuationCount(successes=successes, continuations=k_max, in_m=sound, in_e=sound)
+            out[base] = ContinuationCount(successes=successes, continuations=ran, in_m=sound, in_e=sound)
             continue
         pairs = [judge(rec, n, continuation_arm("control", k)) for k, n in enumerate(names, start=1)]
-        out[base] = ContinuationCount(successes=successes, continuations=k_max, in_m=all(v.in_m for v in pairs),
+        out[base] = ContinuationCount(successes=successes, continuations=ran, in_m=all(v.in_m for v in pairs),
                                       in_e=all(v.in_e for v in pairs))
     return out
 

@@ -468,7 +468,8 @@ class StudyConfig(BaseModel):
                 raise ValueError("vlm: a study with [[advisor]] tables asks its advisors only; put every VLM setting "
                                  "in each [[advisor]] table (a [vlm] table is the one advisor of a study without them)")
             wanted = [advisor_arm(n) for n in names]
-            given = [a for a in self.arms if is_assisted(a)]
+            # A query point's arms (`assisted:<name>@<point>`, DESIGN §14) are the query points' business.
+            given = [a for a in self.arms if is_assisted(a) and query_point_of(a) is None]
             if given == ["assisted"]:
                 at = self.arms.index("assisted")
                 self.arms = (*self.arms[:at], *wanted, *self.arms[at + 1:])

@@ -87,17 +87,22 @@ def summarize_labels(episodes: Iterable[tuple[str, str, str | None]]) -> EvalSum
 
 
 def failure_cases(
-    cases: list[Case], verdicts: dict[str, Verdict], arms: dict[str, dict[str, ArmResult]], provenance: dict
+    cases: list[Case], verdicts: dict[str, Verdict], arms: dict[str, dict[str, ArmResult]], provenance: dict,
+    outcome: str = "failure",
 ) -> list[Case]:
-    """The failed episodes as rescue cases, with their initial-state fingerprint and provenance tags."""
+    """The failed episodes (`outcome="success"`: the successful ones, marked so) as rescue cases, with their
+    initial-state fingerprint and provenance tags."""
     out = []
     for case in cases:
         verdict = verdicts.get(case.case_id)
-        if verdict is None or verdict.label != "failure":
+        if verdict is None or verdict.label != outcome:
             continue
         arm = arms[case.case_id]["control"]
         tags = {**case.tags, **{k: v for k, v in provenance.items() if v is not None}}
-        out.append(case.model_copy(update={"fingerprint": arm.fingerprint, "tags": tags, "pilot": False}))
+        update = {"fingerprint": arm.fingerprint, "tags": tags, "pilot": False}
+        if outcome == "success":
+            update["outcome"] = "success"
+        out.append(case.model_copy(update=update))
     return out
 
 

@@ -116,7 +116,7 @@ TagValue = Annotated[str | int | float | bool, PlainValidator(_tag_value)]
 
 
 class Case(BaseModel):
-    """One historical failure to replay. Adapters with extra fields subclass it."""
+    """One historical episode to replay: a failure (or, with `outcome: success`, a success, DESIGN §17). Adapters with extra fields subclass it."""
 
     # Strict: a manifest saying "task_id": "3" is a mistake to report, not coerce.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, use_attribute_docstrings=True)
@@ -144,6 +144,9 @@ class Case(BaseModel):
     compared with each other)."""
     pilot: bool = False
     """Whether the case is a declared pilot (reported apart, never counted in N)."""
+    outcome: Literal["failure", "success"] | None = None
+    """How the episode ended in the evaluation: `success` for a historical success replayed to measure harm
+    (DESIGN §17), `failure`; None (absent): a failure, as every manifest before successes were cases."""
     tags: dict[str, TagValue] = Field(default_factory=dict)
     """Free labels carried with the case (string, number or boolean values)."""
     policy_seed: int = Field(ge=0, lt=2**32)
@@ -184,6 +187,11 @@ class Case(BaseModel):
     def task(self) -> str:
         """The benchmark task this case belongs to, as `suite/task_id`."""
         return f"{self.suite}/{self.task_id}"
+
+    @property
+    def historical_outcome(self) -> Literal["failure", "success"]:
+        """How the episode ended in the evaluation (`failure` when the manifest does not say)."""
+        return self.outcome or "failure"
 
 
 class Manifest(BaseModel):
@@ -538,6 +546,16 @@ def load_manifest(
     path = Path(path)
     data = read_manifest_bytes(path)
     return parse_manifest(data, str(path), case_type, catalog=catalog, max_horizon_factor=max_horizon_factor)
+
+
+def case_places(data: bytes, source: str) -> dict[str, str]:
+    """Where each case id of a readable manifest stands (`file:line`, or `file[index]` in a JSON list)."""
+    out: dict[str, str] = {}
+    for where, _, obj in _entries(data, len(_UTF8_BOM) if data.startswith(_UTF8_BOM) else 0, source,
+                                  Path(source).suffix.lower()):
+        if isinstance(obj, dict) and isinstance(obj.get("case_id"), str):
+            out.setdefault(obj["case_id"], where)
+    return out
 
 
 def manifest_text(cases: Iterable[Case]) -> str:

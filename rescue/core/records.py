@@ -13,6 +13,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from rescue.core.arms import ADVISOR_ARM_PREFIX, ArmName, base_arm, continuation
 from rescue.core.digest import digest_json, digest_text
+from rescue.core.harm import HistoricalOutcome, SuccessLabel
 
 # How an arm ended. `complete`: ran to success or to its horizon.
 # `interrupted`: started but never finished (crash, kill, lost worker).
@@ -394,6 +395,8 @@ class CaseRecord(BaseModel):
     """The manifest's initial-state fingerprint; None: it gives none (the arms are then compared with each other)."""
     pilot: bool = False
     """Whether the manifest declared the case a pilot (reported apart, never counted in N)."""
+    historical_outcome: HistoricalOutcome = "failure"
+    """How the episode ended in the evaluation: a `failure` (rescue labels) or a `success` (harm labels, DESIGN §17)."""
     interrupted: bool = False
     """Whether the case was claimed and never finished (its state is `interrupted`)."""
     primary: str = "assisted"
@@ -467,8 +470,8 @@ class ArmVerdict(BaseModel):
 
     against: str = "control"
     """The arm it is judged against."""
-    label: Label
-    """The DESIGN §3 label of the arm against `against`."""
+    label: Label | SuccessLabel
+    """The DESIGN §3 label of the arm against `against` (a historical success's: DESIGN §17)."""
     rule: int
     """The DESIGN §3 rule (1 to 9) that decided it."""
     reason: str
@@ -504,8 +507,9 @@ class Verdict(BaseModel):
 
     case_id: str
     """The case classified."""
-    label: Label | EpisodeLabel
-    """The DESIGN §3 label of the primary arm against control; in an evaluation study, the episode's label
+    label: Label | SuccessLabel | EpisodeLabel
+    """The DESIGN §3 label of the primary arm against control (a historical success's: broken, kept,
+    not_reproduced, unknown, initial_state_deviation, DESIGN §17); in an evaluation study, the episode's label
     (success, failure, unknown)."""
     rule: int
     """The DESIGN §3 rule (1 to 9) that decided it; in an evaluation study 0 (the episode ran) or 2 (unknown)."""

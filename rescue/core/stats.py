@@ -12,7 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.arms import base_arm, is_assisted, query_point_of
 from rescue.core.continuations import PairedEstimate, estimate
+from rescue.core.harm_figures import HarmSummary, harm_summary
 from rescue.core.records import ArmVerdict, CaseRecord, Label, Verdict
+from rescue.core.success_sample import SamplingFrame
 
 LABELS: tuple[Label, ...] = ("rescued", "not_rescued", "unknown", "initial_state_deviation")
 
@@ -252,6 +254,9 @@ class Breakdown(JudgedArms):
     """Cases labelled `rescued`."""
     rate: float | None
     """rescued / n, a fraction; None when n is 0."""
+    versus_control: PairedComparison | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Over this group's or task's cases alone: the primary arm against control over its M (as the summary's
+    own `versus_control`); absent: a summary stored before breakdowns carried it."""
     arms: list[ArmFigures] = Field(default_factory=list, exclude_if=lambda v: not v)
     """Over this group's or task's cases alone: the figures of every arm the study judges besides its primary
     (the sham, further advisors, extra query points); absent: a study of two arms."""
@@ -297,6 +302,9 @@ class Summary(ArmFigures, JudgedArms):
     comparisons: list[PairedComparison] = Field(default_factory=list, exclude_if=lambda v: not v)
     """The arms that ask compared with each other over the cases where both are in E: each assisted arm against
     the sham, every pair of advisors and every pair of query points (Holm-adjusted within each family)."""
+    harm: HarmSummary | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The historical successes (DESIGN §17), summarized apart from the failures above (N counts failures only):
+    per arm their labels, exposure and harm, and the evaluation's net change; absent: a study of failures only."""
 
     def figures(self) -> list[ArmFigures]:
         """Every judged arm's figures, the primary's (this summary's own) first."""
@@ -359,9 +367,10 @@ def _estimate(cases: Sequence[Judged], first: str, second: str, needs: str, conf
     pairs = []
     for rec, v in cases:
         a, b = v.continuations.get(first), v.continuations.get(second)
-        if a is None or b is None or a.continuations != k_max or b.continuations != k_max:
+        if a is None or b is None or a.continuations > k_max or b.continuations > k_max:
             raise ValueError(f"case {rec.case_id} has no count of {k_max} continuations of its {first} and {second} arms")
-        if getattr(a, needs) and getattr(b, needs):
+        # A case where fewer than K ran (interrupted) is not sound: its count is not an estimate of K draws.
+        if getattr(a, needs) and getattr(b, needs) and a.continuations == b.continuations == k_max:
             pairs.append((a.successes, b.successes))
     return estimate(pairs, k_max, confidence)
 
@@ -440,6 +449,7 @@ def _breakdowns(cases: Sequence[Judged], key: str, judged: Sequence[str], confid
         counts = _label_counts(v.label for _, v in bucket)
         out[name] = Breakdown(
             n=len(bucket), counts=counts, rescued=counts["rescued"], rate=_ratio(counts["rescued"], len(bucket)),
+            versus_control=arm_figures(bucket, judged[0], confidence).versus_control,
             arms=[arm_figures(bucket, arm, confidence) for arm in judged[1:]],
             comparisons=_comparisons(bucket, judged, confidence),
         )
@@ -470,9 +480,11 @@ def _summarize_cohort(cases: Sequence[Judged], confidence: float) -> Summary:
 
 
 def summarize(
-    records: Sequence[CaseRecord], verdicts: Sequence[Verdict], confidence: float = 0.95
+    records: Sequence[CaseRecord], verdicts: Sequence[Verdict], confidence: float = 0.95,
+    frame: SamplingFrame | None = None, task_frames: dict[str, SamplingFrame] | None = None,
 ) -> Summary:
-    """Summarize a study: the main cohort with N fixed, and pilot cases apart."""
+    """Summarize a study: the main cohort's failures with N fixed, its historical successes apart (with the net
+    change over `frame`, DESIGN §17), and pilot cases apart."""
     by_id: dict[str, Verdict] = {}
     for v in verdicts:
         if v.case_id in by_id:
@@ -492,7 +504,13 @@ def summarize(
     extra = set(by_id) - seen
     if extra:
         raise ValueError(f"verdicts for unknown cases: {sorted(extra)[:5]}")
-    summary = _summarize_cohort(main, confidence)
+    failures = [(rec, v) for rec, v in main if rec.historical_outcome != "success"]
+    successes = [(rec, v) for rec, v in main if rec.historical_outcome == "success"]
+    summary = _summarize_cohort(failures, confidence)
+    if successes:
+        judged = _judged_arms(main)
+        summary.harm = harm_summary(failures, successes, judged, frame, task_frames or {}, confidence)
     summary.pilot_ids = [rec.case_id for rec, _ in pilot]
-    summary.pilot = _summarize_cohort(pilot, confidence) if pilot else None
+    pilot_failures = [(rec, v) for rec, v in pilot if rec.historical_outcome != "success"]
+    summary.pilot = _summarize_cohort(pilot_failures, confidence) if pilot else None
     return summary

@@ -51,9 +51,14 @@ from rescue.study.usage import UsageSummary, study_usage, usage_summary
 #    arm's verdict against control (`verdicts`); in the summary the primary's figures with its comparison
 #    against control (`versus_control`), every other arm's figures (`arms`) and the comparisons between arms;
 #    the study names the baseline its failures came from (`study.baseline`).
-EXPORT_SCHEMA = "rescue-export/5"
+# 6: historical successes (DESIGN §17): a case's `outcome`, its DESIGN §17 labels, the summary's `harm` (labels,
+#    exposure, harm, rescue and the net change per arm, group and task); per group and task every arm's
+#    comparison with control (`arms` holds the primary's too). A /5 document reads unchanged.
+EXPORT_SCHEMA = "rescue-export/6"
 # The versions `read_export` reads; a document of an earlier one is read into today's shape (rescue/read/legacy.py).
-READABLE_SCHEMAS = ("rescue-export/3", "rescue-export/4", "rescue-export/5")
+READABLE_SCHEMAS = ("rescue-export/3", "rescue-export/4", "rescue-export/5", "rescue-export/6")
+# The versions read through rescue/read/legacy.py (later ones read as they are).
+_LEGACY_SCHEMAS = ("rescue-export/3", "rescue-export/4")
 
 
 class ExportError(StudyError):
@@ -182,6 +187,9 @@ class CaseEntry(BaseModel):
     """The case's task, as `suite/task_id`."""
     pilot: bool
     """Whether the case is a declared pilot (never counted in the main summary)."""
+    outcome: Literal["failure", "success"] = "failure"
+    """How the episode ended in the evaluation: a `failure` (DESIGN §3 labels) or a `success` (DESIGN §17 labels:
+    broken, kept, not_reproduced, unknown, initial_state_deviation)."""
     state: CaseState
     """The case's queue state: `pending`, `claimed`, `finished` or `interrupted`."""
     primary: str = "assisted"
@@ -299,8 +307,8 @@ class StudyExport(BaseModel):
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
-    schema_version: Literal["rescue-export/3", "rescue-export/4", "rescue-export/5"] = EXPORT_SCHEMA
-    """The format of this document and its version (`rescue export` writes 5; a document of 3 or 4 is read into
+    schema_version: Literal["rescue-export/3", "rescue-export/4", "rescue-export/5", "rescue-export/6"] = EXPORT_SCHEMA
+    """The format of this document and its version (`rescue export` writes 6; a document of 3, 4 or 5 is read into
     this shape, keeping its version)."""
     study: StudyInfo
     """Who the study is."""
@@ -381,6 +389,7 @@ def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
         group=case.group,
         task=case.task,
         pilot=case.pilot,
+        outcome=case.historical_outcome,
         state=records.states[case.case_id],
         primary=primary,
         label=v.label if v else None,
@@ -518,7 +527,7 @@ def read_export(path: str | os.PathLike[str]) -> StudyExport:
     if version not in READABLE_SCHEMAS:
         raise ExportError(f"{path}: export schema {version!r}; this version reads {', '.join(READABLE_SCHEMAS)}")
     try:
-        return StudyExport.model_validate(upgrade_export(data) if version != EXPORT_SCHEMA else data)
+        return StudyExport.model_validate(upgrade_export(data) if version in _LEGACY_SCHEMAS else data)
     except ValidationError as exc:
         raise ExportError(f"{path}: not a {version} document ({exc.errors()[0]['msg']})") from None
 

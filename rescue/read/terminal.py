@@ -11,6 +11,7 @@ from rich.text import Text
 from rescue.core.evaluation import EvalSummary
 from rescue.core.arms import arm_advisor, is_assisted, query_point_of, shown
 from rescue.core.stats import ArmFigures, Summary, ranked
+from rescue.read.harm_view import breakdown_table, evaluation_name, harm_table, net_sentence
 
 LABEL_ORDER = ("rescued", "not_rescued", "unknown", "initial_state_deviation")
 
@@ -134,14 +135,18 @@ def advisor_usage_table(by_advisor: dict[str, Any], title: str = "VLM usage per 
 
 
 def group_table(summary: Summary) -> Table:
-    """Per group: the fixed count, each label, rescued / fixed; with a sham arm, the sham's rescues and
+    """Per group: the fixed count, each label, rescued / fixed, the primary against control over the group's M
+    (assisted only / control only, exact McNemar p); with a sham arm, the sham's rescues and
     assisted against sham over the group's K (assisted only / sham only, exact McNemar p)."""
     t = Table(title="per group")
     shams = _sham(summary.arms) is not None
-    for col in ("group", "cases", *LABEL_ORDER, "R/N", *(("sham R", "K", "a/s only", "p vs sham") if shams else ())):
+    for col in ("group", "cases", *LABEL_ORDER, "R/N", "a/c only", "p vs control",
+                *(("sham R", "K", "a/s only", "p vs sham") if shams else ())):
         t.add_column(col)
     for group, b in sorted(summary.per_group.items()):
         row = [group, str(b.n), *(str(b.counts.get(k, 0)) for k in LABEL_ORDER), _pct(b.rate)]
+        c = b.versus_control
+        row += ["-", "-"] if c is None else [f"{c.pairs.first_only}/{c.pairs.second_only}", _p(c.mcnemar_p)]
         if shams:
             s = _sham(b.arms)
             versus = next((c for c in b.comparisons if (c.first, c.second) == (summary.arm, "sham")), None)
@@ -208,7 +213,14 @@ def render_summary(export: Any) -> Group:
     title = "rescue study"
     if arm_advisor(summary.arm):
         title += f" (the primary advisor's arm: {arm_advisor(summary.arm)})"
-    parts += [summary_table(summary, title, main.n_manifest), group_table(summary)]
+    if summary.harm is not None:
+        what = evaluation_name(summary.harm)
+        parts += [Text(net_sentence(f, what)) for f in summary.harm.arms]
+    # N counts the failures; historical successes have their own denominator (the harm table).
+    successes = sum(1 for c in export.cases if not c.pilot and c.outcome == "success")
+    parts += [summary_table(summary, title, main.n_manifest - successes), group_table(summary)]
+    if summary.harm is not None:
+        parts += [harm_table(summary.harm), breakdown_table(summary.harm.per_group, "group")]
     if _sham(summary.arms) is not None:
         parts.append(sham_table(summary))
     if summary.versus_control.estimate is not None:

@@ -122,6 +122,18 @@ def _diff(stored: Any, fresh: Any, where: str = "") -> list[str]:
     return []
 
 
+def _as_stored_then(recomputed: dict, stored: dict) -> dict:
+    """The recomputed summary without what a summary stored before breakdowns carried the primary's comparison
+    with control (`versus_control` in `per_group`, `per_task`) could not hold; every figure it held is compared."""
+    breakdowns = [b for key in ("per_group", "per_task") for b in (stored.get(key) or {}).values() if isinstance(b, dict)]
+    if not breakdowns or any("versus_control" in b for b in breakdowns):
+        return recomputed
+    out = dict(recomputed)
+    for key in ("per_group", "per_task"):
+        out[key] = {name: {k: v for k, v in b.items() if k != "versus_control"} for name, b in (out.get(key) or {}).items()}
+    return out
+
+
 class _Verifier:
     def __init__(self, study_dir: Path, journal: Journal):
         self.dir = study_dir
@@ -538,7 +550,7 @@ class _Verifier:
             except ValidationError:
                 self.problem("summary", None, "stored summary is not a summary")
                 return
-            recomputed = summary.model_dump(mode="json")
+            recomputed = _as_stored_then(summary.model_dump(mode="json"), stored)
         diffs = _diff(stored, recomputed)
         if diffs:
             shown = "; ".join(diffs[:5]) + (f"; and {len(diffs) - 5} more" if len(diffs) > 5 else "")

@@ -17,10 +17,11 @@ from rescue.core.config import ConfigError, StudyConfig, work_problems
 from rescue.core.digest import digest_json, digest_text
 from rescue.core.episode_protocol import get_protocol
 from rescue.core.evaluation import EvalSummary, case_id_of, episode_cases, failure_cases, mark_pilot, summarize_eval
-from rescue.core.manifest import Case, Manifest, ManifestError, load_manifest, parse_manifest
+from rescue.core.manifest import Case, Manifest, ManifestError, case_places, load_manifest, parse_manifest, read_manifest_bytes
 from rescue.core.names import EMBEDDED_POLICY
 from rescue.core.records import Verdict
 from rescue.core.sham import ShamConfig
+from rescue.core.success_sample import SamplingFrame, frame_tags, sample_successes
 from rescue.env.backend import LOCAL, Backend
 from rescue.run.engine import complement_manifest, recover, run_study
 from rescue.run.observer import RunObserver
@@ -102,6 +103,7 @@ def run_manifest(
     if not pilot_run:
         manifest.require_main_cohort()
     check_protocol_tags(manifest, study_protocol(config).name)
+    check_outcomes(manifest, read_manifest_bytes(manifest_path))
     backend.connect(config.env.simulators)  # a backend that cannot be used is refused before the study exists
     study_dir = new_study(study_dir, manifest, config)
     _run(study_dir, on_case, verbose, config, backend)
@@ -210,17 +212,21 @@ def eval_summary(study_dir: Path) -> EvalSummary:
 
 
 def manifest_from_eval(
-    eval_dir: Path, out: Path, pilot_tasks: int = 0, limit: int | None = None, inits: list[int] | None = None
+    eval_dir: Path, out: Path, pilot_tasks: int = 0, limit: int | None = None, inits: list[int] | None = None,
+    successes: int | Literal["all"] | None = None, seed: int = 0,
 ) -> list[Case]:
     """Write the failure manifest of an evaluation study, with fingerprints and provenance
-    (only failures of the initial states `inits`, when given; then at most `limit`)."""
+    (only failures of the initial states `inits`, when given; then at most `limit`); with `successes`, its
+    historical successes too (all, or a seeded sample of that many stratified by task), every case tagged with
+    the sampling frame (DESIGN §17)."""
     config = load_study_config(eval_dir)
     if not config.is_evaluation:
         raise StudyError(f"{eval_dir} is not an evaluation study")
     with open_journal(eval_dir) as journal:
         meta = journal.meta()
         episodes = journal.cases()
-        overall = summarize_eval(episodes, journal.verdicts()).overall
+        verdicts = journal.verdicts()
+        overall = summarize_eval(episodes, verdicts).overall
         # Where the failures came from travels with each case (rescue.core.baseline reads it back).
         provenance = {
             "eval_study": meta.get("study_id"),
@@ -234,15 +240,62 @@ def manifest_from_eval(
             "taken_inits": format_ids(inits) if inits is not None else None,
             "taken_limit": limit,
         }
-        cases = failure_cases(episodes, journal.verdicts(), journal.all_arms(), provenance)
+        arms = journal.all_arms()
+        cases = failure_cases(episodes, verdicts, arms, provenance)
+        won = failure_cases(episodes, verdicts, arms, provenance, outcome="success") if successes is not None else []
     if inits is not None:
         cases = [c for c in cases if c.init_state_index in inits]
+        won = [c for c in won if c.init_state_index in inits]
     if limit is not None:
         cases = cases[:limit]
     if pilot_tasks:
         cases = mark_pilot(cases, pilot_tasks)
+    if successes is not None:
+        if successes != "all" and successes < 0:
+            raise ConfigError(f"--successes {successes}: a sample size is 0 or more, or 'all'")
+        frame_failures = sum(1 for c in episodes if verdicts.get(c.case_id) is not None
+                             and verdicts[c.case_id].label == "failure" and (inits is None or c.init_state_index in inits))
+        per_task = {t: SamplingFrame(failures=sum(c.task == t for c in episodes if verdicts.get(c.case_id) is not None
+                                                  and verdicts[c.case_id].label == "failure"
+                                                  and (inits is None or c.init_state_index in inits)),
+                                     successes=sum(c.task == t for c in won))
+                    for t in sorted({c.task for c in episodes})}
+        chosen = sample_successes(won, None if successes == "all" else successes, seed)
+        frame = SamplingFrame(failures=frame_failures, successes=len(won),
+                              sampled=None if successes == "all" else len(chosen), seed=None if successes == "all" else seed)
+        cases = [c.model_copy(update={"outcome": c.historical_outcome, "tags": {**c.tags, **frame_tags(frame, per_task[c.task])}})
+                 for c in cases + chosen]
     write_manifest(cases, out)
     return cases
+
+
+def check_outcomes(manifest: Manifest, data: bytes, eval_dir: Path | None = None) -> None:
+    """Refuse rows whose historical outcome contradicts the evaluation they name (its folder under `studies/`,
+    or `eval_dir`), naming line and field; an evaluation not found here is not checked."""
+    named = {c.tags.get("eval_study") for c in manifest.cases} - {None}
+    labels: dict[str, dict[str, str]] = {}
+    for study in named:
+        folder = eval_dir if eval_dir is not None else Path(STUDIES) / str(study)
+        if not (folder / StudyLayout.of(folder).config.name).is_file():
+            continue
+        with open_journal(folder) as journal:
+            if journal.meta().get("study_id") == study:
+                labels[str(study)] = {k: v.label for k, v in journal.verdicts().items()}
+    places = case_places(data, manifest.source)
+    problems = []
+    for case in manifest.cases:
+        found = labels.get(str(case.tags.get("eval_study")))
+        if found is None:
+            continue
+        label = found.get(case.case_id)
+        where = places.get(case.case_id, manifest.source)
+        if label is None:
+            problems.append(f"{where}: case_id: {case.case_id!r} is no episode of evaluation {case.tags['eval_study']}")
+        elif label != case.historical_outcome:
+            problems.append(f"{where}: outcome: {case.historical_outcome!r}, but evaluation {case.tags['eval_study']} "
+                            f"recorded {label!r} for {case.case_id}")
+    if problems:
+        raise ManifestError(problems)
 
 
 def _episode_tags(episodes: list[tuple[str, int, int]]) -> dict[str, str]:

@@ -27,6 +27,7 @@ from rescue.core.querypoint import query_point
 from rescue.core.records import ArmResult, CaseRecord, Receipt, Verdict
 from rescue.core.sham import sham_donors
 from rescue.core.stats import Summary, summarize
+from rescue.core.success_sample import frame_of, task_frames
 from rescue.study.files import fsync_dir, write_atomic, write_manifest
 from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, CaseState, Journal
 from rescue.study.layout import LAB_RECEIPTS, RECEIPTS, STUDIES, StudyLayout
@@ -161,6 +162,7 @@ def case_record(
         query_steps={arm: config.query_step(arm, case.horizon) for arm in config.arms if query_point_of(arm)},
         historical_fingerprint=case.fingerprint,
         pilot=case.pilot,
+        historical_outcome=case.historical_outcome,
         interrupted=interrupted,
         primary=config.primary_arm,
         arms=judged,
@@ -288,7 +290,8 @@ def study_summary(records: StudyRecords, verdicts: dict[str, Verdict] | None = N
     verdicts = records.verdicts if verdicts is None else verdicts
     chosen = [c for c in records.cases if records.states[c.case_id] in SUMMARIZED_STATES and c.case_id in verdicts]
     try:
-        return summarize([records.record(c) for c in chosen], [verdicts[c.case_id] for c in chosen])
+        return summarize([records.record(c) for c in chosen], [verdicts[c.case_id] for c in chosen],
+                         frame=frame_of(records.cases), task_frames=task_frames(records.cases))
     except ValueError as exc:
         raise SummaryError(f"the study's verdicts cannot be summarized: {exc}") from None
 

@@ -29,6 +29,7 @@ from rescue.core.manifest import Case
 from rescue.core.proofs import check_evidence, prefix_match
 from rescue.core.stats import wilson_interval
 from rescue.read.export import StudyExport, export_study
+from rescue.read.harm_view import evaluation_name, net_sentence
 from rescue.read.html import plots
 from rescue.read.html.app import index_script, panel_script
 from rescue.read.html.cases import AdvisorView, CaseView, case_index, case_panel, keyframe_order
@@ -368,6 +369,9 @@ def _render(study: Path, export: StudyExport, records: StudyRecords, assets: Ass
     s = export.summary
     answer = r_ci = None
     asking = 0
+    net_lines = []
+    if s is not None and s.harm is not None:
+        net_lines = [net_sentence(f, evaluation_name(s.harm)) for f in s.harm.arms]
     if s is not None:
         primary = records.config.advisors[0].name if records.config.advisors else None
         sham = records.config.sham.source if records.config.sham.on else None
@@ -376,6 +380,7 @@ def _render(study: Path, export: StudyExport, records: StudyRecords, assets: Ass
         asking = sum(is_assisted(f.arm) for f in s.figures())
     return render(
         "study.html", title=f"{name} · {info.kind} study report", export=export, name=name, answer=answer, r_ci=r_ci,
+        net_lines=net_lines,
         asking=asking,
         created=created_text(info.created_at), protocol=episode_protocol(records.config, protocols), baseline=baseline,
         provenance=provenance_rows(records.config, records.meta, records.receipts.values(), protocols),

@@ -1,0 +1,145 @@
+"""A study of failures and historical successes (DESIGN §17) through the read side: the stored verdicts, the
+summary's harm section, export (rescue-export/6), the terminal and the report's first screen, and `rescue verify`
+re-deriving every figure and catching a success's tampered label. Built by the library's own writers, as
+tests/test_export_verify.py builds its study; no simulator runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from test_export_verify import C, FP, H, RECEIPTS_FILE, Driver, applied, arm_result, receipt
+
+from rescue.core.manifest import parse_manifest
+from rescue.core.records import Assistance
+from rescue.core.success_sample import SamplingFrame, frame_tags
+from rescue.read.export import export_study, read_export, write_export
+from rescue.read.terminal import render_summary
+from rescue.read.verify import verify_study
+from rescue.run.engine import recover
+from rescue.study.folder import create_study, store_summary
+from rescue.study.journal import Journal
+from rescue.study.receipts import ReceiptLog
+from conftest import resolved_config
+
+pytestmark = pytest.mark.fast
+
+FRAME = SamplingFrame(failures=20, successes=30, sampled=3, seed=4)
+TASK = SamplingFrame(failures=20, successes=30)
+CASES = [("f-rescued", "failure"), ("f-both-fail", "failure"), ("s-broken", "success"), ("s-kept", "success"),
+         ("s-early", "success")]
+
+
+def build(study: Path) -> Path:
+    lines = [dict(case_id=cid, suite="libero_spatial", task_id=0, init_state_index=i, env_seed=7, horizon=H,
+                  group="spatial", fingerprint=FP, outcome=outcome, tags=frame_tags(FRAME, TASK))
+             for i, (cid, outcome) in enumerate(CASES)]
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    create_study(study, parse_manifest(data, "manifest.jsonl", catalog=None), resolved_config(C))
+    journal = Journal.open(study)
+    log = ReceiptLog(study / RECEIPTS_FILE)
+    drive = Driver(study, journal)
+    plan = {"f-rescued": (False, True), "f-both-fail": (False, False), "s-broken": (True, False), "s-kept": (True, True)}
+    for cid, (control_ok, assisted_ok) in plan.items():
+        sub = f"Subgoal for {cid}."
+        log.write(receipt("outcome", f"call-{cid}", [cid], "ok", {f"req-{cid}": sub}))
+        a, i = applied(cid, f"call-{cid}", sub)
+        drive.finish(cid, arm_result(cid, "control", success=control_ok, steps=150 if control_ok else H),
+                     arm_result(cid, "assisted", success=assisted_ok, steps=170 if assisted_ok else H, assistance=a,
+                                applied=i))
+    # A success that ends before q: the assisted arm never asks (no call, no cost).
+    drive.finish("s-early", arm_result("s-early", "control", success=True, steps=96),
+                 arm_result("s-early", "assisted", success=True, steps=96, assistance=Assistance(status="not_reached")))
+    log.close()
+    journal.close()
+    recover(study)
+    store_summary(study)
+    return study
+
+
+@pytest.fixture(scope="module")
+def harm_study(tmp_path_factory) -> Path:
+    return build(tmp_path_factory.mktemp("harm") / "study-harm")
+
+
+def test_labels_figures_and_net_change_of_a_mixed_study(harm_study):
+    export = export_study(harm_study)
+    assert export.schema_version == "rescue-export/6"
+    labels = {c.case_id: (c.outcome, c.label) for c in export.cases}
+    assert labels == {"f-rescued": ("failure", "rescued"), "f-both-fail": ("failure", "not_rescued"),
+                      "s-broken": ("success", "broken"), "s-kept": ("success", "kept"), "s-early": ("success", "kept")}
+    s = export.summary
+    assert (s.n, s.r) == (2, 1)  # the failures' summary, as before
+    harm = s.harm.of("assisted")
+    assert (harm.n, harm.exposed, harm.m, harm.counts["broken"]) == (3, 2, 2, 1)
+    assert harm.harm.diff == pytest.approx(0.5) and harm.rescue.diff == pytest.approx(0.5)
+    assert s.harm.frame == FRAME
+    # (F * rescue - S * harm) / N, the successes' harm over all three sampled (the early one counts 0).
+    assert harm.net.change == pytest.approx((20 * 0.5 - 30 * (1 / 3)) / 50)
+    assert harm.net.successes.fraction == pytest.approx(3 / 30)
+    assert s.harm.per_task["libero_spatial/0"][0].net.change == pytest.approx(harm.net.change)
+    # The breakdown carries the primary against control (the defect: only against the sham before).
+    assert s.per_group["spatial"].versus_control.pairs.first_only == 1
+
+
+def test_the_export_reads_back_and_the_terminal_and_report_open_with_the_net_change(harm_study, tmp_path):
+    out = tmp_path / "export.json"
+    write_export(export_study(harm_study), out, tmp_path / "export.csv")
+    again = read_export(out)
+    assert again.summary.harm == export_study(harm_study).summary.harm
+    console = Console(record=True, width=200)
+    console.print(render_summary(again))
+    text = console.export_text()
+    assert "turning assisted on at the pre-registered q would change libero_spatial from 60.0% to 60.0%" in text
+    assert "historical successes" in text and "p vs control" in text
+    assert "of which have a verdict" not in text  # N is the failures': both have one
+    from rescue.read.html.report import write_report
+
+    page = write_report(harm_study).read_text()
+    first = page.index('data-answer="net"')
+    assert first < page.index('data-answer="main"') and "turning assisted on at the pre-registered q would change libero_spatial" in page
+    assert 'data-harm="assisted"' in page
+
+
+def test_verify_rederives_the_harm_figures_and_catches_a_tampered_success_label(harm_study, tmp_path):
+    assert verify_study(harm_study).ok
+    copy = Path(shutil.copytree(harm_study, tmp_path / "tampered"))
+    conn = sqlite3.connect(copy / "journal.sqlite")
+    (data,) = conn.execute("SELECT data FROM verdicts WHERE case_id = 's-broken'").fetchone()
+    obj = json.loads(data)
+    obj["label"] = "kept"
+    conn.execute("UPDATE verdicts SET data = ? WHERE case_id = 's-broken'", (json.dumps(obj),))
+    conn.commit()
+    conn.close()
+    report = verify_study(copy)
+    assert not report.ok
+    assert any("stored verdict kept (rule 8) differs from the recomputed broken" in p.message for p in report.problems)
+    # A stored harm figure edited is caught too.
+    copy2 = Path(shutil.copytree(harm_study, tmp_path / "tampered-summary"))
+    conn = sqlite3.connect(copy2 / "journal.sqlite")
+    (meta,) = conn.execute("SELECT value FROM meta WHERE key = 'summary'").fetchone()
+    summary = json.loads(meta)
+    summary["harm"]["arms"][0]["counts"]["broken"] = 0
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'summary'", (json.dumps(summary),))
+    conn.commit()
+    conn.close()
+    report = verify_study(copy2)
+    assert any(p.check == "summary" and "harm.arms[0].counts.broken" in p.message for p in report.problems)
+
+
+def test_an_export_of_the_previous_version_reads_unchanged(harm_study, tmp_path):
+    write_export(export_study(harm_study), tmp_path / "e.json", tmp_path / "e.csv")
+    data = json.loads((tmp_path / "e.json").read_text())
+    data["schema_version"] = "rescue-export/5"
+    del data["summary"]["harm"]
+    for case in data["cases"]:
+        case.pop("outcome", None)
+    for b in data["summary"]["per_group"].values():
+        b.pop("versus_control", None)
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    old = read_export(tmp_path / "old.json")
+    assert old.schema_version == "rescue-export/5" and old.summary.harm is None and old.summary.r == 1
