@@ -24,6 +24,11 @@ if [ -z "$python" ]; then
   exit 1
 fi
 
+# Built from a copy, so no build/ is left in the checkout.
+src="$(mktemp -d)"
+trap 'rm -rf "$src"' EXIT
+cp -a serve/pyproject.toml serve/rescue_serve "$src/"
+
 key="$(printf '%s\n' "$LEROBOT_PIN" "$("$python" -c 'import sys; print(sys.version)')" | sha256sum | cut -c1-12)"
 root="${RESCUE_INTEROP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vlm-rescue/interop}"
 venv="$root/lerobot-0.6.1-py$PYTHON_MINOR-$key"
@@ -33,10 +38,10 @@ if [ ! -f "$venv/.complete" ]; then
   echo "interop: installing $LEROBOT_PIN into $venv" >&2
   "$python" -m venv "$venv"
   # One resolve for both: the serving distribution must install beside LeRobot's pins at once.
-  "$venv/bin/python" -m pip install -q "$LEROBOT_PIN" ./serve >&2
+  "$venv/bin/python" -m pip install -q "$LEROBOT_PIN" "$src" >&2
   touch "$venv/.complete"
 fi
 # The serving distribution as a user installs it (not editable): what the adapters import comes from serve/.
-"$venv/bin/python" -m pip install -q --no-deps --force-reinstall ./serve >&2
+"$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$src" >&2
 "$venv/bin/python" -m pip check >&2
 echo "$venv/bin/python"

@@ -291,3 +291,40 @@ def test_rescue_serve_openpi_without_openpi_says_so_in_one_line():
                          cwd=SERVE, capture_output=True, text=True)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "openpi is not importable in this environment" in out.stderr
+
+
+# --- the LeRobot adapter's choices (the real LeRobot runs in the interop tier: tests/test_lerobot_interop.py) ----
+
+
+class _Chunker:
+    def predict_action_chunk(self, batch): ...
+
+    def select_action(self, batch): ...
+
+
+class _Stepper:
+    def select_action(self, batch): ...
+
+
+def test_the_lerobot_mode_follows_the_observation_history():
+    from rescue_serve.lerobot import _choose_mode
+
+    assert _choose_mode("act", 1, "auto", _Chunker) == "chunk"
+    assert _choose_mode("diffusion", 2, "auto", _Chunker) == "step"
+    assert _choose_mode("act", 1, "step", _Chunker) == "step"
+    with pytest.raises(wire.BadInput, match="n_obs_steps = 2 needs every step's observation"):
+        _choose_mode("diffusion", 2, "chunk", _Chunker)
+    with pytest.raises(wire.BadInput, match="cannot be served in chunk mode: it has no predict_action_chunk"):
+        _choose_mode("vqbet", 1, "auto", _Stepper)
+
+
+@pytest.mark.parametrize("make,expected", [
+    (lambda tmp: tmp / "nothing-here", "is not a saved LeRobot policy directory (no config.json)"),
+    (lambda tmp: (tmp / "config.json").write_text("{}") and tmp, "lerobot is not importable in this environment"),
+])
+def test_rescue_serve_lerobot_bad_input_is_one_line(tmp_path, make, expected):
+    path = make(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "rescue_serve.cli", "lerobot", str(path)],
+                         cwd=SERVE, capture_output=True, text=True)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and expected in out.stderr
