@@ -14,6 +14,7 @@ are not built here.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import subprocess
@@ -21,9 +22,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
-from conftest import ROOT, arm_rows, cli_env, ensure_stopped, export_of, rescue_cli, wait_healthy, write_cases
+from conftest import HANG_S, ROOT, arm_rows, cli_env, ensure_stopped, export_of, rescue_cli, wait_healthy, write_cases
 from openpi_libero_policy import free_port
+
+from rescue.policy.client import PolicyServerError, WebsocketPolicyClient
 
 pytestmark = pytest.mark.interop
 
@@ -142,6 +146,52 @@ def test_the_profile_equals_lerobots_own_pipeline_byte_for_byte(lerobot_python, 
             expected = {"observation.images.image", "observation.images.image2", "observation.state", "task"}
             assert set(compared["env"]) >= expected, (name, stage, compared)
             assert all(compared["env"].values()) and all(compared["policy"].values()), (name, stage, compared)
+
+
+def _lerobot_obs(step: int) -> dict:
+    rng = np.random.default_rng(step)
+    return {"observation.images.image": rng.integers(0, 256, (256, 256, 3), dtype=np.uint8),
+            "observation.images.image2": rng.integers(0, 256, (256, 256, 3), dtype=np.uint8),
+            "observation.state": rng.standard_normal(8).astype(np.float32), "task": "put the bowl on the plate"}
+
+
+def test_connections_interleaved_keep_their_own_stream_and_history(lerobot_python, saved):
+    # Diffusion keeps an observation history and samples: two connections seeded alike, their calls interleaved
+    # with a third's, answer alike step by step; a connection seeded otherwise does not.
+    async def main(url: str) -> tuple[list, list, list]:
+        clients = [await WebsocketPolicyClient.connect(url, connect_timeout_s=HANG_S) for _ in range(3)]
+        for client, seed in zip(clients, (5, 5, 6)):
+            await client.reset_rng(seed)
+        answers: list[list] = [[], [], []]
+        for step in range(10):
+            for i in (2, 0, 1) if step % 2 else (0, 2, 1):
+                answers[i].append((await clients[i].infer(_lerobot_obs(step)))["actions"])
+        states = {(await c.rng_state()).digest for c in clients[:2]}
+        for client in clients:
+            await client.close()
+        assert len(states) == 1
+        return answers
+
+    with served(lerobot_python, saved / "diffusion") as (url, proc):
+        a, b, c = asyncio.run(main(url))
+    assert all(x.shape == (1, 7) for x in a)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(np.array_equal(x, z) for x, z in zip(a, c))
+
+
+def test_a_missing_camera_key_names_the_rename_map_that_fixes_it(lerobot_python, saved):
+    async def main(url: str) -> str:
+        obs = _lerobot_obs(0)
+        obs["observation.images.top"] = obs.pop("observation.images.image")
+        async with await WebsocketPolicyClient.connect(url, connect_timeout_s=HANG_S) as client:
+            with pytest.raises(PolicyServerError) as info:
+                await client.infer(obs)
+        return str(info.value).strip().splitlines()[-1]
+
+    with served(lerobot_python, saved / "act") as (url, proc):
+        line = asyncio.run(main(url))
+    assert ("the policy reads 'observation.images.image', which the observation lacks" in line
+            and """--rename-map '{"observation.images.top": "observation.images.image"}'""" in line), line
 
 
 def test_the_server_names_its_mode_and_threads(lerobot_python, saved):
