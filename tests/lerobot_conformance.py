@@ -9,7 +9,8 @@ handed the `lerobot-libero` profile (`raw_*`) and what the profile made of them
 of LeRobot's LIBERO config (`LiberoProcessorStep`: 180-degree flip, the 8-float state),
 then the policy's own preprocessor. Ours is the profile's observation through
 `rescue-serve lerobot`'s batch and the same policy preprocessor. Each tensor is compared
-by dtype, shape and bytes, after the env step and after the policy's preprocessor.
+by dtype, shape and bytes (and, where the bytes differ, by how many float32 steps),
+after the env step and after the policy's preprocessor.
 """
 
 from __future__ import annotations
@@ -27,15 +28,27 @@ from lerobot.envs.utils import preprocess_observation
 from rescue_serve.lerobot import LeRobotServed
 
 
-def _same(a: object, b: object) -> bool:
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many float32 steps apart the farthest pair of elements is (0: byte for byte)."""
+    x = a.detach().cpu().numpy().astype(np.float32).view(np.int32).astype(np.int64)
+    y = b.detach().cpu().numpy().astype(np.float32).view(np.int32).astype(np.int64)
+    return int(np.abs(x - y).max()) if x.size else 0
+
+
+def _same(a: object, b: object) -> dict:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and a.cpu().numpy().tobytes() == b.cpu().numpy().tobytes()
-    return a == b
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return {"equal": False, "why": f"{a.dtype}{tuple(a.shape)} against {b.dtype}{tuple(b.shape)}"}
+        equal = a.cpu().numpy().tobytes() == b.cpu().numpy().tobytes()
+        diff = 0.0 if equal else float((a.double() - b.double()).abs().max())
+        return {"equal": equal, "ulps": 0 if equal else _ulps(a, b), "max_abs": diff}
+    return {"equal": a == b}
 
 
-def _compare(theirs: dict, ours: dict) -> dict[str, bool]:
+def _compare(theirs: dict, ours: dict) -> dict[str, dict]:
     keys = sorted(k for k in set(theirs) | set(ours) if k.startswith("observation.") or k == "task")
-    return {k: k in theirs and k in ours and _same(theirs[k], ours[k]) for k in keys}
+    return {k: _same(theirs[k], ours[k]) if k in theirs and k in ours else {"equal": False, "why": "missing"}
+            for k in keys}
 
 
 def main(captured_path: str, policy_dir: str) -> int:

@@ -328,3 +328,4 @@ def test_rescue_serve_lerobot_bad_input_is_one_line(tmp_path, make, expected):
                          cwd=SERVE, capture_output=True, text=True)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and expected in out.stderr
+
