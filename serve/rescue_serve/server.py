@@ -44,6 +44,9 @@ from rescue_serve.wire import (
 )
 
 log = logging.getLogger("rescue_serve")
+# The websockets library's own lines (a handshake refused, a connection closed): warnings only, as the old server.
+_wire_log = logging.getLogger("rescue_serve.websockets")
+_wire_log.setLevel(logging.WARNING)
 
 DEFAULT_MAX_MSG_SIZE = 64 * 1024 * 1024
 # openpi's servers listen on 8000; rescue's local VLM endpoint's default is 8001.
@@ -131,7 +134,7 @@ class PolicyServer:
             compression=None,
             max_size=self._max_msg_size,
             ping_interval=None,  # the server never pings; clients keep the connection alive
-            logger=logging.getLogger("rescue_serve.websockets"),
+            logger=_wire_log,
         )
         host, port = self._server.sockets[0].getsockname()[:2]
         self.url = f"ws://{host}:{port}/"
