@@ -57,6 +57,7 @@ async def ask_subgoal(base_url: str, receipts: Path):
 def main() -> int:
     """Run the checks; print what was found; 0 when all hold."""
     import rescue
+    import rescue_serve
     from rescue.core.prompts import DEFAULT_ROOT, load_template
     from rescue.embedded.learned import DEFAULT_CHECKPOINT, LearnedPolicy
     from rescue.embedded.phases import PHASES, parse_pick_place, sub_instruction
@@ -67,6 +68,7 @@ def main() -> int:
     package = Path(rescue.__file__).parent
     found = {
         "rescue": str(package),
+        "rescue_serve": str(Path(rescue_serve.__file__).parent),
         "cwd": str(Path.cwd()),
         "prompts": str(DEFAULT_ROOT),
         "template_sha256": load_template("subgoal_v1").sha256,
@@ -109,6 +111,7 @@ def main() -> int:
     model_answers = {sub_instruction(phase, goal) for phase in PHASES}
     checks = {
         "package outside the working directory": not package.resolve().is_relative_to(Path.cwd().resolve()),
+        "serving package installed beside it": Path(rescue_serve.__file__).parent.parent == package.parent,
         "template inside the package": DEFAULT_ROOT.is_relative_to(package),
         "checkpoints inside the package": all(
             Path(p).is_relative_to(package) and Path(p).is_file()

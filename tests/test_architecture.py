@@ -241,3 +241,42 @@ def test_only_the_layout_module_spells_study_file_names():
             if re.search(rf"[\"']([^\"']*/)?{re.escape(name)}[\"']", text):
                 offenders.append(f"{path.relative_to(ROOT)}: {name}")
     assert offenders == []
+
+
+# The serving distribution (serve/rescue_serve, linked as rescue_serve/): it installs into a policy's own venv, so it
+# imports nothing of the package, and at module level nothing beyond the standard library, numpy, msgpack, websockets;
+# torch, lerobot and openpi only inside the function that loads a policy.
+SERVING = ROOT / "serve" / "rescue_serve"
+SERVING_TOP_LEVEL = {"numpy", "msgpack", "websockets", "rescue_serve"}
+
+
+def serving_violations(files: dict[str, str]) -> list[str]:
+    """`name: import` for each import of a serving module that breaks the rule (source by module name)."""
+    bad = []
+    for name, source in sorted(files.items()):
+        tree = ast.parse(source)
+        top = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                modules = [node.module or ""]
+            else:
+                continue
+            for module in modules:
+                root = module.split(".")[0]
+                if _ours(module) or (id(node) in top and root not in SERVING_TOP_LEVEL and root not in sys.stdlib_module_names):
+                    bad.append(f"{name}: {module}")
+    return bad
+
+
+def test_the_serving_distribution_imports_only_what_it_depends_on():
+    files = {p.stem: p.read_text(encoding="utf-8") for p in SERVING.glob("*.py")}
+    assert {"server", "lerobot", "openpi", "msgpack_numpy"} <= set(files)
+    assert serving_violations(files) == []
+
+
+def test_the_serving_rule_would_see_a_package_or_torch_import():
+    files = {"a": "import torch\n", "b": "def f():\n    import torch\n", "c": "from rescue.core import digest\n",
+             "d": "import json\nimport numpy\n"}
+    assert serving_violations(files) == ["a: torch", "c: rescue.core"]

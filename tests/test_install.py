@@ -16,7 +16,8 @@ from conftest import ROOT
 pytestmark = pytest.mark.e2e
 
 # What a wheel is built from (pyproject's readme and the package data links' targets included).
-SOURCES = ("pyproject.toml", "README.md", "rescue", "wrappers", "prompts", "models")
+# rescue_serve/ links into serve/, the serving distribution, whose package this one ships too.
+SOURCES = ("pyproject.toml", "README.md", "rescue", "rescue_serve", "serve", "wrappers", "prompts", "models")
 
 
 def run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
@@ -42,7 +43,9 @@ def test_wheel_installed_elsewhere_finds_its_prompt_and_models(tmp_path):
         assert f"rescue/assets/{data}" in names
         assert zipfile.ZipFile(wheel).read(f"rescue/assets/{data}") == (ROOT / data).read_bytes()
     assert {"rescue/env/libero.py", "rescue/embedded/endpoint.py", "rescue/embedded/learned.py",
-            "rescue/embedded/vision_language.py", "wrappers/injection.py"} <= names
+            "rescue/embedded/vision_language.py", "wrappers/injection.py", "rescue_serve/server.py",
+            "rescue_serve/msgpack_numpy.py", "rescue_serve/lerobot.py"} <= names
+    assert zipfile.ZipFile(wheel).read("rescue_serve/server.py") == (ROOT / "serve/rescue_serve/server.py").read_bytes()
     # The report's templates, style sheet and script ship with the package.
     templates = {f"rescue/read/html/templates/{p.name}" for p in (ROOT / "rescue/read/html/templates").iterdir()}
     assert "rescue/read/html/templates/study.html" in templates and templates <= names
@@ -53,7 +56,8 @@ def test_wheel_installed_elsewhere_finds_its_prompt_and_models(tmp_path):
     elsewhere.mkdir()
     # Only the installed copy on the path; the checkout's editable install comes after it.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(site)}
-    where = run([sys.executable, "-c", "import rescue, wrappers; print(rescue.__file__); print(wrappers.__file__)"],
+    where = run([sys.executable, "-c", "import rescue, rescue_serve, wrappers; print(rescue.__file__); "
+                 "print(rescue_serve.__file__); print(wrappers.__file__)"],
                 cwd=elsewhere, env=env).stdout.split()
     assert all(Path(p).is_relative_to(site) for p in where), where
     assert "usage: rescue" in run([sys.executable, "-m", "rescue.cli", "--help"], cwd=elsewhere, env=env).stdout
@@ -71,3 +75,19 @@ def test_wheel_installed_elsewhere_finds_its_prompt_and_models(tmp_path):
     assert "Summary (main cohort)" in (study / "report.html").read_text(encoding="utf-8")
     assert found["policy_actions_shape"] == [8, 7]
     assert found["vision_language_actions_shape"] == [8, 7] and Path(found["locator_checkpoint"]).is_relative_to(site)
+
+
+def test_the_serving_distribution_builds_alone_and_asks_for_three_packages(tmp_path):
+    # serve/ as a user installs it into a policy's venv: a wheel of rescue_serve alone, numpy, msgpack, websockets.
+    src = shutil.copytree(ROOT / "serve", tmp_path / "serve", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(src)])
+    (wheel,) = (tmp_path / "dist").glob("rescue_serve-*.whl")
+    archive = zipfile.ZipFile(wheel)
+    assert {n.split("/")[0] for n in archive.namelist() if not n.startswith("rescue_serve-")} == {"rescue_serve"}
+    metadata = archive.read(next(n for n in archive.namelist() if n.endswith("/METADATA"))).decode()
+    requires = sorted(line.split(":", 1)[1].strip().split(">")[0].split("<")[0] for line in metadata.splitlines()
+                      if line.startswith("Requires-Dist:"))
+    assert requires == ["msgpack", "numpy", "websockets"]
+    assert "Requires-Python: <3.14,>=3.10" in metadata or "Requires-Python: >=3.10,<3.14" in metadata
+    entry = archive.read(next(n for n in archive.namelist() if n.endswith("/entry_points.txt"))).decode()
+    assert "rescue-serve = rescue_serve.cli:main" in entry

@@ -151,3 +151,20 @@ def test_observation_module_needs_no_simulator():
     code = "import sys, rescue.core.observation; print(sorted(m for m in ('robosuite', 'mujoco', 'libero', 'torch', 'openpi_client') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)}, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_lerobot_profile_computes_the_axis_angle_in_float32_as_lerobot_does():
+    # The eef quaternion at the reset of object-3-ep0 under the lerobot protocol, and the bytes LeRobot 0.6.1's
+    # LiberoProcessorStep._quat2axisangle gives for it (torch, float32); robosuite's float64 formula cast to float32
+    # is one float32 step off in the second element.
+    from rescue.core.observation import LEROBOT_LIBERO, compose_state, quat2axisangle, quat2axisangle_float32
+
+    quat = np.array([0.9995646824193214, -0.00019292262238918, -0.02950264056701997, 5.138478755805677e-05])
+    lerobot = bytes.fromhex("c4f748404de01eba31d0bdbd")
+    assert quat2axisangle_float32(quat).tobytes() == lerobot
+    assert quat2axisangle(quat).astype(np.float32).tobytes() != lerobot
+    raw = {"robot0_eef_pos": np.array([0.1, 0.2, 0.3]), "robot0_eef_quat": quat,
+           "robot0_gripper_qpos": np.array([0.04, -0.04])}
+    state = compose_state(LEROBOT_LIBERO.state.parts, raw).astype(np.float32)
+    assert state[3:6].tobytes() == lerobot
+    assert not quat2axisangle_float32(np.array([0.0, 0.0, 0.0, 1.0])).any()  # no rotation: zeros, as LeRobot

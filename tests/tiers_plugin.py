@@ -1,8 +1,9 @@
 """The test tiers, as a pytest plugin (registered by tests/conftest.py).
 
 Every test module declares a tier with a module-level `pytestmark = pytest.mark.fast` (pure core and
-protocol), `pytest.mark.sim` (LIBERO/MuJoCo) or `pytest.mark.e2e` (CLI, servers or an install in
-subprocesses); `sim` and `e2e` may go together. Collection refuses a module without a tier, and a test
+protocol), `pytest.mark.sim` (LIBERO/MuJoCo), `pytest.mark.e2e` (CLI, servers or an install in
+subprocesses) or `pytest.mark.interop` (against the real LeRobot in a venv of its own: `bash scripts/test.sh
+interop`, in neither the fast nor the slow tier); `sim` and `e2e` may go together. Collection refuses a module without a tier, and a test
 outside the `sim` tier that loads MuJoCo into the test process fails, so `pytest -m "not sim and not e2e"`
 stays fast. The plugin also hands the longest test groups out first to the pytest-xdist workers, and gives
 the whole run one cache of each kind in RUN_CACHES.
@@ -16,7 +17,7 @@ import sys
 
 import pytest
 
-TIERS = ("fast", "sim", "e2e")
+TIERS = ("fast", "sim", "e2e", "interop")
 # Modules only the simulator brings in: loading one means the test runs LIBERO.
 SIM_MODULES = ("mujoco", "robosuite", "libero")
 # What each of the longest test groups (a module, or an `xdist_group`) took in its tier, in seconds: the sum of
@@ -97,10 +98,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tiers = module_tiers(module)
         if not tiers:
             problems[str(item.path)] = "declares no tier: add `pytestmark = pytest.mark.fast` (or sim, e2e)"
+        elif "interop" in tiers and len(tiers) > 1:
+            problems[str(item.path)] = f"declares interop together with {sorted(tiers - {'interop'})}"
         elif "fast" in tiers and len(tiers) > 1:
             problems[str(item.path)] = f"declares fast together with {sorted(tiers - {'fast'})}"
     if problems:
         raise pytest.UsageError("\n".join(f"{path}: {why}" for path, why in sorted(problems.items())))
+    if "interop" not in (config.getoption("markexpr") or ""):
+        # Only a run that asks for it (`-m interop`) builds the LeRobot venv: a plain `pytest` leaves it out.
+        interop = [item for item in items if item.get_closest_marker("interop") is not None]
+        if interop:
+            config.hook.pytest_deselected(items=interop)
+            items[:] = [item for item in items if item.get_closest_marker("interop") is None]
     _one_worker_per_module(items)
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-# The metadata keys a policy server announces about itself that make it "the same policy".
-IDENTITY_KEYS = ("policy", "action_horizon", "observation")
+# The metadata keys a policy server announces about itself that make it "the same policy"; `torch_threads`
+# (rescue-serve's adapters pin and announce it): a sampling policy's outputs differ across thread counts.
+IDENTITY_KEYS = ("policy", "action_horizon", "observation", "torch_threads")
 
 
 class IdentityError(ValueError):

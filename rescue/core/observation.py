@@ -46,6 +46,7 @@ STATE_PARTS: dict[str, tuple[str, int]] = {
     "eef_pos": ("robot0_eef_pos", 3),
     "eef_quat": ("robot0_eef_quat", 4),
     "eef_axisangle": ("robot0_eef_quat", 3),  # quat2axisangle of the quaternion
+    "eef_axisangle_float32": ("robot0_eef_quat", 3),  # the same in float32 arithmetic, as LeRobot computes it
     "gripper_qpos": ("robot0_gripper_qpos", 2),
     "gripper_qvel": ("robot0_gripper_qvel", 2),
     "joint_pos": ("robot0_joint_pos", 7),
@@ -126,6 +127,20 @@ def quat2axisangle(quat: np.ndarray) -> np.ndarray:
     return (q[:3] * 2.0 * math.acos(w)) / den
 
 
+def quat2axisangle_float32(quat: np.ndarray) -> np.ndarray:
+    """Axis-angle (3, float32) of an (x, y, z, w) quaternion as LeRobot's `LiberoProcessorStep` computes it: the
+    quaternion cast to float32, w clamped to [-1, 1], axis = xyz / sqrt(1 - w^2), times 2 acos(w), all in float32
+    (robosuite's formula in float64 differs from it in the last bits)."""
+    q = np.asarray(quat).astype(np.float32)
+    one = np.ones(1, dtype=np.float32)
+    w = np.clip(q[3:4], -one, one)
+    den = np.sqrt(np.maximum(one - w * w, np.zeros(1, dtype=np.float32)))
+    if not den[0] > 1e-10:
+        return np.zeros(3, dtype=np.float32)
+    angle = np.float32(2.0) * np.arccos(w)
+    return (q[:3] / den) * angle
+
+
 def resize_with_pad(img: np.ndarray, height: int, width: int) -> np.ndarray:
     """Resize keeping the aspect ratio and pad with zeros to (height, width), bilinear (PIL),
     like tf.image.resize_with_pad as openpi's client replicates it; a batch is accepted too."""
@@ -175,6 +190,8 @@ def compose_state(parts: tuple[str, ...], raw: dict[str, np.ndarray]) -> np.ndar
         value = np.asarray(raw[source])
         if part == "eef_axisangle":
             value = quat2axisangle(value)
+        elif part == "eef_axisangle_float32":
+            value = quat2axisangle_float32(value)
         if value.shape != (length,):
             raise ValueError(f"state part {part!r} has shape {value.shape}, expected ({length},)")
         pieces.append(value)
@@ -230,7 +247,7 @@ LEROBOT_LIBERO = ObservationProfile(
     # "image" and "image2", which preprocessing prefixes to observation.images.image and
     # observation.images.image2; src/lerobot/processor/env_processor.py (LiberoProcessorStep)
     # flips both H and W (a 180 degree rotation) and builds observation.state = eef pos (3) +
-    # axis-angle of the eef quaternion (3) + gripper qpos (2) as float32; no resize. LeRobot's
+    # axis-angle of the eef quaternion (3, computed in float32) + gripper qpos (2) as float32; no resize. LeRobot's
     # policies read the instruction from "task". Images go over the wire as uint8 HxWx3 (the
     # server side converts to float CHW as LeRobot's own preprocessing does).
     name="lerobot-libero",
@@ -239,7 +256,8 @@ LEROBOT_LIBERO = ObservationProfile(
         CameraSpec(camera="robot0_eye_in_hand", key="observation.images.image2", size=256, rotate_180=True),
     ),
     state=StateSpec(
-        composition="concat", parts=("eef_pos", "eef_axisangle", "gripper_qpos"), key="observation.state", dtype="float32"
+        composition="concat", parts=("eef_pos", "eef_axisangle_float32", "gripper_qpos"), key="observation.state",
+        dtype="float32",
     ),
     instruction_key="task",
 )

@@ -7,53 +7,34 @@ start from a known sampling state and lets keepalive prove it did not move.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-# Wire extensions beyond openpi. A control message is a dict carrying
-# CONTROL_KEY; servers announce what they accept in their metadata frame, so a
-# client never sends a control message to a plain openpi server (which would
-# feed it to the policy as an observation).
-CONTROL_KEY = "__rescue__"
-CONTROL_EXTENSION = "rescue_control"  # accepts "reset"
-RNG_EXTENSION = "rescue_rng"  # accepts "reset_rng" and "rng_state"
+# The wire's names and what a policy is live in the serving distribution (rescue_serve.wire), shared by both sides.
+from rescue_serve.wire import (
+    CONTROL_EXTENSION,
+    CONTROL_KEY,
+    EPISODE_CONTROL_KEY,
+    EPISODE_EXTENSION,
+    EPISODE_OPS,
+    RNG_EXTENSION,
+    Policy,
+    SeededPolicy,
+)
 
-# openpi's episode markers (an unmerged change of openpi's client and server; its current LIBERO
-# client sends none, and its server's metadata would not announce them), on the inference socket:
-# {"__ctrl__": "episode_start", "__experiment__", "__task__", "__episode_id__"} and
-# {"__ctrl__": "episode_end", "__success__"}, each answered with a msgpack dict. A server
-# that does not know them passes them to its policy as an observation, so a client sends
-# them only to a server whose metadata announces EPISODE_EXTENSION.
-EPISODE_CONTROL_KEY = "__ctrl__"
-EPISODE_EXTENSION = "episode_control"
-EPISODE_OPS = ("episode_start", "episode_end")
-
-
-@runtime_checkable
-class Policy(Protocol):
-    """A synchronous policy: one observation in, one reply with an action chunk out."""
-
-    def infer(self, obs: dict) -> dict:
-        """Return a reply dict with "actions": ndarray (C, action_dim)."""
-        ...
-
-    def reset(self) -> None:
-        """Forget per-episode state."""
-        ...
-
-
-@runtime_checkable
-class SeededPolicy(Policy, Protocol):
-    """A policy whose sampling RNG can be reset and inspected."""
-
-    def reset_rng(self, seed: int) -> None:
-        """Put the sampling RNG into the state determined by seed."""
-        ...
-
-    def rng_state(self) -> str:
-        """A digest of the sampling RNG's current state; reading it must not advance it."""
-        ...
+__all__ = [
+    "CONTROL_EXTENSION",
+    "CONTROL_KEY",
+    "EPISODE_CONTROL_KEY",
+    "EPISODE_EXTENSION",
+    "EPISODE_OPS",
+    "RNG_EXTENSION",
+    "Policy",
+    "PolicyConnection",
+    "RngState",
+    "SeededPolicy",
+]
 
 
 class RngState(BaseModel):
