@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from conftest import HANG_S
+from conftest import HANG_S, free_port
 
 from rescue.core.identity import STATELESS_KEY
 from rescue.policy import msgpack_numpy
@@ -32,12 +31,6 @@ pytestmark = pytest.mark.fast
 ROOT = Path(__file__).resolve().parents[1]
 SERVE = ROOT / "serve"
 CHUNK, DIM = 10, 7
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _obs(prompt: str = "pick up the cup") -> dict:
@@ -147,7 +140,7 @@ def test_rescue_serve_policy_and_rescue_serve_are_wire_identical():
     }
     frames = {}
     for name, cmd in commands.items():
-        port = _free_port()
+        port = free_port()
         proc = _start(cmd, port)
         try:
             frames[name] = asyncio.run(_connect_when_up(f"ws://127.0.0.1:{port}/"))

@@ -10,22 +10,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import HANG_S, ROOT, cli_env, ensure_stopped, rescue_cli, write_cases
+from conftest import HANG_S, ROOT, cli_env, ensure_stopped, free_port, rescue_cli, write_cases
 
 pytestmark = pytest.mark.e2e
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_job_child_killed_by_sigkill_is_recorded_and_its_claimed_case_becomes_unknown(tmp_path):
@@ -36,7 +29,7 @@ def test_a_job_child_killed_by_sigkill_is_recorded_and_its_claimed_case_becomes_
     job = queue / "jobs" / job_id
     study = job / f"study-{job_id.removeprefix('job-')}"
     proc = subprocess.Popen([sys.executable, "-m", "rescue.cli", "serve", "--queue", str(queue), "--port",
-                             str(_free_port())], cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL,
+                             str(free_port())], cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.time() + HANG_S
