@@ -114,8 +114,16 @@ LEROBOT_LOOP = textwrap.dedent(
     import numpy as np
     from libero.libero import benchmark, get_libero_path
     from libero.libero.envs import OffScreenRenderEnv
-    from robosuite.utils.transform_utils import quat2axisangle
     from rescue.core.digest import digest_array, digest_obs
+
+    def lerobot_axisangle(quat):
+        # LiberoProcessorStep._quat2axisangle's arithmetic (LeRobot 0.6.1): the quaternion as float32, w clamped,
+        # axis = xyz / sqrt(1 - w^2), times 2 acos(w), in float32 (the interop tier checks it against LeRobot's torch).
+        q = np.asarray(quat, dtype=np.float64).astype(np.float32)
+        one = np.ones(1, dtype=np.float32)
+        w = np.clip(q[3:4], -one, one)
+        den = np.sqrt(np.maximum(one - w * w, 0 * one))
+        return (q[:3] / den) * (np.float32(2.0) * np.arccos(w)) if den[0] > 1e-10 else np.zeros(3, dtype=np.float32)
 
     suite_name, tasks, episodes, actions_json, out = sys.argv[1:]
     actions = np.array(json.loads(actions_json))
@@ -140,7 +148,7 @@ LEROBOT_LOOP = textwrap.dedent(
                     "observation.images.image": np.ascontiguousarray(obs["agentview_image"][::-1, ::-1]),
                     "observation.images.image2": np.ascontiguousarray(obs["robot0_eye_in_hand_image"][::-1, ::-1]),
                 }
-                state = np.concatenate((obs["robot0_eef_pos"], quat2axisangle(obs["robot0_eef_quat"].copy()),
+                state = np.concatenate((obs["robot0_eef_pos"], lerobot_axisangle(obs["robot0_eef_quat"]),
                                         obs["robot0_gripper_qpos"])).astype(np.float32)
                 rows.append({"images": {k: digest_array(v) for k, v in images.items()},
                              "state": digest_obs({"observation.state": state})})
