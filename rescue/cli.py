@@ -44,7 +44,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _ids(text: str, flag: str) -> list[int]:
     """--tasks or --inits as ids; a bad one is bad input (exit 2), named."""
     from rescue.core.catalog import parse_ids
-    from rescue.core.config import ConfigError
+    from rescue.core.config_files import ConfigError
 
     try:
         return parse_ids(text)
@@ -56,7 +56,7 @@ def _suite_tasks(suite: str, text: str) -> list[int]:
     """--suite and --tasks checked against the catalog as a manifest's are: a typo (with what it may mean) or a
     task the suite lacks is bad input (exit 2), named in one line."""
     from rescue.core.catalog import format_ids, libero_catalog
-    from rescue.core.config import ConfigError
+    from rescue.core.config_files import ConfigError
 
     catalog = libero_catalog()
     known = catalog.suite(suite)
@@ -70,7 +70,7 @@ def _suite_tasks(suite: str, text: str) -> list[int]:
 
 
 def _config(args: argparse.Namespace):
-    from rescue.core.config import load_config
+    from rescue.core.config_files import load_config
 
     return load_config(getattr(args, "config", None), _overrides(args))
 
@@ -226,7 +226,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         console.print(f"wrote {write_report(Path(args.studies[0]), args.out, video=args.video)}")
         return 0
     if args.video:
-        from rescue.core.config import ConfigError
+        from rescue.core.config_files import ConfigError
 
         raise ConfigError("--video makes one study's videos; give one study folder with it")
     console.print(f"wrote {write_comparison_report([Path(s) for s in args.studies], args.out or 'comparison.html')}")
@@ -294,7 +294,7 @@ def _print_pairings(suites) -> None:
 
 def cmd_catalog(args: argparse.Namespace) -> int:
     from rescue.core.catalog import libero_catalog
-    from rescue.core.config import ConfigError
+    from rescue.core.config_files import ConfigError
     from rescue.read.terminal import render_catalog
 
     catalog = libero_catalog()
@@ -310,7 +310,7 @@ def cmd_manifest_from_eval(args: argparse.Namespace) -> int:
     inits = None if args.inits is None else _ids(args.inits, "--inits")
     successes = args.successes
     if successes not in (None, "all"):
-        from rescue.core.config import ConfigError
+        from rescue.core.config_files import ConfigError
 
         if not successes.isdigit():
             raise ConfigError(f"--successes {successes!r}: 'all', or how many successes to sample (0 or more)")
@@ -427,7 +427,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from rescue.core.config import config_data
+    from rescue.core.config_files import config_data
     from rescue.service.settings import job_request, load_service_config
     from rescue.service.queue import submit_file
 
@@ -495,7 +495,7 @@ def _add_backend_options(p: argparse.ArgumentParser) -> None:
 
 
 def _backend(args: argparse.Namespace):
-    from rescue.core.config import ConfigError
+    from rescue.core.config_files import ConfigError
     from rescue.env.backend import Backend
 
     if args.backend == "local":
@@ -783,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import sqlite3
 
-    from rescue.core.config import ConfigError
+    from rescue.core.config_files import ConfigError
     from rescue.core.failfast import PeerUnreachable
     from rescue.core.identity import IdentityError
     from rescue.core.inputs import InputFileError

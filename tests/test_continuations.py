@@ -98,7 +98,7 @@ def test_the_mode_forks_at_q_without_rng_control_or_with_continuations_and_a_sta
 
 
 def test_continuations_need_the_fork_and_a_config_written_before_them_hashes_as_before():
-    from rescue.core.config import ConfigError, validate_config
+    from rescue.core.config_files import ConfigError, validate_config
 
     with pytest.raises(ConfigError, match="need fork_at_q"):
         validate_config({"continuations": 4, "fork_at_q": False}, "study.toml")

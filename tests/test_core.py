@@ -716,7 +716,7 @@ def test_deviation_detail_names_the_differing_fingerprint_parts():
 
 
 def test_vlm_flags_without_a_vlm_url_keep_the_local_endpoint():
-    from rescue.core.config import load_config
+    from rescue.core.config_files import load_config
 
     config = load_config(None, {"vlm.model": "other-model", "vlm.api": "responses", "vlm.batch_size": 4})
     assert config.vlm.base_url == "local" and config.vlm.model == "other-model" and config.vlm.batch_size == 4

@@ -15,7 +15,8 @@ import pytest
 from conftest import HANG_S, ROOT, cli_env, free_port, rescue_cli, write_cases
 from pydantic import ValidationError
 
-from rescue.core.config import StudyConfig, load_config
+from rescue.core.config import StudyConfig
+from rescue.core.config_files import load_config
 from rescue.core.identity import IdentityError, identity_changes, resolve_interval
 from rescue.core.manifest import load_manifest
 from rescue.run.commands import new_study

@@ -10,7 +10,8 @@ import pytest
 from test_core import C, FP, H, ORIGINAL, Q, injected, make_case, make_trace, with_arms
 
 from rescue.core.classify import classify
-from rescue.core.config import ConfigError, StudyConfig, validate_config
+from rescue.core.config import StudyConfig
+from rescue.core.config_files import ConfigError, validate_config
 from rescue.core.digest import digest_text
 from rescue.core.querypoint import query_point
 from rescue.core.records import ArmResult, Assistance, Receipt

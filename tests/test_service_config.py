@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rescue.core.config import ConfigError, StudyConfig, load_config
+from rescue.core.config import StudyConfig
+from rescue.core.config_files import ConfigError, load_config
 from rescue.service import api
 from rescue.service.settings import (
     JOB_KEYS,

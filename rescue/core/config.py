@@ -1,30 +1,21 @@
-"""The study configuration: one pydantic model, loadable from TOML, overridable by flags.
+"""The study configuration: one pydantic model (`StudyConfig`) and the rules of its identity.
 
-It holds how the VLM is asked too (`VLMConfig`), with no SDK import, so the read side
-can load a study's configuration without the runtime.
+How the VLM is asked lives in rescue/core/vlm_config.py; reading TOML and flags into a StudyConfig, with
+one-line errors, in rescue/core/config_files.py; the strict schema every request passes, in schema.py.
 """
 
 from __future__ import annotations
 
 import difflib
-import os
-import tomllib
-import typing
-from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from rescue.core.digest import canonical_json, digest_text
 from rescue.core.episode_protocol import PROTOCOLS, EpisodeProtocol, InstructionChoice, get_protocol
-from rescue.core.inputs import MAX_CONFIG_BYTES, InputFileError, read_input
 from rescue.core.names import EMBEDDED_POLICY
-from rescue.core.prompts import DEFAULT_ROOT
 from rescue.core.querypoint import query_point
-from rescue.core.schema import MAX_ARM_STEPS, MAX_ARMS_PER_CASE, arms_problem, request_problem, work_problem
 from rescue.core.arms import (
-    ADVISOR_NAME,
     QUERY_POINT_NAME,
     advisor_arm,
     arm_advisor,
@@ -35,238 +26,7 @@ from rescue.core.arms import (
 )
 from rescue.core.sham import ShamConfig
 from wrappers.async_rules import RulesConfig
-
-# What a masked SecretStr dumps as; older study folders stored it in config.json.
-_MASK = "**********"
-ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
-
-
-class MissingAPIKey(ValueError):
-    """The study's key came from its config file, which is never stored, and none was supplied again."""
-
-
-class TokenPrice(BaseModel):
-    """A declared price per million tokens of each kind, in whatever unit it is declared in (USD, say)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    input: float = Field(ge=0)
-    """The price of a million input tokens (images included); cached input tokens too unless `cached_input` is set."""
-    output: float = Field(ge=0)
-    """The price of a million output tokens; reasoning tokens are output tokens (as OpenAI counts and bills them)."""
-    cached_input: float | None = Field(default=None, ge=0)
-    """The price of a million input tokens served from the provider's prompt cache; None: the `input` price."""
-
-    def cost(self, input_tokens: int | None, cached_input_tokens: int | None, output_tokens: int | None) -> float | None:
-        """The cost of these totals; None when a count the price needs is unknown (never guessed)."""
-        if input_tokens is None or output_tokens is None:
-            return None
-        if self.cached_input is None or self.cached_input == self.input:
-            return (input_tokens * self.input + output_tokens * self.output) / 1e6
-        if cached_input_tokens is None:
-            return None
-        fresh = input_tokens - cached_input_tokens
-        return (fresh * self.input + cached_input_tokens * self.cached_input + output_tokens * self.output) / 1e6
-
-
-def url_without_secrets(url: str) -> str:
-    """A URL as text: no user or password, no query string (either may carry a key)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else url
-
-
-def endpoint_host(base_url: str) -> str:
-    """A VLM endpoint as a report names it: `local`, else its host and port (a URL's user, password and query
-    may carry a key)."""
-    if base_url == "local":
-        return "local"
-    parts = urlsplit(base_url)
-    if not parts.hostname:
-        return base_url
-    return f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname
-
-
-class VLMConfig(BaseModel):
-    """Everything that decides how the VLM is asked. It holds no secret in its dumps: `api_key` is excluded."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    base_url: str = "local"
-    """Base URL of the OpenAI-compatible API; `local`: the bundled endpoint on loopback."""
-    api_key: SecretStr | None = Field(default=None, exclude=True, repr=False)
-    """Used for calls, never written (not in dumps, receipts or logs); prefer `api_key_env`."""
-    api_key_from_config: bool = False
-    """Set when `api_key` was given: a resumed study must be given the key again (see `missing_key_message`)."""
-    api_key_env: str = "OPENAI_API_KEY"
-    """The environment variable the key is read from when `api_key` is not given."""
-    model: str = "rescue-advisor-v0"
-    """The model every call asks for."""
-    api: Literal["chat", "responses"] = "chat"
-    """Which API the calls use: chat completions or responses."""
-    structured: bool = True
-    """Whether calls ask for structured output (a strict JSON schema of the answers); False: free text, parsed."""
-    deadline_s: float = 1200.0
-    """Seconds from a request (a batch: its first) to its answer, retries and backoff included; then `timeout`."""
-    request_timeout_s: float = 120.0
-    """Seconds one HTTP attempt may take."""
-    max_attempts: int = 5
-    """HTTP attempts per call at most (infrastructure retries, recorded in the receipts)."""
-    backoff_initial_s: float = 1.0
-    """Seconds before the first retry; doubled before each further one."""
-    backoff_max_s: float = 60.0
-    """The longest wait between attempts, seconds; also the cap on a server's Retry-After."""
-    backoff_jitter_s: float = 1.0
-    """Up to this many random seconds added to each backoff."""
-    max_subgoal_chars: int = 1500
-    """Longest subgoal accepted, in characters; a longer answer is rejected (`invalid_response`)."""
-    prompt_template: str = "subgoal_v1"
-    """Name of the prompt template (a file in the prompts folder)."""
-    prompt_root: str | None = None
-    """Folder of the prompt templates; None: the shipped prompts folder."""
-    # One limit for the whole study, however many simulators or cluster nodes feed it (None: none).
-    max_concurrent_calls: int | None = Field(default=None, gt=0)
-    """Requests in flight at once; None: no limit."""
-    requests_per_minute: float | None = Field(default=None, gt=0)
-    """Requests start at most this often, evenly spaced; retries count. None: no limit."""
-    batch_size: int = 1
-    """Cases per call at most; 1: every case gets its own call."""
-    batch_window_s: float = 60.0
-    """Seconds a partly filled batch waits for more cases before it is sent."""
-    image_format: Literal["png"] = "png"
-    """How the images are encoded (PNG only)."""
-    image_detail: Literal["auto", "low", "high"] = "auto"
-    """The `detail` hint sent with each image."""
-    # Generation settings (DESIGN §9): part of the study's identity, recorded in every receipt.
-    # None: not sent (the provider's default applies).
-    max_output_tokens: int | None = Field(default=None, gt=0)
-    """Sent as `max_completion_tokens` (chat; `max_tokens` to Ollama, see `server`) or `max_output_tokens`
-    (responses); None: not sent."""
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    """Sampling temperature; None: not sent."""
-    seed: int | None = None
-    """Sampling seed; chat only: the Responses API has no seed. None: not sent."""
-    reasoning_effort: ReasoningEffort | None = None
-    """Sent as `reasoning_effort` (chat) or `reasoning.effort` (responses), only when set."""
-    store: bool = False
-    """Whether the provider may store the request and response (sent on both APIs wherever the server
-    reads it; Ollama's endpoints and vLLM's and SGLang's chat have no such field)."""
-    server: Literal["openai", "vllm", "ollama", "sglang"] | None = None
-    """What serves `base_url`: it decides the field each generation setting is sent as, and drops the
-    ones that server does not read (rescue/vlm/servers.py). None: the OpenAI wire (OpenAI, the bundled
-    endpoint); `ollama`: the cap as `max_tokens` on chat, no `store`; `vllm`, `sglang`: no `store` on chat.
-    Receipts record the fields as sent (`sent_generation`)."""
-    startup_check: Literal["models", "call", "none"] | None = None
-    """What a start asks the endpoint before the first claim: `models` (None: the default) lists its
-    models (the cheapest request that needs the key; a server without `/models` passes), `call` sends
-    one minimal chat call (1 output token), `none` asks nothing."""
-    price: TokenPrice | None = None
-    """The declared price per million tokens of each kind (`{input = 2.0, output = 8.0}`); usage then has a cost.
-    None: the cost is unknown (never guessed)."""
-    lab_budget: float | None = Field(default=None, gt=0)
-    """The lab's cap on the declared cost of VLM calls, shared by every study whose calls go into the same ledger
-    (rescue/study/ledger.py), in the unit of `price`: a case is claimed only when its calls' estimated cost fits
-    under it, else the study stops claiming (exit 3). Needs a declared price. None: no cap, no ledger."""
-    lab_ledger: str | None = None
-    """The folder of the lab's ledger (`ledger.sqlite`), made absolute when the study is created; None: `receipts/`
-    in the working directory then. Only with `lab_budget`."""
-    require_model_match: bool | None = None
-    """Whether an answer from an endpoint that reports another model than `model` is refused
-    (`invalid_response`, error kind `model_mismatch`; rescue/core/reported_model.py says what matches).
-    None: true, since an answer of another model is no evidence about the one the study names. False
-    (e.g. a proxy that reports its deployment's own name): the answer is applied, and preflight, the
-    terminal summary and the report warn."""
-
-    @property
-    def refuses_other_models(self) -> bool:
-        """`require_model_match` resolved: True unless set false."""
-        return self.require_model_match is not False
-
-    @model_validator(mode="before")
-    @classmethod
-    def _key_given(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("api_key") is not None:
-            data = dict(data)
-            key = data["api_key"]
-            if (key.get_secret_value() if isinstance(key, SecretStr) else key) == _MASK:
-                data["api_key"] = None  # a mask written by an older version is not a key
-            data["api_key_from_config"] = True
-        return data
-
-    @model_validator(mode="after")
-    def _seed_needs_chat(self) -> "VLMConfig":
-        if self.seed is not None and self.api == "responses":
-            raise ValueError("the Responses API has no seed: unset vlm.seed or use vlm.api = 'chat'")
-        return self
-
-    def generation(self) -> dict[str, Any]:
-        """The generation settings as recorded in receipts (None: not sent)."""
-        return {
-            "max_output_tokens": self.max_output_tokens,
-            "temperature": self.temperature,
-            "seed": self.seed,
-            "reasoning_effort": self.reasoning_effort,
-            "store": self.store,
-        }
-
-    def missing_key_message(self) -> str | None:
-        """Why no key can be sent, and how to supply it again (None: a key is at hand or none is needed)."""
-        if self.api_key is not None or os.environ.get(self.api_key_env) or not self.api_key_from_config:
-            return None
-        return (
-            "this study's VLM key was given as [vlm] api_key and is never stored in the study; "
-            f"supply it again by setting the environment variable {self.api_key_env} "
-            "(the study's vlm.api_key_env) before resuming"
-        )
-
-    def resolved_api_key(self) -> str:
-        """The key to send: explicit, else from `api_key_env`, else a placeholder for local servers."""
-        if self.api_key is not None:
-            return self.api_key.get_secret_value()
-        message = self.missing_key_message()
-        if message is not None:
-            raise MissingAPIKey(message)
-        return os.environ.get(self.api_key_env) or "none"
-
-
-class AdvisorConfig(VLMConfig):
-    """One advisor (DESIGN §11): a named VLM configuration (endpoint, model, API, prompt template, generation
-    settings, batching). A study of several runs one assisted arm per advisor, `assisted:<name>`."""
-
-    name: str = Field(pattern=rf"^{ADVISOR_NAME}$")
-    """The advisor's name: letters, digits, `_`, `.` or `-`; its arm is `assisted:<name>` and every receipt of its
-    calls names it."""
-    endpoint: str | None = None
-    """The service endpoint (`rescue serve`'s `[vlm.<name>]`) this advisor's URL and key came from; None: the
-    configuration gave them (`base_url`, `api_key_env`)."""
-
-    @model_validator(mode="after")
-    def _lab_budget_in_vlm(self) -> "AdvisorConfig":
-        if self.lab_budget is not None or self.lab_ledger is not None:
-            raise ValueError("the lab budget is one for the study's calls: set lab_budget (and lab_ledger) in [vlm]")
-        return self
-
-    @model_validator(mode="before")
-    @classmethod
-    def _prompt_file(cls, data: Any) -> Any:
-        # `prompt = "prompts/subgoal_v1.txt"`: a template file, stored as its name and folder.
-        if not isinstance(data, dict) or "prompt" not in data:
-            return data
-        data = dict(data)
-        prompt = data.pop("prompt")
-        if "prompt_template" in data or "prompt_root" in data:
-            raise ValueError("give prompt (a template file) or prompt_template and prompt_root, not both")
-        path = Path(str(prompt))
-        if path.suffix != ".txt" and len(path.parts) == 1:
-            data["prompt_template"] = str(prompt)
-            return data
-        if path.suffix != ".txt" or not path.is_file():
-            raise ValueError(f"prompt {prompt!r}: no such template file (a .txt file, relative to the working folder)")
-        data["prompt_template"] = path.stem
-        folder = path.parent.resolve()
-        data["prompt_root"] = None if folder == DEFAULT_ROOT.resolve() else str(folder)
-        return data
+from rescue.core.vlm_config import AdvisorConfig, VLMConfig, url_without_secrets
 
 
 class QueryPointConfig(BaseModel):
@@ -633,6 +393,9 @@ class StudyConfig(BaseModel):
 
 
 # (section, key) of settings added after studies existed: in the digest only when not None (section None: top level).
+# A new key touches: this tuple; JOB_KEYS (rescue/service/settings.py, then `python -m rescue.service.keydocs`);
+# RANGES (rescue/core/schema.py) for a number; a flag in rescue/cli/, if any; `python -m rescue.read.schemas`.
+# tests/test_config_keys.py names a key that is in none of them.
 HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute"), ("sham", "by_task"),
                    ("vlm", "startup_check"), ("vlm", "server"), ("env", "episode_protocol"), ("env", "episode_protocol_sha256"),
                    ("env", "max_simulator_rss_gb"), ("vlm", "price"), ("sham", "advisor"), (None, "advisors"),
@@ -648,44 +411,6 @@ HASHED_UNLESS_DEFAULT = ((None, "continuations", 1),)
 LAB_KEYS = ("lab_budget", "lab_ledger")
 
 
-class ConfigError(ValueError):
-    """A configuration file or flag that cannot be used, named in one line."""
-
-
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> StudyConfig:
-    """Read a TOML file (if any), apply dotted-key overrides, validate; ConfigError names what is wrong."""
-    where = str(path) if path is not None else "the command line"
-    return validate_config(config_data(path, overrides), where)
-
-
-def config_data(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A TOML file's tables (if any) with dotted-key overrides applied (None values skipped), not yet validated."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        data = read_toml(path, "configuration file")
-    for dotted, value in (overrides or {}).items():
-        if value is None:
-            continue
-        node = data
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return data
-
-
-def read_toml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
-    """A TOML file's tables, read with the input guard (rescue/core/inputs.py); ConfigError names what is wrong."""
-    try:
-        return tomllib.loads(read_input(path, MAX_CONFIG_BYTES, what).decode("utf-8"))
-    except InputFileError as exc:
-        raise ConfigError(str(exc)) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-
-
 def _built_in(value: str | None, names: Any, what: str) -> str | None:
     """`value` when it is None or one of `names`; else ValueError saying what is built in (and the close one)."""
     if value is None or value in names:
@@ -695,72 +420,3 @@ def _built_in(value: str | None, names: Any, what: str) -> str | None:
                      f"{', '.join(names)})")
 
 
-def _unknown_key(loc: tuple) -> str:
-    """"unknown key", with the keys of its table it may mean (`contnuations`: did you mean continuations?)."""
-    model: Any = StudyConfig
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue  # an entry of a list of tables ([[advisor]], [[query_point]])
-        field = getattr(model, "model_fields", {}).get(part)
-        if field is None:
-            return "unknown key"
-        kinds = [field.annotation, *typing.get_args(field.annotation)]
-        kinds += [inner for kind in kinds for inner in typing.get_args(kind)]
-        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
-        if model is None:
-            return "unknown key"
-    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=2, cutoff=0.75)
-    return f"unknown key; did you mean {' or '.join(close)}?" if close else "unknown key"
-
-
-def validate_config(data: dict[str, Any], where: str, max_arms_per_case: int = MAX_ARMS_PER_CASE) -> StudyConfig:
-    """A StudyConfig from plain data, through the one strict schema (rescue/core/schema.py: types, finite numbers
-    in their ranges, each key once, the arms of a case bounded by `max_arms_per_case`), or ConfigError naming
-    every problem in one line (`where` first)."""
-    problem = request_problem(data, StudyConfig)
-    if problem is not None:
-        raise ConfigError(f"{where}: {problem}")
-    try:
-        config = StudyConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            key = ".".join(str(part) for part in err["loc"]) or "(top level)"
-            what = (_unknown_key(err["loc"]) if err["type"] == "extra_forbidden"
-                    else err["msg"].removeprefix("Value error, "))
-            problems.append(f"{key}: {what}")
-        raise ConfigError(f"{where}: " + "; ".join(problems)) from None
-    problem = case_arms_problem(config, max_arms_per_case)
-    if problem is not None:
-        raise ConfigError(f"{where}: {problem}")
-    return config
-
-
-def work_problems(config: StudyConfig, horizons: list[int], max_arm_steps: int = MAX_ARM_STEPS) -> str | None:
-    """Why a manifest's cases ask this configuration for too much work (arm-steps past `max_arm_steps`), or a
-    declared query point can fire in none of them (its q at or past every case's horizon H; C must be known:
-    `policy.replan_interval`), in one line; None: neither."""
-    problem = work_problem(len(config.case_arms), horizons, max_arm_steps)
-    if problem is not None or not config.query_points or config.policy.replan_interval is None or not horizons:
-        return problem
-    for point in config.query_points:
-        steps = {h: config.query_step(query_point_arm(config.primary_arm, point.name), h) for h in horizons}
-        never = sorted({h for h, q in steps.items() if q >= h})
-        if never:
-            h = never[0]
-            return (f"query_points: {point.name!r} (fraction {point.fraction:g}) asks at step {steps[h]}, which a case "
-                    f"of horizon {h} never reaches (C = {config.interval}): it cannot fire within H")
-    return None
-
-
-def case_arms_problem(config: StudyConfig, limit: int = MAX_ARMS_PER_CASE) -> str | None:
-    """Why a case of this configuration runs too many arms, naming the product; None: at most `limit`."""
-    k = 1 if config.is_evaluation else config.continuations
-    advisors = len(config.advisor_configs())
-    points = len(config.query_points or [])
-    parts = ["control"] if "control" in config.arms else []
-    parts += [f"{advisors} advisor{'s' * (advisors != 1)}"] if advisors else []
-    parts += [f"{points} query point{'s' * (points != 1)}"] if points else []
-    parts += ["sham"] if "sham" in config.arms else []
-    text = f"{', '.join(parts)} = {len(config.arms)} arms × {k} continuation{'s' * (k != 1)}"
-    return arms_problem(len(config.case_arms), text, limit)

@@ -33,7 +33,7 @@ MOVED: dict[str, str] = {
     "rescue.failfast": "rescue.core.failfast",
     "rescue.evaluation": "rescue.core.evaluation",
     "rescue.config": "rescue.core.config",
-    "rescue.vlm.settings": "rescue.core.config",
+    "rescue.vlm.settings": "rescue.core.vlm_config",
     "rescue.layout": "rescue.study.layout",
     "rescue.journal": "rescue.study.journal",
     "rescue.study": "rescue.study.folder",

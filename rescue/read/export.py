@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rescue.core.baseline import Baseline, baseline_of
 from rescue.core.classify import deviation_detail
-from rescue.core.config import StudyConfig, endpoint_host
+from rescue.core.config import StudyConfig
+from rescue.core.vlm_config import endpoint_host
 from rescue.core.digest import digest_json
 from rescue.core.evaluation import EvalSummary
 from rescue.core.manifest import Case

@@ -13,7 +13,8 @@ from typing import Callable, Literal
 from pydantic import BaseModel, ConfigDict
 
 from rescue.core.catalog import format_ids
-from rescue.core.config import ConfigError, StudyConfig, work_problems
+from rescue.core.config import StudyConfig
+from rescue.core.config_files import ConfigError, work_problems
 from rescue.core.digest import digest_json, digest_text
 from rescue.core.episode_protocol import get_protocol
 from rescue.core.evaluation import EvalSummary, case_id_of, episode_cases, failure_cases, mark_pilot, summarize_eval

@@ -19,7 +19,8 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.comparison import SIDES, Comparison, Episode, compare_episodes
-from rescue.core.config import StudyConfig, load_config
+from rescue.core.config import StudyConfig
+from rescue.core.config_files import load_config
 from rescue.core.evaluation import episode_cases
 from rescue.core.manifest import parse_manifest
 from rescue.core.records import Verdict

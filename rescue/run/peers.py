@@ -18,7 +18,9 @@ from typing import Any, AsyncIterator, Callable
 import aiohttp
 import structlog
 
-from rescue.core.config import ConfigError, PolicyConfig, StudyConfig, VLMConfig
+from rescue.core.config import PolicyConfig, StudyConfig
+from rescue.core.config_files import ConfigError
+from rescue.core.vlm_config import VLMConfig
 from rescue.core.episode_protocol import BUNDLED_DEFAULT as BUNDLED_DEFAULT_PROTOCOL
 from rescue.core.episode_protocol import EXTERNAL_DEFAULT as EXTERNAL_DEFAULT_PROTOCOL
 from rescue.core.episode_protocol import EpisodeProtocol, get_protocol

@@ -27,7 +27,8 @@ import numpy as np
 import structlog
 from pydantic import BaseModel
 
-from rescue.core.config import MissingAPIKey, StudyConfig, VLMConfig
+from rescue.core.config import StudyConfig
+from rescue.core.vlm_config import MissingAPIKey, VLMConfig
 from rescue.core.episode_protocol import get_protocol
 from rescue.core.failfast import fix_for
 from rescue.core.identity import resolve_fork

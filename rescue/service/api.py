@@ -34,7 +34,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rescue.core.config import ConfigError
+from rescue.core.config_files import ConfigError
 from rescue.core.manifest import ManifestError
 from rescue.service.settings import ServiceConfig, job_request
 from rescue.service.queue import (

@@ -29,7 +29,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rescue.core.config import ConfigError, StudyConfig, work_problems
+from rescue.core.config import StudyConfig
+from rescue.core.config_files import ConfigError, work_problems
 from rescue.core.manifest import Manifest, parse_manifest, read_manifest_bytes
 from rescue.service.settings import (
     JobRequest,

@@ -49,16 +49,9 @@ from pydantic import (
     model_validator,
 )
 
-from rescue.core.config import (
-    AdvisorConfig,
-    ConfigError,
-    EnvConfig,
-    PolicyConfig,
-    StudyConfig,
-    VLMConfig,
-    read_toml,
-    validate_config,
-)
+from rescue.core.config import EnvConfig, PolicyConfig, StudyConfig
+from rescue.core.config_files import ConfigError, read_toml, validate_config
+from rescue.core.vlm_config import AdvisorConfig, VLMConfig
 from rescue.core.prompts import DEFAULT_ROOT
 from rescue.core.schema import MAX_ARM_STEPS, MAX_ARMS_PER_CASE, mixed_keys_problem
 

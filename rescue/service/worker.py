@@ -44,7 +44,7 @@ from pathlib import Path
 import structlog
 
 import rescue
-from rescue.core.config import ConfigError
+from rescue.core.config_files import ConfigError
 from rescue.service.settings import (
     NO_KEY_ENV,
     SERVICE_CONFIG_ENV,

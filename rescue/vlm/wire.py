@@ -17,7 +17,7 @@ from typing import Any
 
 import openai
 
-from rescue.core.config import VLMConfig
+from rescue.core.vlm_config import VLMConfig
 from rescue.core.records import Usage
 from rescue.vlm.answers import answer_schema
 from rescue.vlm.servers import WIRE, WIRE_FIELDS, generation_fields, server_of

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 
 from rescue import __version__
 from rescue.core.baseline import Baseline, BaselineSource
-from rescue.core.config import StudyConfig, url_without_secrets
+from rescue.core.config import StudyConfig
+from rescue.core.vlm_config import url_without_secrets
 from rescue.core.episode_protocol import PROTOCOLS
 from rescue.core.records import Receipt
 
