@@ -22,7 +22,7 @@ def kind(record: dict) -> str:
     argv, name = record["argv"], record["mp"]
     if name != "MainProcess":
         return f"{name.rstrip('0123456789').rstrip('-')} process (of rescue {argv[1] if len(argv) > 1 else '?'})"
-    if argv and argv[0].endswith("rescue/cli.py"):
+    if argv and argv[0].endswith(("rescue/cli.py", "rescue/cli/__main__.py")):
         return f"rescue {argv[1] if len(argv) > 1 else ''}".strip()
     if argv and argv[0].endswith(".py"):
         return argv[0].rsplit("/", 1)[-1]

@@ -118,6 +118,20 @@ class ArmMetrics(BaseModel):
     """Whether every compared configuration failed this instance."""
 
 
+def study_arms(studies: Sequence[Path], only: Sequence[str] | None = None) -> list[ArmBehaviour]:
+    """Every arm of these studies (only the arms named, when given), each labelled `<study folder>:<arm>`."""
+    from rescue.study.folder import open_journal
+
+    arms = []
+    for study in studies:
+        with open_journal(study) as journal:
+            for by_arm in journal.all_arms().values():
+                for name, arm in by_arm.items():
+                    if only is None or name in only:
+                        arms.append(from_arm_result(f"{study.name}:{name}", arm))
+    return arms
+
+
 def stage_of(q: QueryRecord, source: StageSource = "auto") -> int | None:
     """The stage of a query: the wrapper's voted stage, the policy's report, or the first present ("auto")."""
     if source == "policy":

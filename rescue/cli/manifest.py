@@ -1,0 +1,109 @@
+"""`rescue catalog`, `rescue manifest check | from-eval | from-lerobot | from-openpi`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rescue.cli.common import ids, print_pairings
+from rescue.cli.console import EXIT_BAD_INPUT, console
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from rescue.core.catalog import libero_catalog
+    from rescue.core.config_files import ConfigError
+    from rescue.read.terminal import render_catalog
+
+    catalog = libero_catalog()
+    if args.suite is not None and catalog.suite(args.suite) is None:
+        raise ConfigError(catalog.refusal(args.suite) or f"unknown suite {args.suite!r}; {catalog.hint(args.suite)}")
+    console.print(render_catalog(catalog, args.suite))
+    return 0
+
+
+def cmd_manifest_check(args: argparse.Namespace) -> int:
+    from rescue.core.manifest import load_manifest
+
+    # Checked against the shipped benchmark catalog: no simulator starts.
+    manifest = load_manifest(args.file, catalog=None if args.no_env else "libero")
+    if not args.pilot_run:
+        manifest.require_main_cohort()
+    from rescue.core.manifest import read_manifest_bytes
+    from rescue.run.commands import check_outcomes
+
+    check_outcomes(manifest, read_manifest_bytes(args.file), Path(args.eval) if args.eval else None)
+    console.print(f"{args.file}: {len(manifest.cases)} cases ({len(manifest.pilot_cases)} pilot), sha256 {manifest.sha256}")
+    if not args.no_env:
+        print_pairings(dict.fromkeys(case.suite for case in manifest.cases))
+    return 0
+
+
+def cmd_manifest_from_eval(args: argparse.Namespace) -> int:
+    from rescue.run.commands import manifest_from_eval
+
+    inits = None if args.inits is None else ids(args.inits, "--inits")
+    successes = args.successes
+    if successes not in (None, "all"):
+        from rescue.core.config_files import ConfigError
+
+        if not successes.isdigit():
+            raise ConfigError(f"--successes {successes!r}: 'all', or how many successes to sample (0 or more)")
+        successes = int(successes)
+    cases = manifest_from_eval(Path(args.study), Path(args.out), args.pilot_tasks, args.limit, inits, successes, args.seed)
+    pilot = [c.case_id for c in cases if c.pilot]
+    won = sum(c.outcome == "success" for c in cases)
+    console.print(f"wrote {len(cases) - won} failure case(s)" + (f" and {won} success case(s)" if successes is not None else "")
+                  + f" to {args.out}" + (f"; pilot: {', '.join(pilot)}" if pilot else ""))
+    return 0
+
+
+def cmd_manifest_from_results(args: argparse.Namespace) -> int:
+    from rescue.core.results import ResultsError
+    from rescue.run.commands import manifest_from_results
+
+    try:
+        cases = manifest_from_results(Path(args.results), args.kind, Path(args.out), args.seed)
+    except ResultsError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    console.print(f"wrote {len(cases)} failure case(s) to {args.out} ({args.kind} episode protocol, each fingerprinted)")
+    told_otherwise = [c.case_id for c in cases if "prompt" in c.tags]
+    if told_otherwise:
+        console.print(f"{len(told_otherwise)} of them were told other words than the {args.kind} protocol sends (tag "
+                      f"`prompt`; e.g. {told_otherwise[0]}): their arms will be initial_state_deviation unless [env] "
+                      "instruction tells those words")
+    return 0
+
+
+def add_commands(sub) -> None:
+    """catalog, manifest check | from-eval | from-lerobot | from-openpi."""
+    p = sub.add_parser("catalog", help="the suites a manifest may name, and what each LIBERO-PRO suite changes in its "
+                       "base (initial states, model, wording), measured from the installed benchmark")
+    p.add_argument("suite", nargs="?", help="one suite (or SUITE@base-inits): how it pairs with its base, task by task")
+    p.set_defaults(func=cmd_catalog)
+    p = sub.add_parser("manifest", help="check or produce failure manifests")
+    msub = p.add_subparsers(dest="manifest_command", required=True)
+    m = msub.add_parser("check", help="validate a manifest; every error names its line and field")
+    m.add_argument("file")
+    m.add_argument("--no-env", action="store_true", help="skip checking suites, tasks, initial states, instructions and horizons against the LIBERO catalog")
+    m.add_argument("--pilot-run", action="store_true", help="the cases may all be pilot (a pilot run alone)")
+    m.add_argument("--eval", help="the evaluation study the cases name: refuse rows whose outcome contradicts it (default: studies/<its id>)")
+    m.set_defaults(func=cmd_manifest_check)
+    m = msub.add_parser("from-eval", help="write the failure manifest of an evaluation study")
+    m.add_argument("study")
+    m.add_argument("--out", required=True)
+    m.add_argument("--pilot-tasks", type=int, default=0, help="declare the first failure of each of the first K tasks pilot")
+    m.add_argument("--inits", help="only failures of these official initial states, e.g. 30-39 (a held-out split)")
+    m.add_argument("--limit", type=int, help="at most this many failures (after --inits), in manifest order")
+    m.add_argument("--successes", help="add historical successes (after --inits): 'all', or a seeded sample of N stratified by task")
+    m.add_argument("--seed", type=int, default=0, help="the seed of the successes' sample (default 0)")
+    m.set_defaults(func=cmd_manifest_from_eval)
+    for kind, what, default_seed in (("lerobot", "LeRobot's eval_info.json (lerobot-eval)", 1000),
+                                     ("openpi", "openpi-style results: JSON lines of suite, task_id, episode, success", 7)):
+        m = msub.add_parser(f"from-{kind}", help=f"write the failure manifest of {what}, under the {kind} protocol")
+        m.add_argument("results")
+        m.add_argument("--out", required=True)
+        m.add_argument("--seed", type=int, help=f"the evaluation's seed (default {default_seed})")
+        m.set_defaults(func=cmd_manifest_from_results, kind=kind)
