@@ -72,7 +72,7 @@ MOVED: dict[str, str] = {
     "rescue.vlm.endpoint": "rescue.embedded.endpoint",
     "rescue.vlm.advisor": "rescue.embedded.decision",
     "rescue.vlm.vision": "rescue.embedded.subgoal_model",
-    # Renamed beside a namesake on another floor (core/config_files.py, run/compare.py).
+    # Renamed beside a namesake on another floor (core/config.py, run/compare.py).
     "rescue.service.config": "rescue.service.settings",
     "rescue.read.html.compare": "rescue.read.html.side_by_side",
 }
