@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 
 from rescue.core.manifest import parse_manifest
-from rescue.core.records import ArmResult, Assistance, TraceRow, Verdict
+from rescue.core.records import ArmResult, Assistance
+from rescue.core.verdicts import Verdict
+from rescue.core.trace import TraceRow
 from rescue.study.journal import Journal
 
 N = 100_000

@@ -21,7 +21,9 @@ sys.path.insert(0, str(ROOT))
 
 from rescue.core.config import StudyConfig
 from rescue.core.manifest import parse_manifest  # noqa: E402
-from rescue.core.records import ArmResult, Assistance, Receipt, TraceRow, Verdict  # noqa: E402
+from rescue.core.records import ArmResult, Assistance, Receipt
+from rescue.core.verdicts import Verdict
+from rescue.core.trace import TraceRow
 from rescue.read.status import study_status  # noqa: E402
 from rescue.study.folder import create_study  # noqa: E402
 from rescue.study.journal import Journal  # noqa: E402

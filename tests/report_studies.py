@@ -24,14 +24,8 @@ from rescue.core.digest import digest_array, digest_obs, digest_text
 from rescue.core.images import VLM_VIEWS
 from rescue.core.manifest import parse_manifest
 from rescue.core.querypoint import query_point
-from rescue.core.records import (
-    ArmResult,
-    Assistance,
-    QueryRecord,
-    Receipt,
-    TraceRow,
-    Usage,
-)
+from rescue.core.records import ArmResult, Assistance, QueryRecord, Receipt, Usage
+from rescue.core.trace import TraceRow
 from rescue.core.sham import ShamConfig
 from rescue.study.folder import (
     SHAM_DONORS_KEY,
@@ -285,7 +279,7 @@ class Builder:
             index = (a.assistance.call_id, RECEIPTS, a.assistance.receipt_ref.sha256) if a and a.assistance.receipt_ref else None
             self.journal.finish_case(cid, list(arms.values()), verdict, index)
         self.journal.close()
-        from rescue.run.engine import recover
+        from rescue.run.recovery import recover
 
         recover(self.study)
         store_summary(self.study)

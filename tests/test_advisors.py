@@ -14,8 +14,10 @@ from rescue.core.config import StudyConfig
 from rescue.core.config_files import ConfigError, load_config
 from rescue.core.vlm_config import TokenPrice
 from rescue.core.digest import digest_text
-from rescue.core.records import ArmResult, CaseRecord, Receipt, Usage, Verdict
-from rescue.core.stats import holm, mcnemar_exact, paired_diff_ci, ranked, summarize
+from rescue.core.records import ArmResult, CaseRecord, Receipt, Usage
+from rescue.core.verdicts import Verdict
+from rescue.core.stats import ranked, summarize
+from rescue.core.exact_stats import holm, mcnemar_exact, paired_diff_ci
 
 pytestmark = pytest.mark.fast
 
@@ -304,7 +306,8 @@ def test_an_export_of_the_previous_schema_still_reads(tmp_path):
 
 
 def test_a_service_job_names_an_endpoint_per_advisor_and_nothing_else():
-    from rescue.service.settings import ServiceConfig, job_request, resolve_job, study_problems
+    from rescue.service.settings import ServiceConfig
+    from rescue.service.job_request import job_request, resolve_job, study_problems
 
     service = ServiceConfig.model_validate({
         "vlm": {"local": {"base_url": "local"},

@@ -14,8 +14,9 @@ from rescue.core.config import StudyConfig
 from rescue.core.digest import digest_text
 from rescue.core.evaluation import classify_episode, episode_cases, summarize_eval, summarize_labels
 from rescue.core.manifest import Case, parse_manifest
-from rescue.core.records import ArmResult, Assistance, Verdict
-from rescue.core.stats import paired_diff_ci
+from rescue.core.records import ArmResult, Assistance
+from rescue.core.verdicts import Verdict
+from rescue.core.exact_stats import paired_diff_ci
 from rescue.core.comparison import Episode, compare_episodes, pair_episodes
 from rescue.run.compare import (
     PLAN_FILE,
@@ -28,7 +29,7 @@ from rescue.run.compare import (
     load_plan,
     side_config,
 )
-from rescue.run.engine import recover
+from rescue.run.recovery import recover
 from rescue.study.folder import StudyError, create_study
 from rescue.study.journal import Journal
 

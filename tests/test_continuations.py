@@ -16,7 +16,8 @@ from rescue.core.config import StudyConfig
 from rescue.core.continuations import bootstrap_ci, estimate, sign_flip_p
 from rescue.core.digest import digest_text
 from rescue.core.identity import IdentityError, resolve_fork, resolve_stateless
-from rescue.core.stats import mcnemar_exact, summarize
+from rescue.core.stats import summarize
+from rescue.core.exact_stats import mcnemar_exact
 
 pytestmark = pytest.mark.fast
 

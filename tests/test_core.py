@@ -13,8 +13,11 @@ from rescue.core.classify import classify
 from rescue.core.digest import digest_array, digest_bytes, digest_json, digest_obs, digest_text
 from rescue.core.proofs import check_evidence, prefix_match, trace_is_regular
 from rescue.core.querypoint import query_point
-from rescue.core.records import ArmResult, Assistance, CaseRecord, Receipt, TraceRow, Verdict
-from rescue.core.stats import block_bootstrap_ci, mcnemar_exact, paired_diff_ci, summarize
+from rescue.core.records import ArmResult, Assistance, CaseRecord, Receipt
+from rescue.core.verdicts import Verdict
+from rescue.core.trace import TraceRow
+from rescue.core.stats import summarize
+from rescue.core.exact_stats import block_bootstrap_ci, mcnemar_exact, paired_diff_ci
 
 pytestmark = pytest.mark.fast
 

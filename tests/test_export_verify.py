@@ -22,7 +22,9 @@ from rescue.core.classify import classify
 from rescue.core.digest import digest_array, digest_obs, digest_text
 from rescue.core.manifest import parse_manifest
 from rescue.core.querypoint import query_point
-from rescue.core.records import ArmResult, Assistance, Receipt, TraceRow, Usage, Verdict
+from rescue.core.records import ArmResult, Assistance, Receipt, Usage
+from rescue.core.verdicts import Verdict
+from rescue.core.trace import TraceRow
 from rescue.read.export import (
     csv_columns,
     EXPORT_SCHEMA,
@@ -33,7 +35,7 @@ from rescue.read.export import (
 )
 from rescue.read.status import render_status, study_status
 from rescue.read.verify import outcome_line_sha256, verify_study
-from rescue.run.engine import recover
+from rescue.run.recovery import recover
 from rescue.study.folder import case_record, create_study, outcome_receipts, store_summary
 from rescue.study.journal import SUMMARY_KEY, Journal, arm_digest
 from rescue.study.layout import RECEIPTS as RECEIPTS_FILE

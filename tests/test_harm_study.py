@@ -20,7 +20,7 @@ from rescue.core.success_sample import SamplingFrame, frame_tags
 from rescue.read.export import export_study, read_export, write_export
 from rescue.read.terminal import render_summary
 from rescue.read.verify import verify_study
-from rescue.run.engine import recover
+from rescue.run.recovery import recover
 from rescue.study.folder import create_study, store_summary
 from rescue.study.journal import Journal
 from rescue.study.receipts import ReceiptLog

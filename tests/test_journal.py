@@ -15,7 +15,8 @@ import pytest
 from conftest import HANG_S
 
 from rescue.core.manifest import Case
-from rescue.core.records import ArmResult, Assistance, Verdict
+from rescue.core.records import ArmResult, Assistance
+from rescue.core.verdicts import Verdict
 from rescue.study.journal import DuplicateRecord, Journal, JournalError, journal_path
 
 pytestmark = pytest.mark.fast
@@ -412,7 +413,8 @@ def test_read_only_view_sees_writes_and_cannot_write(study):
 
 def test_finish_case_records_arms_receipt_and_verdict_at_once(tmp_path):
     from rescue.core.manifest import Case
-    from rescue.core.records import ArmResult, Assistance, Verdict
+    from rescue.core.records import ArmResult, Assistance
+    from rescue.core.verdicts import Verdict
     from rescue.study.journal import Journal
 
     case = Case(case_id="c1", suite="libero_object", task_id=0, init_state_index=0, env_seed=0, horizon=16)
@@ -434,7 +436,8 @@ def test_finish_case_records_arms_receipt_and_verdict_at_once(tmp_path):
 
 def test_finish_case_is_atomic_on_a_duplicate_arm(tmp_path):
     from rescue.core.manifest import Case
-    from rescue.core.records import ArmResult, Assistance, Verdict
+    from rescue.core.records import ArmResult, Assistance
+    from rescue.core.verdicts import Verdict
     from rescue.study.journal import DuplicateRecord, Journal
 
     case = Case(case_id="c1", suite="libero_object", task_id=0, init_state_index=0, env_seed=0, horizon=16)

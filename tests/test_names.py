@@ -37,7 +37,7 @@ def test_every_moved_module_exists_and_its_old_name_is_gone():
 
 
 def test_a_renamed_module_resolves_under_its_old_name():
-    assert resolve("rescue.service.config:job_request") is resolve("rescue.service.settings:job_request")
+    assert resolve("rescue.service.config:load_service_config") is resolve("rescue.service.settings:load_service_config")
     assert resolve("rescue.read.html.compare:write_comparison_report") is resolve(
         "rescue.read.html.side_by_side:write_comparison_report")
 

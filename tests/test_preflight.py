@@ -15,14 +15,16 @@ from openpi_libero_policy import openpi_server
 
 from rescue.core.config_files import load_config
 from rescue.core.manifest import load_manifest
-from rescue.core.records import ArmResult, Assistance, TraceRow
+from rescue.core.records import ArmResult, Assistance
+from rescue.core.trace import TraceRow
 from rescue.embedded.endpoint import STATE as ENDPOINT_STATE
 from rescue.embedded.endpoint import EndpointOptions, start_endpoint
 from rescue.embedded.scripted import make_policy
 from rescue.policy.bundled import policy_metadata
 from rescue.policy.server import PolicyServer
 from rescue.run.peers import resolved_config, start_peers
-from rescue.run.preflight import agreement, check_idle_hold, run_preflight
+from rescue.run.preflight import agreement, run_preflight
+from rescue.run.idle_hold import check_idle_hold
 from rescue.study.layout import StudyLayout
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]

@@ -15,7 +15,8 @@ from rescue.core.config_files import ConfigError, validate_config
 from rescue.core.digest import digest_text
 from rescue.core.querypoint import query_point
 from rescue.core.records import ArmResult, Assistance, Receipt
-from rescue.core.stats import holm, mcnemar_exact, summarize
+from rescue.core.stats import summarize
+from rescue.core.exact_stats import holm, mcnemar_exact
 
 pytestmark = pytest.mark.fast
 

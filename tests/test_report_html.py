@@ -22,7 +22,7 @@ import pytest
 from conftest import HANG_S, ROOT, rescue_cli, write_cases
 from test_export_verify import build_study
 
-from rescue.core.stats import mcnemar_exact, paired_diff_ci, wilson_interval
+from rescue.core.exact_stats import mcnemar_exact, paired_diff_ci, wilson_interval
 from rescue.read.export import StudyExport, export_study
 from rescue.read.html.app import read_index_script, read_panel_script
 from rescue.read.html.render import pct

@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rescue.core.comparison import Comparison
 from rescue.core.config import StudyConfig
 from rescue.core.manifest import Case
-from rescue.core.records import ArmResult, CaseRecord, Receipt, Verdict
+from rescue.core.records import ArmResult, CaseRecord, Receipt
+from rescue.core.verdicts import Verdict
 from rescue.core.stats import Summary
 from rescue.read import schemas
 from rescue.read.export import StudyExport

@@ -13,7 +13,8 @@ from rescue.cli.console import EXIT_BAD_INPUT, console
 def cmd_submit(args: argparse.Namespace) -> int:
     from rescue.core.config_files import config_data
     from rescue.service.queue import submit_file
-    from rescue.service.settings import job_request, load_service_config
+    from rescue.service.settings import load_service_config
+    from rescue.service.job_request import job_request
 
     # A job chooses among the service's named endpoints and policies; its other settings are checked
     # against what a job may set, and the whole request against the service's configuration.

@@ -9,7 +9,8 @@ from __future__ import annotations
 from rescue.core.arms import arm_advisor, base_arm, continuation, continuation_arm, is_assisted
 from rescue.core.harm import success_label, success_reason
 from rescue.core.proofs import check_evidence, check_sham_evidence, prefix_match, q_state_match
-from rescue.core.records import ArmResult, ArmVerdict, CaseRecord, ContinuationCount, Verdict
+from rescue.core.records import ArmResult, CaseRecord
+from rescue.core.verdicts import ArmVerdict, ContinuationCount, Verdict
 
 # Assistance statuses that mean the VLM request failed (rule 3).
 ASSISTANCE_FAILURES = frozenset({"broker_error", "invalid_response", "timeout"})

@@ -14,8 +14,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.evaluation import EvalSummary, summarize_labels
-from rescue.core.records import EpisodeLabel
-from rescue.core.stats import PairedComparison, block_bootstrap_ci, compare
+from rescue.core.verdicts import EpisodeLabel
+from rescue.core.stats import PairedComparison, compare
+from rescue.core.exact_stats import block_bootstrap_ci
 
 COMPARISON_SCHEMA = "rescue-comparison/2"
 # The sides as the comparison's folder and its paired comparisons name them.

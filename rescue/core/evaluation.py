@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict
 from rescue.core.catalog import VARIANT_MARK, libero_catalog, split_variant
 from rescue.core.episode_protocol import RESCUE, EpisodeProtocol
 from rescue.core.manifest import Case
-from rescue.core.records import ArmResult, Verdict
+from rescue.core.records import ArmResult
+from rescue.core.verdicts import Verdict
 
 
 def classify_episode(case_id: str, arm: ArmResult | None, interrupted: bool) -> Verdict:

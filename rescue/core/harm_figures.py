@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from rescue.core.arms import query_point_of
 from rescue.core.continuations import PairedEstimate, estimate
 from rescue.core.harm import SUCCESS_LABELS, CaseScore, NetChange, case_score, is_exposed, net_change
-from rescue.core.records import CaseRecord, Verdict
+from rescue.core.records import CaseRecord
+from rescue.core.verdicts import Verdict
 from rescue.core.success_sample import SamplingFrame
 
 Judged = tuple[CaseRecord, Verdict]

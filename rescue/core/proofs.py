@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rescue.core.digest import digest_text
-from rescue.core.records import ArmResult, Assistance, CaseRecord, Receipt, TraceRow
+from rescue.core.records import ArmResult, Assistance, CaseRecord, Receipt
+from rescue.core.trace import TraceRow
 
 
 def trace_is_regular(trace: Sequence[TraceRow], interval: int) -> bool:

@@ -25,7 +25,8 @@ from rescue.core.digest import digest_json
 from rescue.core.evaluation import EvalSummary
 from rescue.core.manifest import Case
 from rescue.core.querypoint import query_point
-from rescue.core.records import ArmResult, ArmVerdict, ContinuationCount, Receipt
+from rescue.core.records import ArmResult, Receipt
+from rescue.core.verdicts import ArmVerdict, ContinuationCount
 from rescue.core.arms import advisor_arm, base_arm, continuation, query_point_of
 from rescue.core.stats import Summary
 from rescue.read.legacy import upgrade_export

@@ -21,7 +21,9 @@ from rescue.core.config import StudyConfig
 from rescue.core.digest import digest_bytes, digest_text
 from rescue.core.manifest import Case, ManifestError, load_manifest
 from rescue.core.proofs import trace_is_regular
-from rescue.core.records import ArmResult, Receipt, Verdict, chain_break
+from rescue.core.records import ArmResult, Receipt
+from rescue.core.verdicts import Verdict
+from rescue.core.trace import chain_break
 from rescue.core.arms import answered_at_q, base_arm, continuation, continuation_seed, is_assisted
 from rescue.core.sham import sham_donors
 from rescue.core.stats import Summary

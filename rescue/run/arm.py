@@ -26,7 +26,8 @@ from rescue.core.manifest import Case
 from rescue.core.observation import PRIVILEGED, ObservationProfile
 from rescue.core.querypoint import query_point
 from rescue.core.arms import ArmName, base_arm
-from rescue.core.records import Answer, ArmResult, Assistance, TraceRow, chained
+from rescue.core.records import Answer, ArmResult, Assistance
+from rescue.core.trace import TraceRow, chained
 from rescue.env.pool import SimLease, Simulator
 from rescue.policy.protocol import PolicyConnection
 from rescue.run.diagnose import QueryRecord, query_record

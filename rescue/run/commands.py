@@ -20,11 +20,12 @@ from rescue.core.episode_protocol import get_protocol
 from rescue.core.evaluation import EvalSummary, case_id_of, episode_cases, failure_cases, mark_pilot, summarize_eval
 from rescue.core.manifest import Case, Manifest, ManifestError, case_places, load_manifest, parse_manifest, read_manifest_bytes
 from rescue.core.names import EMBEDDED_POLICY
-from rescue.core.records import Verdict
+from rescue.core.verdicts import Verdict
 from rescue.core.sham import ShamConfig
 from rescue.core.success_sample import SamplingFrame, frame_tags, sample_successes
 from rescue.env.backend import LOCAL, Backend
-from rescue.run.engine import complement_manifest, recover, run_study
+from rescue.run.engine import run_study
+from rescue.run.recovery import complement_manifest, recover
 from rescue.run.observer import RunObserver
 from rescue.run.peers import check_live_identity, resolved_config, study_protocol
 from rescue.study import logs
@@ -443,7 +444,7 @@ def ablate(
 
 def ablation_rows(root: Path, settings: dict) -> list[AblationRow]:
     """Each setting's success and its paired comparison (exact McNemar, Newcombe CI) against all_on."""
-    from rescue.core.stats import mcnemar_exact, paired_diff_ci
+    from rescue.core.exact_stats import mcnemar_exact, paired_diff_ci
 
     labels: dict[str, dict[str, str]] = {}
     for name in settings:

@@ -23,7 +23,7 @@ from rescue.core.config import StudyConfig
 from rescue.core.config_files import load_config
 from rescue.core.evaluation import episode_cases
 from rescue.core.manifest import parse_manifest
-from rescue.core.records import Verdict
+from rescue.core.verdicts import Verdict
 from rescue.run.engine import run_study
 from rescue.run.peers import resolved_config
 from rescue.study.files import write_atomic

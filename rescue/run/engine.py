@@ -23,7 +23,8 @@ from rescue.core.digest import digest_bytes
 from rescue.core.failfast import FailFast, error_line, one_line, sampling_without_control
 from rescue.core.manifest import Case
 from rescue.core.observation import get_profile
-from rescue.core.records import Answer, ArmResult, Assistance, Verdict
+from rescue.core.records import Answer, ArmResult, Assistance
+from rescue.core.verdicts import Verdict
 from rescue.core.arms import advisor_arm, answered_at_q, base_arm, is_assisted, query_point_of
 from rescue.core.sham import donor_group
 from rescue.env.backend import LOCAL, Backend
@@ -34,7 +35,7 @@ from rescue.run.fork import Follower, run_forked
 from rescue.run.observer import RunObserver, as_observer
 from rescue.run.peers import Peers, start_peers
 from rescue.run.sham import ShamSource
-from rescue.study.folder import SHAM_DONORS_KEY, classify_case, load_study_config, outcome_receipts, store_summary
+from rescue.study.folder import SHAM_DONORS_KEY, classify_case, load_study_config, store_summary
 from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, Journal
 from rescue.study.layout import StudyLayout
 from rescue.study.ledger import BudgetReached, Hold
@@ -42,6 +43,7 @@ from rescue.study.receipts import OutcomeIndex
 from rescue.vlm.answers import SubgoalRequest
 from rescue.vlm.client import VLMClient
 from wrappers.async_rules import AsyncRuleWrapper
+from rescue.run.recovery import settle
 
 log = structlog.get_logger()
 
@@ -460,35 +462,6 @@ def _once(ask):
     return shared
 
 
-def settle(journal: Journal, config: StudyConfig, receipts_path: Path, reason: str = "interrupted") -> list[str]:
-    """Give every unsettled case its final state and verdict: a claimed case becomes `interrupted`,
-    `unknown` (rule 2), and so does one a recovery left interrupted without a verdict. One
-    transaction per case, so a recovery stopped half-way (a full disk, a kill) leaves every case
-    either settled or still to settle, and running it again finishes the job. Returns their ids."""
-    ids = journal.unsettled_ids()
-    if not ids:
-        return []
-    receipts = outcome_receipts(receipts_path)
-    donors = dict(journal.meta().get(SHAM_DONORS_KEY) or {})
-    for case_id in ids:
-        case = journal.case(case_id)
-        verdict = classify_case(config, case, journal.arms(case_id), receipts, interrupted=True, donors=donors)
-        journal.interrupt(case_id, verdict, reason)
-        log.info("case.classified", case_id=case_id, label=verdict.label, rule=verdict.rule, reason=reason)
-    return ids
-
-
-def recover(study_dir: Path, reason: str = "interrupted") -> list[str]:
-    """Turn started-unfinished cases into `unknown` (with `reason`); return their ids."""
-    layout = StudyLayout.of(study_dir)
-    config = load_study_config(layout.root)
-    journal = Journal.open(layout.root)
-    try:
-        return settle(journal, config, layout.receipts, reason)
-    finally:
-        journal.close()
-
-
 async def run_study(
     study_dir: Path,
     on_case: RunObserver | Callable[[Verdict], None] | None = None,
@@ -520,11 +493,3 @@ async def run_study(
         store_summary(layout.root)
 
 
-def complement_manifest(prior_study: Path) -> list[Case]:
-    """The never-claimed cases of a prior study, in manifest order (a continuation's cohort)."""
-    journal = Journal.open(prior_study)
-    try:
-        pending = set(journal.pending_ids())
-        return [c for c in journal.cases() if c.case_id in pending]
-    finally:
-        journal.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from rescue.core.records import Verdict
+from rescue.core.verdicts import Verdict
 
 
 class RunObserver:

@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-import time
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import structlog
-from pydantic import BaseModel
 
 from rescue.core.config import StudyConfig
 from rescue.core.vlm_config import MissingAPIKey, VLMConfig
@@ -37,48 +34,20 @@ from rescue.core.manifest import Case, load_manifest
 from rescue.core.observation import get_profile
 from rescue.core.records import ArmResult
 from rescue.core.reported_model import mismatch
-from rescue.policy.client import PolicyConnectionClosed, PolicyServerError, WebsocketPolicyClient
-from rescue.run.arm import ArmSpec, KeepaliveError, run_arm, wait_with_keepalive
+from rescue.policy.client import PolicyServerError, WebsocketPolicyClient
+from rescue.run.arm import ArmSpec, run_arm
 from rescue.run.peers import Peers, resolved_config, start_peers
 from rescue.study.layout import StudyLayout
 from rescue.study.receipts import ReceiptLog
 from rescue.vlm.answers import SubgoalRequest
 from rescue.vlm.client import VLMClient
 from wrappers.async_rules import AsyncRuleWrapper, rule_inputs_problems
+from rescue.run.idle_hold import first_obs, idle_length_check, check_idle_hold
+from rescue.run.preflight_report import Check, PreflightReport
 
 log = structlog.get_logger()
 
-CheckVerdict = Literal["pass", "warn", "fail"]
 _TRACE_FIELDS = ("state", "images", "instruction", "actions")
-
-
-class Check(BaseModel):
-    """One preflight check and what it found."""
-
-    name: str
-    verdict: CheckVerdict
-    detail: str
-
-
-class PreflightReport(BaseModel):
-    """Every check's verdict; a study should not start unless `ok`."""
-
-    checks: list[Check]
-    policy_url: str | None = None
-    policy_rng_control: bool | None = None  # None: never reached the server
-
-    @property
-    def ok(self) -> bool:
-        """True when no check failed (warnings do not fail)."""
-        return bool(self.checks) and all(c.verdict != "fail" for c in self.checks)
-
-    def render(self) -> str:
-        """The policy server, one line per check, then the overall verdict."""
-        control = {None: "unknown", True: "true", False: "false (prefix equality not guaranteed by the server)"}
-        lines = [f"policy {self.policy_url or '(not reached)'}: policy_rng_control = {control[self.policy_rng_control]}"]
-        lines += [f"{c.verdict.upper():4}  {c.name}: {c.detail}" for c in self.checks]
-        lines.append("preflight: " + ("ok" if self.ok else "FAILED"))
-        return "\n".join(lines)
 
 
 def agreement(results: list[ArmResult]) -> str | None:
@@ -193,7 +162,7 @@ async def check_policy_query(case: Case, config: StudyConfig, peers: Peers) -> C
     profile = config.policy.observation or "privileged"
     obs: dict = {}
     try:
-        obs = await _first_obs(case, config, peers)
+        obs = await first_obs(case, config, peers)
         client = await _connect(peers)
         try:
             await client.reset()
@@ -300,94 +269,6 @@ async def check_vlm_call(case: Case, config: StudyConfig, peers: Peers, workdir:
     return Check(name=name, verdict="pass", detail=answered)
 
 
-async def _first_obs(case: Case, config: StudyConfig, peers: Peers) -> dict:
-    profile = get_profile(config.policy.observation or "privileged")
-    sim = await peers.pool.acquire()
-    try:
-        reset = await sim.reset(case, profile, config.env.protocol())
-    finally:
-        peers.pool.release(sim)
-    return profile.policy_input(reset.obs, reset.instruction)
-
-
-async def _fresh_second_chunk(peers: Peers, obs: dict, seed: int) -> np.ndarray:
-    """What a new connection answers to its second query after reset_rng(seed)."""
-    ref = await _connect(peers)
-    try:
-        await ref.reset()
-        await ref.reset_rng(seed)
-        await ref.infer(obs)
-        return np.asarray((await ref.infer(obs))["actions"])
-    finally:
-        await ref.close()
-
-
-async def check_idle_hold(case: Case, config: StudyConfig, peers: Peers, idle_s: float) -> Check:
-    """Hold a connection idle for idle_s with the study's keepalive; its connection and RNG must survive."""
-    try:
-        return await _idle_hold(case, config, peers, idle_s)
-    except Exception as exc:  # the simulator or the connection failed outside the hold itself
-        return Check(name="idle hold", verdict="fail", detail=f"{type(exc).__name__}: {exc}")
-
-
-async def _idle_hold(case: Case, config: StudyConfig, peers: Peers, idle_s: float) -> Check:
-    name = "idle hold"
-    every = config.keepalive_s
-    obs = await _first_obs(case, config, peers)
-    seed = case.policy_seed
-    client = await _connect(peers)
-    try:
-        await client.reset()
-        if client.supports_rng:
-            await client.reset_rng(seed)
-        await client.infer(obs)
-        before = await client.rng_state()
-        start = time.monotonic()
-        try:
-            await wait_with_keepalive(client, asyncio.sleep(idle_s), every, case.case_id)
-        except KeepaliveError as exc:
-            return Check(name=name, verdict="fail", detail=f"the policy's RNG state changed while idle: {exc}")
-        except (PolicyConnectionClosed, PolicyServerError, ConnectionError, asyncio.TimeoutError) as exc:
-            held = time.monotonic() - start
-            return Check(
-                name=name,
-                verdict="fail",
-                detail=f"the policy connection was lost {held:.1f} s into a {idle_s:g} s idle hold with keepalive "
-                f"every {every:g} s ({type(exc).__name__}: {exc}); the server or a proxy drops idle connections: "
-                "lower keepalive_s below its idle limit or raise that limit",
-            )
-        after = await client.rng_state()
-        if before != after:
-            return Check(name=name, verdict="fail", detail=f"RNG state changed across the idle hold: {before} -> {after}")
-        try:
-            chunk = np.asarray((await client.infer(obs))["actions"])
-        except (PolicyConnectionClosed, PolicyServerError, ConnectionError) as exc:
-            return Check(name=name, verdict="fail", detail=f"inference after the idle hold failed: {type(exc).__name__}: {exc}")
-    finally:
-        await client.close()
-    if before is None:
-        return Check(
-            name=name,
-            verdict="pass",
-            detail=f"connection held idle {idle_s:g} s with ping keepalive every {every:g} s and answered afterwards; "
-            "its RNG state cannot be read (no RNG extension)",
-        )
-    reference = await _fresh_second_chunk(peers, obs, seed)
-    if reference.shape != chunk.shape or not np.array_equal(reference, chunk):
-        return Check(
-            name=name,
-            verdict="fail",
-            detail="after the idle hold the next inference differs from a fresh connection's second inference: "
-            "keepalive consumed randomness or the policy is not deterministic",
-        )
-    return Check(
-        name=name,
-        verdict="pass",
-        detail=f"connection held idle {idle_s:g} s with keepalive every {every:g} s: RNG digest, request counter "
-        f"({after.requests}), connection id and server instance unchanged; the next inference equals a fresh connection's",
-    )
-
-
 async def check_rng_extension(peers: Peers) -> tuple[Check, bool]:
     """Whether the server resets and reports the policy RNG per connection."""
     client = await _connect(peers)
@@ -425,19 +306,6 @@ async def check_episode_markers(config: StudyConfig, peers: Peers) -> Check:
     return Check(name="episode markers", verdict="pass",
                  detail="not sent: the server does not announce episode_start/episode_end; a server that does "
                  "not know them (openpi's) would pass them to its policy as an observation")
-
-
-def _idle_length_check(config: StudyConfig, idle_s: float) -> Check | None:
-    deadlines = [vlm.deadline_s for _, _, vlm in config.advisor_configs()]
-    if not deadlines or idle_s >= max(deadlines):
-        return None
-    longest = max(deadlines)
-    return Check(
-        name="idle length",
-        verdict="warn",
-        detail=f"held {idle_s:g} s, shorter than the longest VLM wait (vlm.deadline_s = {longest:g} s); "
-        f"run with --idle-s {longest:g} before a real study",
-    )
 
 
 async def run_preflight(
@@ -491,7 +359,7 @@ async def run_preflight(
                 log.info("preflight.check", **checks[-1].model_dump())
         except Exception as exc:  # a peer that does not start is a failed preflight, not a crash
             checks.append(Check(name="peers", verdict="fail", detail=f"{type(exc).__name__}: {exc}"))
-    idle = _idle_length_check(config, idle_s)
+    idle = idle_length_check(config, idle_s)
     if idle is not None:
         checks.append(idle)
     return PreflightReport(checks=checks, policy_url=url, policy_rng_control=rng_control)

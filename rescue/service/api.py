@@ -36,7 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rescue.core.config_files import ConfigError
 from rescue.core.manifest import ManifestError
-from rescue.service.settings import ServiceConfig, job_request
+from rescue.service.settings import ServiceConfig
+from rescue.service.job_request import job_request
 from rescue.service.queue import (
     MAX_NAME_CHARS,
     QueueError,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from rescue.core.schema import MAX_ARM_STEPS, MAX_ARMS_PER_CASE, RANGES, number
-from rescue.service.settings import JOB_KEYS, _SECTIONS
+from rescue.service.job_request import JOB_KEYS, _SECTIONS
 
 COMMAND = "python -m rescue.service.keydocs"
 DOCS = Path(__file__).resolve().parents[2] / "docs"

@@ -32,13 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rescue.core.config import StudyConfig
 from rescue.core.config_files import ConfigError, work_problems
 from rescue.core.manifest import Manifest, parse_manifest, read_manifest_bytes
-from rescue.service.settings import (
-    JobRequest,
-    ServiceConfig,
-    request_of,
-    resolve_job,
-    service_config_from_env,
-)
+from rescue.service.settings import ServiceConfig, service_config_from_env
+from rescue.service.job_request import JobRequest, request_of, resolve_job
 from rescue.study import layout
 from rescue.study.files import write_atomic
 from rescue.study.folder import StudyError

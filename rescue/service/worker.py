@@ -45,14 +45,8 @@ import structlog
 
 import rescue
 from rescue.core.config_files import ConfigError
-from rescue.service.settings import (
-    NO_KEY_ENV,
-    SERVICE_CONFIG_ENV,
-    ServiceConfig,
-    load_service_config,
-    resolve_job,
-    study_problems,
-)
+from rescue.service.settings import NO_KEY_ENV, SERVICE_CONFIG_ENV, ServiceConfig, load_service_config
+from rescue.service.job_request import resolve_job, study_problems
 from rescue.service.queue import (
     OPEN_STATES,
     Job,
@@ -310,7 +304,7 @@ class Worker:
     @staticmethod
     def _settle_killed(job: Job, killed: str) -> list[str]:
         """The claimed cases of a job whose child was killed: `unknown`, their reason naming the signal."""
-        from rescue.run.engine import recover
+        from rescue.run.recovery import recover
 
         if not StudyLayout.of(job.layout.study).is_study():
             return []

@@ -24,7 +24,8 @@ from rescue.core.config import StudyConfig
 from rescue.core.evaluation import classify_episode
 from rescue.core.manifest import Case, Manifest
 from rescue.core.querypoint import query_point
-from rescue.core.records import ArmResult, CaseRecord, Receipt, Verdict
+from rescue.core.records import ArmResult, CaseRecord, Receipt
+from rescue.core.verdicts import Verdict
 from rescue.core.sham import sham_donors
 from rescue.core.stats import Summary, summarize
 from rescue.core.success_sample import frame_of, task_frames

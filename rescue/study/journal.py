@@ -31,7 +31,8 @@ from pydantic import BaseModel
 
 from rescue.core.digest import digest_json
 from rescue.core.manifest import Case
-from rescue.core.records import ArmResult, Verdict
+from rescue.core.records import ArmResult
+from rescue.core.verdicts import Verdict
 from rescue.study.layout import StudyLayout
 from rescue.study.transaction import write_transaction
 
