@@ -85,13 +85,25 @@ def _unknown_key(loc: tuple) -> str:
     return f"unknown key; did you mean {' or '.join(close)}?" if close else "unknown key"
 
 
+def _unknown_keys(data: dict[str, Any]) -> list[str]:
+    """The unknown keys of data the strict schema refused, so that one line names every key that is wrong."""
+    try:
+        StudyConfig.model_validate(data)
+    except ValidationError as exc:
+        return [f"{'.'.join(str(part) for part in err['loc'])}: {_unknown_key(err['loc'])}"
+                for err in exc.errors() if err["type"] == "extra_forbidden"]
+    except Exception:  # data the schema refused may break a validator in other ways: its verdict stands alone
+        return []
+    return []
+
+
 def validate_config(data: dict[str, Any], where: str, max_arms_per_case: int = MAX_ARMS_PER_CASE) -> StudyConfig:
     """A StudyConfig from plain data, through the one strict schema (rescue/core/schema.py: types, finite numbers
     in their ranges, each key once, the arms of a case bounded by `max_arms_per_case`), or ConfigError naming
     every problem in one line (`where` first)."""
     problem = request_problem(data, StudyConfig)
     if problem is not None:
-        raise ConfigError(f"{where}: {problem}")
+        raise ConfigError(f"{where}: " + "; ".join([problem, *_unknown_keys(data)]))
     try:
         config = StudyConfig.model_validate(data)
     except ValidationError as exc:
