@@ -177,3 +177,23 @@ def pytest_runtest_call(item: pytest.Item):
     result = yield
     _guard_sim(item, before)
     return result
+
+
+# What each test module took, summed over its tests' setup, call and teardown as the reports reach the process
+# that prints (the controller under pytest-xdist): the longest are printed at the end of every run, so a CI log
+# says where a tier's time went (benchmarks/tier_time.py compares a tier's total with the last recorded one).
+_MODULE_SECONDS: collections.Counter = collections.Counter()
+LONGEST_SHOWN = 10
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _MODULE_SECONDS[report.nodeid.split("::", 1)[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """The ten longest test modules of this run, by the time their tests took."""
+    if hasattr(config, "workerinput") or not _MODULE_SECONDS:
+        return
+    terminalreporter.section(f"the {LONGEST_SHOWN} longest test modules (s, their tests' durations added)")
+    for module, seconds in _MODULE_SECONDS.most_common(LONGEST_SHOWN):
+        terminalreporter.write_line(f"{seconds:8.1f}  {module}")

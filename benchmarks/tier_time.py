@@ -1,0 +1,58 @@
+"""A test tier's wall time against the last recorded one, from the log of a run.
+
+    SKIP_SETUP=1 bash scripts/test.sh slow 2>&1 | tee slow.log
+    .venv/bin/python benchmarks/tier_time.py slow slow.log
+
+It reads pytest's closing line ("N passed ... in S s") and the ten longest modules the run printed, and says
+the tier's time as a ratio of the figure recorded in RECORDED below (docs/benchmarks.md, "The test tiers").
+The ratio is what to compare across machines: the same tier took twice as long on one 2-core machine as on
+another, so a change is measured side by side, not against an absolute figure.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+# The last recorded wall time of each tier, with its command, commit and date (docs/benchmarks.md).
+RECORDED = {
+    "slow": {"seconds": 3374.0, "tests": 290, "commit": "7dfdef3", "date": "2026-12-03",
+             "command": "SKIP_SETUP=1 bash scripts/test.sh slow --durations=0"},
+    "fast": {"seconds": 58.0, "tests": 722, "commit": "205c1a3", "date": "2026-12-03",
+             "command": "bash scripts/test.sh fast"},
+}
+_CLOSING = re.compile(r"(\d+) passed.* in ([0-9.]+)s")
+_MODULE = re.compile(r"^\s*([0-9.]+)\s+(tests/\S+\.py)$")
+
+
+def read_log(text: str) -> tuple[int, float, list[tuple[float, str]]]:
+    """Tests passed, the tier's wall seconds, and the longest modules the run printed, from a pytest log."""
+    closing = [m for m in map(_CLOSING.search, text.splitlines()) if m]
+    if not closing:
+        raise ValueError("no closing line of pytest ('N passed in S s') in the log")
+    passed, seconds = int(closing[-1].group(1)), float(closing[-1].group(2))
+    modules = [(float(m.group(1)), m.group(2)) for m in map(_MODULE.match, text.splitlines()) if m]
+    return passed, seconds, modules
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in RECORDED:
+        print(f"usage: tier_time.py {{{','.join(RECORDED)}}} LOG", file=sys.stderr)
+        return 2
+    tier, log = argv
+    try:
+        passed, seconds, modules = read_log(Path(log).read_text(encoding="utf-8", errors="replace"))
+    except (OSError, ValueError) as exc:
+        print(f"tier_time.py: {log}: {exc}", file=sys.stderr)
+        return 2
+    last = RECORDED[tier]
+    print(f"{tier} tier: {passed} passed in {seconds:.0f} s; recorded {last['tests']} in {last['seconds']:.0f} s "
+          f"({last['commit']}, {last['date']}): ratio {seconds / last['seconds']:.2f}")
+    for took, module in modules:
+        print(f"{took:8.1f}  {module}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
