@@ -17,10 +17,10 @@ from pathlib import Path
 
 # The last recorded wall time of each tier, with its command, commit and date (docs/benchmarks.md).
 RECORDED = {
-    "slow": {"seconds": 3374.0, "tests": 290, "commit": "7dfdef3", "date": "2026-12-03",
-             "command": "SKIP_SETUP=1 bash scripts/test.sh slow --durations=0"},
-    "fast": {"seconds": 58.0, "tests": 722, "commit": "205c1a3", "date": "2026-12-03",
-             "command": "bash scripts/test.sh fast"},
+    "slow": {"seconds": 1818.5, "tests": 296, "commit": "fb878a3", "date": "2026-12-05",
+             "command": "CI=true bash .ci/run (its slow tier)"},
+    "fast": {"seconds": 52.2, "tests": 847, "commit": "fb878a3", "date": "2026-12-05",
+             "command": "CI=true bash .ci/run (its fast tier)"},
 }
 _CLOSING = re.compile(r"(\d+) passed.* in ([0-9.]+)s")
 _MODULE = re.compile(r"^\s*([0-9.]+)\s+(tests/\S+\.py)$")
