@@ -28,11 +28,15 @@ _MODULE = re.compile(r"^\s*([0-9.]+)\s+(tests/\S+\.py)$")
 
 def read_log(text: str) -> tuple[int, float, list[tuple[float, str]]]:
     """Tests passed, the tier's wall seconds, and the longest modules the run printed, from a pytest log."""
-    closing = [m for m in map(_CLOSING.search, text.splitlines()) if m]
+    lines = text.splitlines()
+    closing = [i for i, line in enumerate(lines) if _CLOSING.search(line)]
     if not closing:
         raise ValueError("no closing line of pytest ('N passed in S s') in the log")
-    passed, seconds = int(closing[-1].group(1)), float(closing[-1].group(2))
-    modules = [(float(m.group(1)), m.group(2)) for m in map(_MODULE.match, text.splitlines()) if m]
+    last = _CLOSING.search(lines[closing[-1]])
+    passed, seconds = int(last.group(1)), float(last.group(2))
+    # The modules the last run printed: between the closing line before it (another tier's, in .ci/run's log) and it.
+    since = closing[-2] + 1 if len(closing) > 1 else 0
+    modules = [(float(m.group(1)), m.group(2)) for m in map(_MODULE.match, lines[since:closing[-1]]) if m]
     return passed, seconds, modules
 
 
