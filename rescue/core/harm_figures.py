@@ -84,35 +84,36 @@ def _counts(rec: CaseRecord, v: Verdict, arm: str) -> tuple[int, int, int] | Non
     return int(bool(judged.success)), int(bool(control.success)), 1
 
 
-def success_scores(cases: Sequence[Judged], arm: str) -> tuple[list[CaseScore], list[tuple[int, int]], int]:
-    """The successes' harm scores (control - arm; 0 for an unexposed one), the (control, arm) successes of the
-    exposed pairs in M, and K."""
+def _paired_scores(cases: Sequence[Judged], arm: str, harm: bool) -> tuple[list[CaseScore], list[tuple[int, int]], int]:
+    """Per-case scores over the arm's pairs in M: harm (control - arm; 0 for an unexposed success) or rescue
+    (arm - control), the pairs' successes in the same order, and K."""
     scores, pairs, k_max = [], [], max((rec.continuations for rec, _ in cases), default=1)
     for rec, v in cases:
-        verdict = v.of(arm, rec.primary)
-        if verdict is None:
-            raise ValueError(f"case {rec.case_id} has no verdict for its {arm} arm")
-        if not is_exposed(verdict.label, verdict.rule):
-            scores.append(CaseScore(0.0, 0.0))
-            continue
+        if harm:
+            verdict = v.of(arm, rec.primary)
+            if verdict is None:
+                raise ValueError(f"case {rec.case_id} has no verdict for its {arm} arm")
+            if not is_exposed(verdict.label, verdict.rule):
+                scores.append(CaseScore(0.0, 0.0))
+                continue
         found = _counts(rec, v, arm)
         if found is not None:
             a, c, k = found
-            scores.append(case_score(c, a, k))
-            pairs.append((c, a))
+            first, second = (c, a) if harm else (a, c)
+            scores.append(case_score(first, second, k))
+            pairs.append((first, second))
     return scores, pairs, k_max
+
+
+def success_scores(cases: Sequence[Judged], arm: str) -> tuple[list[CaseScore], list[tuple[int, int]], int]:
+    """The successes' harm scores (control - arm; 0 for an unexposed one), the (control, arm) successes of the
+    exposed pairs in M, and K."""
+    return _paired_scores(cases, arm, harm=True)
 
 
 def failure_scores(cases: Sequence[Judged], arm: str) -> tuple[list[CaseScore], list[tuple[int, int]], int]:
     """The failures' rescue scores (arm - control) over the arm's pairs in M, the (arm, control) successes, and K."""
-    scores, pairs, k_max = [], [], max((rec.continuations for rec, _ in cases), default=1)
-    for rec, v in cases:
-        found = _counts(rec, v, arm)
-        if found is not None:
-            a, c, k = found
-            scores.append(case_score(a, c, k))
-            pairs.append((a, c))
-    return scores, pairs, k_max
+    return _paired_scores(cases, arm, harm=False)
 
 
 def harm_figures(failures: Sequence[Judged], successes: Sequence[Judged], arm: str, frame: SamplingFrame | None,
