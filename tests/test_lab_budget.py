@@ -78,6 +78,14 @@ RACER = textwrap.dedent("""
     arm = ArmCost(arm="assisted", model="m", endpoint="local", price=TokenPrice(input=1000.0, output=0.0),
                   max_output_tokens=None)
     mine, other = Path(sys.argv[4]), Path(sys.argv[5])
+
+    def meet(stage):
+        # Wait for the other racer to reach the same stage, however slowly it goes.
+        Path(f"{mine}.{stage}").touch()
+        deadline = time.monotonic() + float(sys.argv[6])
+        while not Path(f"{other}.{stage}").exists() and time.monotonic() < deadline:
+            time.sleep(0.001)
+
     won = 0
     while True:
         try:
@@ -85,11 +93,11 @@ RACER = textwrap.dedent("""
         except BudgetReached:
             break
         won += ids is not None
-        if won == 1:  # both hold one before either goes on, however slowly the other started: they race
-            mine.touch()
-            deadline = time.monotonic() + float(sys.argv[6])
-            while not other.exists() and time.monotonic() < deadline:
-                time.sleep(0.001)
+        if won == 1:  # both hold one before either goes on: they race
+            meet("started")
+    # A racer that exited holding would be a dead study, whose holds the other may take back: both stay alive
+    # until both have met the cap.
+    meet("capped")
     print(won)
 """)
 
