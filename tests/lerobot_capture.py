@@ -5,7 +5,8 @@
 One libero_object case under the given episode protocol (default `lerobot`): at the
 reset and after one chunk, the raw observables and camera renders the profile was given
 (`raw_<stage>_<name>`) and the observation it made (`ours_<stage>_<key>`), for
-tests/lerobot_conformance.py to run through LeRobot's own pipeline.
+tests/lerobot_conformance.py to run through LeRobot's own pipeline; and the profile's axis-angle of
+4,004 quaternions (`axis_quats`, `axis_ours`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 
 import rescue.env.libero as libero
 from rescue.core.manifest import Case
+from rescue.core.observation import quat2axisangle_float32
 
 CASE = Case.model_validate({"case_id": "object-3-ep0", "suite": "libero_object", "task_id": 3, "init_state_index": 0,
                             "env_seed": 0, "horizon": 280})
@@ -39,6 +41,13 @@ def main(out: str, protocol: str = "lerobot") -> int:
         arrays |= {f"raw_{stage}_{k}": v for k, v in {**raw, **frames}.items()}
         arrays |= {f"ours_{stage}_{k}": np.asarray(v) for k, v in obs.items()}
     adapter.close()
+    # The state's axis-angle on many quaternions (and the edges: no rotation, half a turn, w past 1), for
+    # LeRobot's own function to give its bytes for the same inputs.
+    rng = np.random.default_rng(0)
+    quats = rng.standard_normal((4000, 4))
+    quats /= np.linalg.norm(quats, axis=1, keepdims=True)
+    quats = np.concatenate([quats, [[0, 0, 0, 1.0], [1.0, 0, 0, 0], [0, 0, 0, -1.0], [0, 0, 0, 1 + 1e-9]]])
+    arrays |= {"axis_quats": quats, "axis_ours": np.stack([quat2axisangle_float32(q) for q in quats])}
     np.savez(out, **arrays)
     return 0
 

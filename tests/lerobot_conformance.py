@@ -10,7 +10,9 @@ of LeRobot's LIBERO config (`LiberoProcessorStep`: 180-degree flip, the 8-float 
 then the policy's own preprocessor. Ours is the profile's observation through
 `rescue-serve lerobot`'s batch and the same policy preprocessor. Each tensor is compared
 by dtype, shape and bytes (and, where the bytes differ, by how many float32 steps),
-after the env step and after the policy's preprocessor.
+after the env step and after the policy's preprocessor. Besides: the render size
+lerobot-eval's LIBERO config builds its env with against ours, and LeRobot's own
+axis-angle function against the profile's on the same 4,004 quaternions.
 """
 
 from __future__ import annotations
@@ -75,6 +77,16 @@ def main(captured_path: str, policy_dir: str) -> int:
         ours = served.batch({**ours_obs, "task": task})
         report[stage] = {"env": _compare(theirs, ours), "policy": _compare(served.preprocessor(dict(theirs)),
                                                                            served.preprocessor(dict(ours)))}
+    # The render size lerobot-eval's LIBERO config builds its env with, and ours.
+    report["render"] = {"lerobot_eval": [LiberoEnv().observation_height, LiberoEnv().observation_width],
+                        "ours": {k.split("_", 2)[2]: list(v.shape) for k, v in captured.items()
+                                 if k.startswith("raw_") and v.ndim == 3}}
+    # LeRobot's own axis-angle (LiberoProcessorStep._quat2axisangle) on the same quaternions as the profile's.
+    step = next(s for s in env_preprocessor.steps if hasattr(s, "_quat2axisangle"))
+    theirs_axis = step._quat2axisangle(torch.from_numpy(captured["axis_quats"])).numpy()
+    ours_axis = captured["axis_ours"]
+    report["axisangle"] = {"n": len(ours_axis), "dtype": [str(theirs_axis.dtype), str(ours_axis.dtype)],
+                           "differ": int((theirs_axis.view(np.int32) != ours_axis.view(np.int32)).any(axis=1).sum())}
     print(json.dumps(report))
     return 0
 

@@ -121,6 +121,17 @@ def test_lerobot_profile_keys_and_orientation():
     assert LEROBOT_LIBERO.instruction_key == "task"
 
 
+def test_the_lerobot_profile_renders_at_the_protocols_size():
+    from rescue.core.episode_protocol import get_protocol
+
+    # lerobot-eval builds LIBERO's env at 360x360; openpi's client and the env class's default at 256.
+    assert [get_protocol(p).camera_size for p in ("lerobot", "openpi", "rescue")] == [360, 256, 256]
+    assert {c.size for c in LEROBOT_LIBERO.rendered_at(360).cameras} == {360}
+    assert {c.size for c in LEROBOT_LIBERO.rendered_at(256).cameras} == {256}
+    assert OPENPI_LIBERO.rendered_at(360) is OPENPI_LIBERO  # a profile that names its size keeps it
+    assert LEROBOT_LIBERO.rendered_at(360).sha256() != LEROBOT_LIBERO.rendered_at(256).sha256()
+
+
 def test_privileged_profile_spreads_what_the_embedded_policies_read():
     raw, frames = _raw()
     obs = shape_observation(PRIVILEGED, raw, {})
@@ -168,3 +179,42 @@ def test_the_lerobot_profile_computes_the_axis_angle_in_float32_as_lerobot_does(
     state = compose_state(LEROBOT_LIBERO.state.parts, raw).astype(np.float32)
     assert state[3:6].tobytes() == lerobot
     assert not quat2axisangle_float32(np.array([0.0, 0.0, 0.0, 1.0])).any()  # no rotation: zeros, as LeRobot
+
+
+def test_the_float32_axis_angle_is_torchs_kernels_not_numpys():
+    # numpy's float32 sqrt and arccos give other last bits than torch's for about half of all quaternions; the
+    # profile must give torch's (the interop tier checks it against LeRobot's own function on the same draws).
+    import torch
+
+    from rescue.core.observation import quat2axisangle_float32
+
+    rng = np.random.default_rng(1)
+    quats = rng.standard_normal((400, 4))
+    quats /= np.linalg.norm(quats, axis=1, keepdims=True)
+    q = quats.astype(np.float32)
+    w = np.clip(q[:, 3], -1, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        numpy_way = q[:, :3] / np.sqrt(np.float32(1) - w * w)[:, None] * (np.float32(2) * np.arccos(w))[:, None]
+    ours = np.stack([quat2axisangle_float32(x) for x in quats])
+    assert ours.dtype == np.float32
+    assert (ours != numpy_way).any(axis=1).mean() > 0.2
+    t = torch.from_numpy(q)
+    wt = t[:, 3].clamp(-1.0, 1.0)
+    torch_way = t[:, :3] / torch.sqrt(torch.clamp(1.0 - wt * wt, min=0.0)).unsqueeze(1) * (2.0 * torch.acos(wt)).unsqueeze(1)
+    assert ours.tobytes() == torch_way.numpy().tobytes()
+
+
+def test_a_profile_that_needs_torch_without_torch_is_one_line(monkeypatch):
+    import importlib.util
+
+    from rescue.core.config import StudyConfig
+    from rescue.core.identity import IdentityError
+    from rescue.run.peers import config_with_identity
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    config = StudyConfig(policy={"url": "ws://x", "observation": "lerobot-libero"}, env={"episode_protocol": "lerobot"})
+    with pytest.raises(IdentityError, match="lerobot-libero profile computes the state's axis-angle with torch's"):
+        config_with_identity(config, {"action_horizon": 8})
+    assert config_with_identity(config.model_copy(update={"policy": config.policy.model_copy(
+        update={"observation": "openpi-libero"})}), {"action_horizon": 8}).policy.observation == "openpi-libero"

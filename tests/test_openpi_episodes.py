@@ -116,14 +116,19 @@ LEROBOT_LOOP = textwrap.dedent(
     from libero.libero.envs import OffScreenRenderEnv
     from rescue.core.digest import digest_array, digest_obs
 
+    import torch
+
     def lerobot_axisangle(quat):
-        # LiberoProcessorStep._quat2axisangle's arithmetic (LeRobot 0.6.1): the quaternion as float32, w clamped,
-        # axis = xyz / sqrt(1 - w^2), times 2 acos(w), in float32 (the interop tier checks it against LeRobot's torch).
-        q = np.asarray(quat, dtype=np.float64).astype(np.float32)
-        one = np.ones(1, dtype=np.float32)
-        w = np.clip(q[3:4], -one, one)
-        den = np.sqrt(np.maximum(one - w * w, 0 * one))
-        return (q[:3] / den) * (np.float32(2.0) * np.arccos(w)) if den[0] > 1e-10 else np.zeros(3, dtype=np.float32)
+        # LiberoProcessorStep._quat2axisangle (LeRobot 0.6.1), torch on a batch of one: the quaternion as float32,
+        # w clamped, axis = xyz / sqrt(1 - w^2), times 2 acos(w) (the interop tier runs LeRobot's own).
+        q = torch.from_numpy(np.asarray(quat, dtype=np.float64)[None]).to(torch.float32)
+        w = q[:, 3].clamp(-1.0, 1.0)
+        den = torch.sqrt(torch.clamp(1.0 - w * w, min=0.0))
+        result = torch.zeros((1, 3))
+        mask = den > 1e-10
+        if mask.any():
+            result[mask] = q[mask, :3] / den[mask].unsqueeze(1) * (2.0 * torch.acos(w[mask])).unsqueeze(1)
+        return result[0].numpy()
 
     suite_name, tasks, episodes, actions_json, out = sys.argv[1:]
     actions = np.array(json.loads(actions_json))
@@ -132,8 +137,9 @@ LEROBOT_LOOP = textwrap.dedent(
     for task_id in map(int, tasks.split(",")):
         task = suite.get_task(task_id)
         bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
-        # LeRobot's LiberoEnv: one env per task, hard resets, one unseeded reset when it is made.
-        env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=256, camera_widths=256)
+        # LeRobot's LiberoEnv: one env per task, hard resets, one unseeded reset when it is made; built at
+        # lerobot-eval's LIBERO config size (observation_height = observation_width = 360).
+        env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=360, camera_widths=360)
         env.reset()
         init_states = suite.get_task_init_states(task_id)
         for j in range(int(episodes)):
@@ -180,6 +186,7 @@ def test_the_lerobot_protocol_starts_lerobots_episodes_and_its_profile_sends_its
         for case in cases:
             obs = sim._call("reset", case, "lerobot-libero", "lerobot").obs
             assert set(obs) == {"observation.images.image", "observation.images.image2", "observation.state"}
+            assert obs["observation.images.image"].shape == (360, 360, 3)
             rows = []
             for i in range(0, len(actions), 5):
                 images = {k: obs[k] for k in ("observation.images.image", "observation.images.image2")}

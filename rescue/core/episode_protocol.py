@@ -65,7 +65,8 @@ class EpisodeProtocol(BaseModel):
     success: Literal["after_every_step"] = "after_every_step"
     """When success is checked: after every env step, and the episode ends at the first success (all three)."""
     camera_size: int = 256
-    """The cameras' render size the evaluation built its env with (an observation profile resizes from it)."""
+    """The cameras' render size the evaluation built its env with: a profile camera that leaves its size to the
+    protocol (`lerobot-libero`'s) renders at it."""
     episode_markers: Literal["announced", "never"] = "announced"
     """Whether an arm sends `episode_start`/`episode_end` frames: `announced`, to a server whose metadata
     announces them (the bundled one); `never`, as openpi's own LIBERO client and LeRobot (its policies run in
@@ -134,12 +135,14 @@ OPENPI = EpisodeProtocol(
 # LeRobot's LIBERO env (src/lerobot/envs/libero.py): hard resets, env.seed(seed) before each reset with
 # seed = 1000 + episode (lerobot-eval's start seed), init state j for episode j, 10 settle steps inside the
 # reset, TASK_SUITE_MAX_STEPS (libero_spatial 280, where openpi has 220); task_description = task.language.
+# lerobot-eval's `--env.type=libero` config (src/lerobot/envs/configs.py, LiberoEnv) builds the env with
+# observation_height = observation_width = 360, where the env class's own default and openpi's are 256.
 LEROBOT = EpisodeProtocol(
     name="lerobot",
-    description="LeRobot's LIBERO evaluation (lerobot-eval): hard resets, env.seed(1000 + episode) before each",
+    description="LeRobot's LIBERO evaluation (lerobot-eval): hard resets, env.seed(1000 + episode) before each, 360x360 renders",
     reset="hard", seeding="per_episode", settle_steps=10, settle_action=NOOP_GRIPPER_OPEN,
     horizons={**OFFICIAL_HORIZON, "libero_spatial": 280}, episode_seeds="seed_plus_index", seed_base=1000,
-    episode_markers="never", instruction="task.language",
+    camera_size=360, episode_markers="never", instruction="task.language",
 )
 PROTOCOLS: dict[str, EpisodeProtocol] = {p.name: p for p in (RESCUE, OPENPI, LEROBOT)}
 # The protocol of a study that names none: an external policy server is evaluated the way openpi's

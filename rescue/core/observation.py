@@ -33,7 +33,10 @@ class CameraSpec(BaseModel):
 
     camera: str = Field(description="Simulator camera name (robosuite), e.g. agentview.")
     key: str = Field(description="Observation key the image is sent under.")
-    size: int = Field(default=256, gt=0, description="Render height and width in pixels.")
+    size: int | None = Field(
+        default=256, gt=0,
+        description="Render height and width in pixels; None: the episode protocol's `camera_size`, the render size the "
+                    "evaluation built its env with.")
     rotate_180: bool = Field(default=False, description="Flip rows and columns (img[::-1, ::-1]) of the raw render.")
     resize_with_pad: tuple[int, int] | None = Field(
         default=None, description="Target (height, width) for an aspect-keeping, zero-padded resize; None keeps the render size."
@@ -103,6 +106,13 @@ class ObservationProfile(BaseModel):
         """Stable digest of the profile (canonical JSON), for a study's identity."""
         return digest_json(self.model_dump(mode="json"))
 
+    def rendered_at(self, size: int) -> ObservationProfile:
+        """The profile with every camera that leaves its size to the episode protocol rendered at `size`."""
+        if all(c.size is not None for c in self.cameras):
+            return self
+        cameras = tuple(c if c.size is not None else c.model_copy(update={"size": size}) for c in self.cameras)
+        return self.model_copy(update={"cameras": cameras})
+
     def camera_names(self) -> list[str]:
         """Simulator cameras this profile needs, in profile order."""
         return [c.camera for c in self.cameras]
@@ -128,17 +138,25 @@ def quat2axisangle(quat: np.ndarray) -> np.ndarray:
 
 
 def quat2axisangle_float32(quat: np.ndarray) -> np.ndarray:
-    """Axis-angle (3, float32) of an (x, y, z, w) quaternion as LeRobot's `LiberoProcessorStep` computes it: the
-    quaternion cast to float32, w clamped to [-1, 1], axis = xyz / sqrt(1 - w^2), times 2 acos(w), all in float32
-    (robosuite's formula in float64 differs from it in the last bits)."""
-    q = np.asarray(quat).astype(np.float32)
-    one = np.ones(1, dtype=np.float32)
-    w = np.clip(q[3:4], -one, one)
-    den = np.sqrt(np.maximum(one - w * w, np.zeros(1, dtype=np.float32)))
-    if not den[0] > 1e-10:
+    """Axis-angle (3, float32) of an (x, y, z, w) quaternion as LeRobot's `LiberoProcessorStep` computes it, with
+    torch's float32 CPU kernels: the quaternion cast to float32, w clamped to [-1, 1], axis = xyz / sqrt(1 - w^2),
+    times 2 acos(w). Those kernels are not numpy's: torch's sqrt is not correctly rounded and its acos is another
+    approximation, so numpy's float32 arithmetic differs in the last bits for about half of all quaternions
+    (and robosuite's float64 formula differs too). torch is imported here, only when a profile asks for it."""
+    import torch
+
+    q = torch.from_numpy(np.array(quat, dtype=np.float32).reshape(1, 4))
+    w = q[:, 3].clamp(-1.0, 1.0)
+    den = torch.sqrt(torch.clamp(1.0 - w * w, min=0.0))
+    if not bool(den[0] > 1e-10):
         return np.zeros(3, dtype=np.float32)
-    angle = np.float32(2.0) * np.arccos(w)
-    return (q[:3] / den) * angle
+    angle = 2.0 * torch.acos(w)
+    return ((q[:, :3] / den.unsqueeze(1)) * angle.unsqueeze(1))[0].numpy()
+
+
+def needs_torch(profile: ObservationProfile) -> bool:
+    """Whether shaping this profile's observations needs torch (its state's axis-angle uses torch's kernels)."""
+    return "eef_axisangle_float32" in profile.state.parts
 
 
 def resize_with_pad(img: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -243,7 +261,8 @@ OPENPI_LIBERO = ObservationProfile(
 
 LEROBOT_LIBERO = ObservationProfile(
     # LeRobot (huggingface/lerobot): src/lerobot/envs/libero.py renders agentview_image and
-    # robot0_eye_in_hand_image at 256x256 (observation_height/width default) and maps them to
+    # robot0_eye_in_hand_image at the size the env is built with (LiberoEnv's default 256; lerobot-eval's
+    # `--env.type=libero` config builds it at 360: the episode protocol's camera_size says which) and maps them to
     # "image" and "image2", which preprocessing prefixes to observation.images.image and
     # observation.images.image2; src/lerobot/processor/env_processor.py (LiberoProcessorStep)
     # flips both H and W (a 180 degree rotation) and builds observation.state = eef pos (3) +
@@ -252,8 +271,8 @@ LEROBOT_LIBERO = ObservationProfile(
     # server side converts to float CHW as LeRobot's own preprocessing does).
     name="lerobot-libero",
     cameras=(
-        CameraSpec(camera="agentview", key="observation.images.image", size=256, rotate_180=True),
-        CameraSpec(camera="robot0_eye_in_hand", key="observation.images.image2", size=256, rotate_180=True),
+        CameraSpec(camera="agentview", key="observation.images.image", size=None, rotate_180=True),
+        CameraSpec(camera="robot0_eye_in_hand", key="observation.images.image2", size=None, rotate_180=True),
     ),
     state=StateSpec(
         composition="concat", parts=("eef_pos", "eef_axisangle_float32", "gripper_qpos"), key="observation.state",

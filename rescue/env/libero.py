@@ -276,8 +276,8 @@ class LiberoAdapter:
         None is `privileged`, the embedded policies' view) and so is every later one until the next reset.
         """
         c = case_fields(case)
-        self._profile = resolve_profile(profile)
         episode = get_protocol(protocol) if not isinstance(protocol, EpisodeProtocol) else protocol
+        self._profile = resolve_profile(profile).rendered_at(episode.camera_size)
         # `<suite>@base-inits` runs its base suite's task: env, initial states and scene are the base episode's.
         name, task_id = self._episode_task(c.suite, c.task_id)
         suite = self._suite(name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -34,7 +35,7 @@ from rescue.core.identity import (
     resolve_observation,
     resolve_stateless,
 )
-from rescue.core.observation import ObservationProfile, get_profile
+from rescue.core.observation import ObservationProfile, get_profile, needs_torch
 from rescue.core.reported_model import mismatch, model_matches
 from rescue.env.backend import LOCAL, Backend
 from rescue.env.memory import simulator_budget
@@ -156,6 +157,9 @@ def config_with_identity(config: StudyConfig, metadata: dict[str, Any]) -> Study
         profile = get_profile(observation)
     except ValueError as exc:
         raise IdentityError(f"policy.observation: {exc}") from None
+    if needs_torch(profile) and importlib.util.find_spec("torch") is None:
+        raise IdentityError(f"policy.observation: the {profile.name} profile computes the state's axis-angle with torch's "
+                            "float32 kernels, as LeRobot does, and torch is not installed here (pip install torch==2.13.0)")
     rng_control = bool(metadata.get(RNG_EXTENSION))
     stateless = resolve_stateless(config.policy.stateless, metadata, rng_control)
     policy = config.policy.model_copy(
