@@ -12,12 +12,11 @@ from collections import Counter
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 from rescue import __version__
 from rescue.core.baseline import Baseline, BaselineSource
 from rescue.core.config import StudyConfig
-from rescue.core.vlm_config import url_without_secrets
+from rescue.core.vlm_config import endpoint_host, url_without_secrets
 from rescue.core.episode_protocol import PROTOCOLS
 from rescue.core.records import Receipt
 
@@ -30,10 +29,7 @@ def vlm_host(base_url: str) -> str:
     """The VLM endpoint's host (and port), or `local` for the bundled endpoint."""
     if base_url == "local":
         return "local (the bundled endpoint on loopback)"
-    parts = urlsplit(base_url)
-    if not parts.hostname:
-        return base_url
-    return f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname
+    return endpoint_host(base_url)
 
 
 def episode_protocol(config: StudyConfig, recorded: Iterable[str | None] = ()) -> str:
