@@ -51,8 +51,12 @@ def write_cases(path: Path, n: int, horizon: int = 64, task_id: int = 3, **extra
     return path
 
 
-def cli_env() -> dict[str, str]:
+def cli_env(own_simulators: bool = False) -> dict[str, str]:
+    """The environment of a command a test starts. `own_simulators`: its studies start simulators of their own
+    instead of leasing the run's warm ones (tests/tiers_plugin.py), for a test that counts, kills or measures them."""
     env = dict(os.environ)
+    if own_simulators:
+        env["RESCUE_WARM_SIMULATORS"] = "off"
     env.setdefault("MUJOCO_GL", "egl")
     # The CLI's tables as on a terminal-less run (132 columns), whatever width the test runner's own terminal (or a
     # pytest-xdist worker) left in COLUMNS.

@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rescue` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("serve-vlm", "serve-policy"):
+    if argv and argv[0] in ("serve-vlm", "serve-policy", "serve-simulators"):
         from rescue.core.names import resolve
 
         serve: Callable[[list[str]], int] = resolve(build_parser().parse_known_args(argv[:1])[0].forward)

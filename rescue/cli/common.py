@@ -111,6 +111,9 @@ def add_backend_options(p: argparse.ArgumentParser) -> None:
                    help="Ray: custom resource of nodes with the simulator installed, 1 per actor ('' for none)")
     g.add_argument("--ray-placement-timeout", type=float, default=600.0,
                    help="Ray: seconds a simulator actor may wait for a node before the study stops")
+    g.add_argument("--warm-simulators", metavar="DIR",
+                   help="local: lease free simulators from the warm pool `rescue serve-simulators DIR` keeps, before "
+                        "starting any (default: $RESCUE_WARM_SIMULATORS; 'off' for none)")
 
 
 def backend(args: argparse.Namespace):
@@ -120,7 +123,11 @@ def backend(args: argparse.Namespace):
     if args.backend == "local":
         if args.address:
             raise ConfigError("--address needs --backend ray")
-        return Backend()
+        from rescue.env.warm import warm_folder
+
+        return Backend(warm=warm_folder(args.warm_simulators))
+    if args.warm_simulators not in (None, "off"):
+        raise ConfigError("--warm-simulators needs --backend local")
     return Backend("ray", args.address, args.ray_actor_cpus, args.ray_actor_gpus, args.ray_resource or None,
                    args.ray_placement_timeout)
 

@@ -59,7 +59,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rescue.service.worker import ServeError, serve
 
     try:
-        return serve(Path(args.queue), args.host, args.port, args.api_key_env, args.verbose, args.config)
+        return serve(Path(args.queue), args.host, args.port, args.api_key_env, args.verbose, args.config,
+                     args.warm_simulators)
     except ServeError as exc:
         print(f"rescue: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -109,6 +110,9 @@ def add_commands(sub) -> None:
     p.add_argument("--api-key-env", help="environment variable holding the API key")
     p.add_argument("--config", metavar="TOML", help="the service's configuration: the VLM endpoints and policies "
                    "jobs may name (default: $RESCUE_SERVICE_CONFIG, else only the embedded ones)")
+    p.add_argument("--warm-simulators", type=int, default=0, metavar="N",
+                   help="simulators the worker keeps between its jobs, with the envs they built (default: 0, each "
+                        "job starts its own)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("drain", help="stop claiming new cases; arms in flight finish")
@@ -120,3 +124,7 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("serve-policy", help="serve an in-process policy over the openpi websocket protocol", add_help=False)
     p.set_defaults(func=None, forward="rescue.policy.server:serve_main")
+
+    p = sub.add_parser("serve-simulators", help="keep simulators warm for runs to lease (--warm-simulators DIR)",
+                       add_help=False)
+    p.set_defaults(func=None, forward="rescue.env.warm:main")

@@ -34,11 +34,15 @@ class Backend:
     # Ray: how long simulator actors may wait for room, none of them running, before the study stops.
     # Before the first runs, a cluster where no node can ever hold one stops it at once, saying what is missing.
     placement_timeout_s: float = 600.0
+    # Local: the folder of a warm pool (`rescue serve-simulators`) whose free simulators the run leases
+    # before it starts its own (rescue.env.warm); None: only its own.
+    warm: str | None = None
 
     def describe(self) -> str:
         """One line for logs and errors."""
         if self.kind == "local":
-            return "local simulator processes"
+            return f"local simulator processes (leased first from the warm pool in {self.warm})" if self.warm \
+                else "local simulator processes"
         return f"the Ray cluster at {self.address}" if self.address else "a one-machine Ray cluster started for this run"
 
     def _ray(self):
@@ -71,7 +75,14 @@ class Backend:
             return self._ray().RayPool(size, adapter, kwargs, options=self)
         from rescue.env.pool import SimPool
 
-        return SimPool(size, adapter, kwargs, log_path=log_path)
+        lease = None
+        if self.warm is not None:
+            from functools import partial
+
+            from rescue.env.warm import lease as warm_lease
+
+            lease = partial(warm_lease, self.warm)
+        return SimPool(size, adapter, kwargs, log_path=log_path, lease=lease)
 
 
 LOCAL = Backend()

@@ -168,6 +168,18 @@ class LiberoAdapter:
         self._model_digests: dict[tuple[str, int], str] = {}  # task -> its env's static model digest
         self._built_model: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}  # task -> compiled body_pos, body_quat
 
+    def retarget(self, cameras: tuple[str, ...] | list[str] | None = None, max_rss_gb: float | None = DEFAULT_MAX_RSS_GB,
+                 libero_step: bool = False) -> bool:
+        """Take another run's settings without being built again (a warm simulator, rescue.env.warm): only the
+        memory budget may differ: the envs built least recently are closed until the process fits it. False
+        otherwise."""
+        if tuple(cameras if cameras is not None else self._cameras) != tuple(self._cameras) or libero_step != self._libero_step:
+            return False
+        self._memory.limit = None if max_rss_gb is None else int(max_rss_gb * 1e9)
+        while self._envs and self._memory.over():
+            self._close_least_recent()
+        return True
+
     def _episode_task(self, suite: str, task_id: int) -> tuple[str, int]:
         """The registered suite and task whose env and initial states an episode of (suite, task_id) uses: the
         same, or for `<suite>@base-inits` its base suite's task (a variant that cannot be is refused here too)."""
@@ -255,15 +267,18 @@ class LiberoAdapter:
     def _make_room(self, suite: str) -> None:
         """Close the least recently used envs until a new env of `suite` fits the memory budget."""
         while self._envs and not self._memory.fits(suite):
-            key, env = self._envs.popitem(last=False)
-            if env is self._env:
-                self._env, self._key = None, None
-            self._model_digests.pop(key, None)
-            self._built_model.pop(key, None)
-            self._fast_steps.pop(key, None)
-            close_env(env)
-            print(f"rescue: closed the env of {key[0]} task {key[1]} (memory budget {self._memory.limit / 1e9:g} GB)",
-                  file=sys.stderr, flush=True)
+            self._close_least_recent()
+
+    def _close_least_recent(self) -> None:
+        key, env = self._envs.popitem(last=False)
+        if env is self._env:
+            self._env, self._key = None, None
+        self._model_digests.pop(key, None)
+        self._built_model.pop(key, None)
+        self._fast_steps.pop(key, None)
+        close_env(env)
+        print(f"rescue: closed the env of {key[0]} task {key[1]} (memory budget {self._memory.limit / 1e9:g} GB)",
+              file=sys.stderr, flush=True)
 
     @settles_memory
     def reset(self, case: CaseLike, profile: ProfileLike = None, protocol: ProtocolLike = None) -> ResetResult:

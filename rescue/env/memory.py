@@ -118,6 +118,10 @@ class MemoryBudget:
         price = self.price(suite)
         return price is not None and _memory()[0] + price <= self.limit
 
+    def over(self) -> bool:
+        """Whether the process holds more than its budget now."""
+        return self.limit is not None and _memory()[0] > self.limit
+
     def building(self, suite: str) -> None:
         """An env of `suite` is about to be built: measure from here."""
         after_first = _forget_peak() and self.builds > 0

@@ -127,13 +127,20 @@ def _serve(conn, adapter_spec: str, adapter_kwargs: dict, log_path: str | None =
         conn.send(("error", traceback.format_exc()))
         return
     conn.send(("ready", None))
+    answer_calls(conn, adapter)
+    adapter.close()
+
+
+def answer_calls(conn, adapter: Any, until: tuple[str, ...] = ("stop",)) -> bool:
+    """Answer (method, args) requests with the adapter's replies until one of `until` comes (True) or the
+    driver is gone (False: killed, crashed or closed its end)."""
     while True:
         try:
             method, args = conn.recv()
-        except EOFError:
-            break
-        if method == "stop":
-            break
+        except (EOFError, OSError):
+            return False
+        if method in until:
+            return True
         try:
             reply = ("ok", getattr(adapter, method)(*args))
         except BaseException:
@@ -141,8 +148,7 @@ def _serve(conn, adapter_spec: str, adapter_kwargs: dict, log_path: str | None =
         try:
             conn.send(reply)
         except (BrokenPipeError, OSError):
-            break  # the driver is gone (killed or crashed): nothing to answer
-    adapter.close()
+            return False  # the driver is gone (killed or crashed): nothing to answer
 
 
 class Simulator:
@@ -279,7 +285,11 @@ class SimProcess(Simulator):
 
 
 class SimPool:
-    """A fixed set of simulator processes handed to arms one at a time."""
+    """A fixed set of simulator processes handed to arms one at a time.
+
+    `lease`: where simulators are leased from before processes of the pool's own are started (a warm pool,
+    rescue.env.warm): called as lease(spec, kwargs, name=, log_path=, hash_seed=), it returns a simulator or
+    None. A leased simulator goes back when the pool closes."""
 
     def __init__(
         self,
@@ -288,8 +298,10 @@ class SimPool:
         adapter_kwargs: dict | None = None,
         log_path: str | None = None,
         hash_seed: str | int = SIM_HASH_SEED,
+        lease: Callable[..., Simulator | None] | None = None,
     ):
         self._log_path = log_path
+        self._lease = lease
         self._init_queue(hash_seed)
         self._sims = [self._spawn(f"sim-{i}", adapter_spec, adapter_kwargs) for i in range(size)]
         self._free: list[SimProcess] = list(self._sims)
@@ -305,7 +317,11 @@ class SimPool:
         # Set when no simulator can be had any more; every taker is told this reason.
         self._failure: str | None = None
 
-    def _spawn(self, name: str, spec: str, kwargs: dict | None) -> SimProcess:
+    def _spawn(self, name: str, spec: str, kwargs: dict | None) -> Simulator:
+        if self._lease is not None:
+            sim = self._lease(spec, kwargs or {}, name=name, log_path=self._log_path, hash_seed=self._hash_seed)
+            if sim is not None:
+                return sim
         return SimProcess(spec, kwargs, name=name, log_path=self._log_path, hash_seed=self._hash_seed)
 
     @property
@@ -328,6 +344,7 @@ class SimPool:
         arm of a case already started) does: started cases finish before new ones begin."""
         sim = await self._next_free(prefer, urgent)
         if not sim.alive():
+            sim.stop()  # a leased warm simulator goes back (a dead process has nothing to stop)
             idx = self._sims.index(sim)
             self._last_holder.pop(sim.name, None)
             sim = self._spawn(sim.name, self._spec, self._kwargs)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
+import os
 import time
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -24,6 +26,7 @@ from rescue.core.verdicts import Verdict
 from rescue.core.sham import ShamConfig
 from rescue.core.success_sample import SamplingFrame, frame_tags, sample_successes
 from rescue.env.backend import LOCAL, Backend
+from rescue.env.warm import WARM_ENV, kept_warm, warm_folder
 from rescue.run.engine import run_study
 from rescue.run.recovery import complement_manifest, recover
 from rescue.run.observer import RunObserver
@@ -364,14 +367,40 @@ def demo(
     # The policy reads the openpi-libero contract (images, 8-float state, prompt), as a VLA does.
     # The rescue study runs the sham arm too: each case's subgoal is also tried on another case.
     config = StudyConfig(keyframes=True, sham={"source": "permuted"}, policy={"factory": EMBEDDED_POLICY})
-    baseline = evaluate("libero_object", list(tasks), episodes, None, base / "baseline", config, on_case, verbose)
-    manifest = base / "failures.jsonl"
-    cases = manifest_from_eval(baseline, manifest, limit=max_cases)
-    paths = {"baseline": baseline, "manifest": manifest}
-    if cases:
-        paths["rescue"] = run_manifest(manifest, base / "rescue", config, on_case, verbose)
+    # The rescue study leases the simulators the evaluation built its envs in (rescue.env.warm), unless the
+    # caller names warm simulators of its own.
+    with _warm_for(config.env.simulators) as folder:
+        backend = Backend(warm=folder)
+        baseline = evaluate("libero_object", list(tasks), episodes, None, base / "baseline", config, on_case, verbose,
+                            backend=backend)
+        manifest = base / "failures.jsonl"
+        cases = manifest_from_eval(baseline, manifest, limit=max_cases)
+        paths = {"baseline": baseline, "manifest": manifest}
+        if cases:
+            paths["rescue"] = run_manifest(manifest, base / "rescue", config, on_case, verbose, backend=backend)
     (base / "demo.json").write_text(json.dumps({k: str(v) for k, v in paths.items()}, indent=2) + "\n")
     return paths
+
+
+def warm_backend() -> Backend:
+    """Local simulators, leased first from the warm pool RESCUE_WARM_SIMULATORS names, if any (a service job's)."""
+    return Backend(warm=warm_folder(None))
+
+
+def kept_simulators(size: int) -> contextlib.AbstractContextManager[str]:
+    """`size` warm simulators while the block runs (rescue.env.warm.kept_warm); it yields their folder."""
+    return kept_warm(size)
+
+
+@contextlib.contextmanager
+def _warm_for(size: int) -> Iterator[str | None]:
+    """The warm simulators of a command that runs several studies: RESCUE_WARM_SIMULATORS's when set (`off`:
+    none, each study starts its own), else `size` kept while the block runs."""
+    if os.environ.get(WARM_ENV) is not None:
+        yield warm_folder(None)
+        return
+    with kept_warm(size) as kept:
+        yield kept
 
 
 class AblationRow(BaseModel):

@@ -32,17 +32,19 @@ def run_job(job_dir: Path, config_json: str | None = None, verbose: bool = False
     from rescue.run import commands
     from rescue.study.folder import EXIT_ALL_UNKNOWN, EXIT_OK, study_outcome
 
+    # The worker's warm simulators, when it keeps some (`rescue serve --warm-simulators N`).
+    backend = commands.warm_backend()
     job = JobLayout(Path(job_dir))
     study = job.study.name
     if StudyLayout.of(job.study).is_study():
-        interrupted = commands.resume(job.study, verbose=verbose)
+        interrupted = commands.resume(job.study, verbose=verbose, backend=backend)
         print(f"resumed {study}: {len(interrupted)} started-unfinished case(s) recorded as unknown (interrupted)"
               + (f": {', '.join(interrupted)}" if interrupted else ""), flush=True)
     else:
         if not config_json:
             raise ConfigError("no study configuration on stdin (the worker gives the one it resolved)")
         config = StudyConfig.model_validate_json(config_json)
-        commands.run_manifest(job.manifest, job.study, config, verbose=verbose)
+        commands.run_manifest(job.manifest, job.study, config, verbose=verbose, backend=backend)
         print(f"ran {study}", flush=True)
     outcome = study_outcome(job.study)
     print(outcome.message, flush=True)

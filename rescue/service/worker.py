@@ -352,6 +352,26 @@ def _last_line(path: Path, default: str) -> str:
     return lines[-1][:500] if lines else default
 
 
+@contextlib.contextmanager
+def _kept_warm(size: int) -> Iterator[None]:
+    """`size` warm simulators for the worker's life, named to its jobs in RESCUE_WARM_SIMULATORS."""
+    if size <= 0:
+        yield
+        return
+    from rescue.run.commands import WARM_ENV, kept_simulators
+
+    before = os.environ.get(WARM_ENV)
+    with kept_simulators(size) as folder:
+        os.environ[WARM_ENV] = folder
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(WARM_ENV, None)
+            else:
+                os.environ[WARM_ENV] = before
+
+
 def _listen(host: str, port: int) -> socket.socket:
     """A socket listening on host:port (0: a free port); ServeError when it cannot be had (taken, no such address)."""
     try:
@@ -399,10 +419,12 @@ async def serve_async(queue: Path, sock: socket.socket, api_key: str | None, ver
 
 
 def serve(queue: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 8765,
-          api_key_env: str | None = None, verbose: bool = False, config: str | os.PathLike[str] | None = None) -> int:
+          api_key_env: str | None = None, verbose: bool = False, config: str | os.PathLike[str] | None = None,
+          warm_simulators: int = 0) -> int:
     """`rescue serve`: refuse a bind beyond loopback without an API key, or a queue another worker serves,
     then run until stopped. `config`: the service's configuration file (default: RESCUE_SERVICE_CONFIG's;
-    none: the embedded defaults)."""
+    none: the embedded defaults). `warm_simulators`: simulators the worker keeps between its jobs, which
+    every job leases (rescue.env.warm); 0: each job starts its own."""
     from rescue.service.api import is_loopback
 
     api_key = os.environ.get(api_key_env) if api_key_env else None
@@ -417,7 +439,7 @@ def serve(queue: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 87
     sock = _listen(host, port)  # first: a port that cannot be had leaves nothing behind
     try:
         Path(queue).mkdir(parents=True, exist_ok=True)
-        with own_queue(Path(queue)):
+        with own_queue(Path(queue)), _kept_warm(warm_simulators):
             return asyncio.run(serve_async(Path(queue), sock, api_key, verbose, service))
     finally:
         sock.close()
