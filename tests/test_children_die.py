@@ -30,7 +30,9 @@ def _alive(pid: int) -> bool:
 
 
 def _start(args: list[str], env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rescue.cli", *args], cwd=ROOT, env={**cli_env(), **(env or {})},
+    # Simulators of the run's own (no warm pool's): they are what must die with it.
+    return subprocess.Popen([sys.executable, "-m", "rescue.cli", *args], cwd=ROOT,
+                            env={**cli_env(own_simulators=True), **(env or {})},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 

@@ -31,9 +31,10 @@ def _as_a_terminal_starts_it() -> None:
 
 
 def start_foreground(*args: str, cwd: Path = ROOT) -> subprocess.Popen:
-    """`rescue ARGS` as a shell's foreground job: its own process group, SIGINT not ignored."""
+    """`rescue ARGS` as a shell's foreground job: its own process group, SIGINT not ignored. Its simulators are
+    its own (no warm pool's), in that group: a Ctrl-C reaches them too, and they must outlive it."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rescue.cli", *args], cwd=cwd, env=cli_env(), stdout=subprocess.PIPE,
+        [sys.executable, "-m", "rescue.cli", *args], cwd=cwd, env=cli_env(own_simulators=True), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_as_a_terminal_starts_it,
     )
     ignored = int(next(l for l in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if l.startswith("SigIgn"))

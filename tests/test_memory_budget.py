@@ -70,7 +70,8 @@ class PeakSampler(threading.Thread):
 
 def _run(*args: str, timeout: float = 900) -> PeakSampler:
     """`rescue ARGS` in a fresh process, its processes' peak memory sampled."""
-    proc = subprocess.Popen([sys.executable, "-m", "rescue.cli", *args], cwd=ROOT, env=cli_env(),
+    # Simulators of the run's own (no warm pool's): their memory is what is measured.
+    proc = subprocess.Popen([sys.executable, "-m", "rescue.cli", *args], cwd=ROOT, env=cli_env(own_simulators=True),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sampler = PeakSampler(proc.pid)
     sampler.start()

@@ -63,11 +63,21 @@ def module_tiers(module: object) -> set[str]:
 RUN_CACHES = ("RESCUE_MODEL_CACHE", "RESCUE_EMBEDDING_CACHE")
 
 
+# The warm simulators a run of the slow tests keeps (rescue.env.warm): each of the 2 workers' studies runs up to 2
+# simulators at once. A test that needs simulators of its study's own (it counts, kills or measures them) sets
+# RESCUE_WARM_SIMULATORS=off for its commands.
+WARM_ENV = "RESCUE_WARM_SIMULATORS"
+WARM_SIZE = 4
+WARM_START_S = 300
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """One cache of each kind in RUN_CACHES for the whole run: every simulator the tests start builds the same few
     LIBERO envs, and every embedded policy embeds the same few instructions; what was computed once is loaded
     byte for byte after. The pytest-xdist workers and every process they start inherit them; the process that
-    made them removes them at the end. A cache the caller names (`off` included) is used as it is."""
+    made them removes them at the end. A cache the caller names (`off` included) is used as it is. A run that
+    may hold simulator tests also keeps a warm pool of simulators that the studies of its commands lease
+    (`_start_warm_pool`)."""
     if hasattr(config, "workerinput"):
         return
     import tempfile
@@ -77,11 +87,60 @@ def pytest_configure(config: pytest.Config) -> None:
         if os.environ.get(variable) is None:
             os.environ[variable] = made = tempfile.mkdtemp(prefix=f"{variable.lower().replace('_', '-')}-")
             config._rescue_caches.append((variable, made))
+    _start_warm_pool(config)
+
+
+def _start_warm_pool(config: pytest.Config) -> None:
+    """`rescue serve-simulators` for the whole run, its folder in RESCUE_WARM_SIMULATORS, unless the caller set
+    that variable (`off`: none) or the run selects no simulator test (the fast tier). One that does not start
+    stops the run: it fails, it does not go on without."""
+    import subprocess
+    import tempfile
+    import time
+
+    markexpr = config.getoption("markexpr") or ""
+    if os.environ.get(WARM_ENV) is not None or markexpr.startswith("not sim") or markexpr == "interop":
+        return
+    folder = tempfile.mkdtemp(prefix="rescue-warm-simulators-")
+    log = open(os.path.join(folder, "server.log"), "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "rescue.env.warm", folder, "--size", str(WARM_SIZE)],
+                            stdout=log, stderr=log, start_new_session=True)
+    log.close()
+    config._rescue_warm = (proc, folder)
+    deadline = time.monotonic() + WARM_START_S
+    while not os.path.exists(os.path.join(folder, "ready")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            with open(os.path.join(folder, "server.log"), errors="replace") as f:
+                why = f.read().strip().splitlines()[-1:] or ["no output"]
+            _stop_warm_pool(config)
+            raise pytest.UsageError(f"the warm simulators did not start (rescue.env.warm): {why[0]}")
+        time.sleep(0.1)
+    os.environ[WARM_ENV] = folder
+
+
+def _stop_warm_pool(config: pytest.Config) -> None:
+    import shutil
+    import signal
+
+    proc, folder = getattr(config, "_rescue_warm", (None, None))
+    if proc is None:
+        return
+    config._rescue_warm = (None, None)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except Exception:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    shutil.rmtree(folder, ignore_errors=True)
+    os.environ.pop(WARM_ENV, None)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     import shutil
 
+    _stop_warm_pool(config)
     for variable, made in getattr(config, "_rescue_caches", []):
         shutil.rmtree(made, ignore_errors=True)
         del os.environ[variable]
