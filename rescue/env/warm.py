@@ -60,6 +60,9 @@ ADAPTER_ENVIRONMENT = ("MUJOCO_GL", "PYOPENGL_PLATFORM", "RESCUE_MODEL_CACHE")
 ANSWER_S = 30.0
 # How often the server looks for a simulator that died (it is started again).
 WATCH_S = 1.0
+# What stops the server a command keeps for itself (`kept_warm`), and how long it may take.
+KEPT_STOP = signal.SIGUSR1
+STOP_S = 30.0
 KEY, READY, LOG = "key", "ready", "simulators.log"
 # The longest path a Unix socket may have (sun_path holds 108 bytes on Linux, 104 on macOS, with its NUL).
 SOCKET_PATH_MAX = 103
@@ -191,8 +194,8 @@ class _Member:
 
 
 def serve(folder: str, size: int, adapter_spec: str = DEFAULT_ADAPTER, hash_seed: str | int = SIM_HASH_SEED,
-          start_s: float = 120.0) -> None:
-    """Keep `size` warm simulators listening in `folder` until SIGTERM or SIGINT; one that dies is started
+          start_s: float = 120.0, stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
+    """Keep `size` warm simulators listening in `folder` until one of `stop_signals`; one that dies is started
     again. `folder/ready` holds the server's pid once every simulator listens."""
     root = Path(folder)
     root.mkdir(parents=True, exist_ok=True)
@@ -209,8 +212,9 @@ def serve(folder: str, size: int, adapter_spec: str = DEFAULT_ADAPTER, hash_seed
     key.write_bytes(secrets.token_bytes(32))
     key.chmod(0o600)
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in stop_signals:
         signal.signal(sig, lambda *_: stop.set())
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
     members = [_Member(root, i, adapter_spec, str(hash_seed)) for i in range(size)]
     try:
         for member in members:
@@ -233,11 +237,12 @@ def serve(folder: str, size: int, adapter_spec: str = DEFAULT_ADAPTER, hash_seed
 
 
 def _server_main(folder: str, size: int, adapter_spec: str, parent: int, pdeathsig: bool) -> None:
-    """Process main of a server that a command keeps for itself (`kept_warm`): it dies with the command."""
+    """Process main of a server that a command keeps for itself (`kept_warm`): it dies with the command, ignores
+    the command's signals (a terminal's Ctrl-C reaches it too) and stops on KEPT_STOP, which the command sends."""
     die_with(parent, pdeathsig)
     ignore_driver_signals()
     quiet(str(Path(folder) / LOG))
-    serve(folder, size, adapter_spec)
+    serve(folder, size, adapter_spec, stop_signals=(KEPT_STOP,))
 
 
 @contextlib.contextmanager
@@ -262,7 +267,11 @@ def kept_warm(size: int, adapter_spec: str = DEFAULT_ADAPTER, start_s: float = 3
             time.sleep(0.1)
         yield folder
     finally:
-        process.kill()
+        if process.pid is not None and process.is_alive():
+            os.kill(process.pid, KEPT_STOP)  # it stops its simulators and waits for them
+            process.join(STOP_S)
+        if process.is_alive():
+            process.kill()  # its simulators die with it (die_with)
         process.join()
         shutil.rmtree(folder, ignore_errors=True)
 
