@@ -7,8 +7,9 @@ simulators, the embedded policy and VLM) with `rescue run`, one after the other:
 study's own (`--warm-simulators off`), then leasing from one `rescue serve-simulators` started before the
 first study (its start is counted). Both ways share one compiled-model cache, warmed before either, as a
 machine that builds the same envs again has. Printed per way: wall and CPU (every process's, the warm pool's
-included: each is a child this script waits for), and the median start-up of a study, from the command's start
-to its first arm's start (the journal's `started_at`). Every study's arms must equal the first study's but for
+included: each is a child this script waits for), and the median start-up of a study: from the command's start
+to its first arm's start and to its first arm's end (the journal's `started_at`, `finished_at`; an arm starts
+before its simulator is ready, so a simulator's boot shows in the second). Every study's arms must equal the first study's but for
 when they ran; the script fails otherwise.
 """
 
@@ -59,24 +60,28 @@ def _arms(study: Path) -> dict:
         con.close()
 
 
-def _first_arm(study: Path) -> float:
+def _first_arm(study: Path) -> tuple[float, float]:
+    """When the study's first arm started, and when its first arm finished (epoch s)."""
     import sqlite3
 
     con = sqlite3.connect(f"file:{study / 'journal.sqlite'}?mode=ro", uri=True)
     try:
-        return min(json.loads(data)["started_at"] for (data,) in con.execute("SELECT data FROM arms"))
+        records = [json.loads(data) for (data,) in con.execute("SELECT data FROM arms")]
+        return min(r["started_at"] for r in records), min(r["finished_at"] for r in records)
     finally:
         con.close()
 
 
-def _study(manifest: Path, study: Path, warm: str, env: dict) -> float:
-    """Run one study; its start-up (s from the command's start to its first arm's)."""
+def _study(manifest: Path, study: Path, warm: str, env: dict) -> tuple[float, float]:
+    """Run one study; its start-up: s from the command's start to its first arm's start, and to its first arm's
+    end (an arm starts before its simulator is ready: a simulator's boot shows in the second)."""
     start = time.time()
     proc = subprocess.run([sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study),
                            "--warm-simulators", warm], cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"rescue run exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-    return _first_arm(study) - start
+    started, finished = _first_arm(study)
+    return started - start, finished - start
 
 
 def main(argv: list[str]) -> int:
@@ -109,7 +114,9 @@ def main(argv: list[str]) -> int:
                 server.send_signal(signal.SIGTERM)
                 server.wait()
             results[way] = {"studies": n, "wall_s": round(time.perf_counter() - wall, 1),
-                            "cpu_s": round(_cpu() - cpu, 1), "startup_median_s": round(statistics.median(startups), 2)}
+                            "cpu_s": round(_cpu() - cpu, 1),
+                            "first_arm_started_median_s": round(statistics.median(s for s, _ in startups), 2),
+                            "first_arm_finished_median_s": round(statistics.median(f for _, f in startups), 2)}
             print(json.dumps({"way": way, **results[way]}), flush=True)
         own, warm = results["own"], results["warm"]
         print(json.dumps({"saved_wall_s": round(own["wall_s"] - warm["wall_s"], 1),
