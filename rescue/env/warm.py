@@ -203,10 +203,8 @@ def serve(folder: str, size: int, adapter_spec: str = DEFAULT_ADAPTER, hash_seed
     if longest > SOCKET_PATH_MAX:
         raise SimulatorError(f"{folder}: too long a path for the simulators' sockets ({longest} bytes, at most "
                              f"{SOCKET_PATH_MAX}); name a shorter folder")
-    if (root / READY).exists():
-        pid = int((root / READY).read_text().split()[0] or 0)
-        if pid and _alive(pid):
-            raise SimulatorError(f"{folder}: a warm pool (pid {pid}) serves it already")
+    if (root / READY).exists() and _listening(root):
+        raise SimulatorError(f"{folder}: a warm pool (pid {(root / READY).read_text().split()[0]}) serves it already")
     (root / READY).unlink(missing_ok=True)
     key = root / KEY
     key.write_bytes(secrets.token_bytes(32))
@@ -234,6 +232,14 @@ def serve(folder: str, size: int, adapter_spec: str = DEFAULT_ADAPTER, hash_seed
         for i, member in enumerate(members):
             member.process.join()
             _socket(root, i).unlink(missing_ok=True)
+
+
+def _listening(root: Path) -> bool:
+    """Whether a simulator of a pool listens in `root` (its first socket takes a connection)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as probe:
+        return probe.connect_ex(str(_socket(root, 0))) == 0
 
 
 def _server_main(folder: str, size: int, adapter_spec: str, parent: int, pdeathsig: bool) -> None:
@@ -276,16 +282,6 @@ def kept_warm(size: int, adapter_spec: str = DEFAULT_ADAPTER, start_s: float = 3
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # -- a run's lease ---------------------------------------------------------------------------------
 
 
@@ -317,8 +313,14 @@ class WarmSim(Simulator):
         return await asyncio.to_thread(self._call, method, *args)
 
     def alive(self) -> bool:
-        """True while the lease holds and the process runs."""
-        return self._conn is not None and not self._gone and _alive(self.pid)
+        """True while the lease holds and the process runs: between calls nothing may be waiting on the
+        connection but the end of a process that died."""
+        if self._conn is None or self._gone:
+            return False
+        try:
+            return not self._conn.poll()
+        except OSError:
+            return False
 
     def stop(self, timeout: float = 10.0) -> None:
         """Hand the simulator back to the warm pool (it keeps running)."""
