@@ -205,6 +205,13 @@ class Simulator:
         """How recently the simulator loaded `key`'s task: 0 never, higher the more recent."""
         return self._task_keys.index(key) + 1 if key in self._task_keys else 0
 
+    def _answer(self, method: str, args: tuple, kind: str, payload: Any) -> Any:
+        """A simulator process's reply to a call: its payload, or SimulatorError for an error reply."""
+        if kind == "error":
+            raise SimulatorError(f"{self.name}.{method} failed:\n{payload}")
+        self._note(method, args)
+        return payload
+
     def _note(self, method: str, args: tuple) -> None:
         """Track the loaded task after a call that succeeded."""
         key = None
@@ -257,10 +264,7 @@ class SimProcess(Simulator):
                 kind, payload = self._conn.recv()
             except (EOFError, BrokenPipeError, ConnectionResetError) as exc:
                 raise SimulatorError(f"{self.name} died (exit code {self._proc.exitcode})") from exc
-        if kind == "error":
-            raise SimulatorError(f"{self.name}.{method} failed:\n{payload}")
-        self._note(method, args)
-        return payload
+        return self._answer(method, args, kind, payload)
 
     async def _invoke(self, method: str, *args: Any) -> Any:
         # A thread keeps the event loop free while the process computes.

@@ -304,10 +304,7 @@ class WarmSim(Simulator):
             except (EOFError, OSError) as exc:
                 self._gone = True
                 raise SimulatorError(f"{self.name} (warm simulator, pid {self.pid}) died") from exc
-        if kind == "error":
-            raise SimulatorError(f"{self.name}.{method} failed:\n{payload}")
-        self._note(method, args)
-        return payload
+        return self._answer(method, args, kind, payload)
 
     async def _invoke(self, method: str, *args: Any) -> Any:
         return await asyncio.to_thread(self._call, method, *args)
