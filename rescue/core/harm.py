@@ -23,6 +23,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from rescue.core.exact_stats import normal_quantile
+
 SuccessLabel = Literal["broken", "kept", "not_reproduced", "unknown", "initial_state_deviation"]
 SUCCESS_LABELS: tuple[SuccessLabel, ...] = ("broken", "kept", "not_reproduced", "unknown", "initial_state_deviation")
 HistoricalOutcome = Literal["failure", "success"]
@@ -166,9 +168,7 @@ def net_change(failure_scores: Sequence[CaseScore], failures: int, success_score
     out.change = math.fsum(sign * w * s.mean for w, s, sign in parts if w > 0)
     if any(w > 0 and s.variance is None for w, s, _ in parts):
         return out
-    from scipy.stats import norm  # imported when used, as rescue.core.stats does
-
-    half = float(norm.ppf(0.5 + confidence / 2)) * math.sqrt(math.fsum(w * w * s.variance for w, s, _ in parts if w > 0))
+    half = normal_quantile(0.5 + confidence / 2) * math.sqrt(math.fsum(w * w * s.variance for w, s, _ in parts if w > 0))
     # The change cannot exceed what the evaluation leaves: every failure rescued, or every success broken.
     out.change_ci = (max(-successes / n, out.change - half), min(failures / n, out.change + half))
     return out
