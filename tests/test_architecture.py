@@ -212,10 +212,11 @@ def test_read_side_commands_load_no_runtime():
 
 
 def test_the_runtime_check_would_see_a_runtime_import():
-    # The same probe on the engine does see the runtime, so an empty list above means something.
-    code = "import json, sys; import rescue.run.engine; print(json.dumps(sorted(m for m in ('openai', 'multiprocessing') if m in sys.modules)))"
+    # The same probe on the engine does see the runtime, so an empty list above means something. (The `openai` SDK is
+    # imported with the first VLM client, not with the engine: a run that asks no VLM never loads it.)
+    code = "import json, sys; import rescue.run.engine; print(json.dumps(sorted(m for m in ('aiohttp', 'multiprocessing') if m in sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == ["multiprocessing", "openai"]
+    assert json.loads(out.stdout) == ["aiohttp", "multiprocessing"]
 
 
 def test_the_local_backend_never_imports_ray():

@@ -692,6 +692,9 @@ def test_run_on_a_bad_manifest_imports_no_simulator(tmp_path):
     imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert "rescue" in imported
     assert not imported & {"libero", "robosuite", "mujoco"}, imported & {"libero", "robosuite", "mujoco"}
+    # Nor the VLM's SDK, nor torch, nor scipy.stats: a refusal costs what `rescue manifest check` costs.
+    assert not imported & {"openai", "torch"}, imported & {"openai", "torch"}
+    assert not any(line.split("|")[-1].strip() == "scipy.stats" for line in proc.stderr.splitlines()), "scipy.stats"
 
 
 @pytest.mark.e2e

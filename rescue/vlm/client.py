@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import openai
 import structlog
 from tenacity import (
     AsyncRetrying,
@@ -108,6 +107,8 @@ class VLMClient:
         self.artifacts_dir = Path(artifacts_dir) if artifacts_dir is not None else None
         self.template: Template = load_template(config.prompt_template, config.prompt_root)
         self._key = config.resolved_api_key()
+        import openai  # imported with the first client: a command that asks no VLM never pays for the SDK
+
         self._client = openai.AsyncOpenAI(
             base_url=config.base_url,
             api_key=self._key,

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-import openai
-
 from rescue.core.vlm_config import VLMConfig
 from rescue.core.records import Usage
 from rescue.vlm.answers import answer_schema
@@ -74,6 +72,8 @@ def retry_after(headers: Any) -> float | None:
 
 def classify_error(exc: Exception) -> AttemptError:
     """An SDK exception as an AttemptError: its kind, and whether a retry may help."""
+    import openai  # imported when a client exists (an `openai` import costs 0.4 s; a run that asks no VLM needs none)
+
     if isinstance(exc, openai.APITimeoutError):
         return AttemptError("timeout", str(exc), True, None, None)
     if isinstance(exc, openai.APIConnectionError):
