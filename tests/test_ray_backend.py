@@ -105,13 +105,17 @@ def test_a_worker_node_killed_mid_arm_loses_one_case_and_nothing_runs_twice(tmp_
     assert sorted(claims) == sorted(by_id)
     assert rescue_cli("verify", str(study)).returncode == 0
 
-    # The same manifest on the local backend: the same classification and the same trajectories
-    # for every case both finished.
-    local = tmp_path / "local-study"
-    rescue_cli("run", str(manifest), "--study", str(local), "--simulators", "2", "--cases-in-flight", "1")
-    local_by_id = {case["case_id"]: case for case in _export(local)["cases"]}
+    # The same cases on the local backend: the same classification and the same trajectories for every case both
+    # finished (the one the kill lost is not run again).
     both = [cid for cid in by_id if cid not in lost]
     assert len(both) == 4
+    rows = [line for line in manifest.read_text().splitlines() if json.loads(line)["case_id"] in both]
+    kept = tmp_path / "both.jsonl"
+    kept.write_text("\n".join(rows) + "\n")
+    local = tmp_path / "local-study"
+    rescue_cli("run", str(kept), "--study", str(local), "--simulators", "2", "--cases-in-flight", "1")
+    local_by_id = {case["case_id"]: case for case in _export(local)["cases"]}
+    assert sorted(local_by_id) == sorted(both)
     for cid in both:
         assert by_id[cid]["label"] == local_by_id[cid]["label"], cid
         for arm in ("control", "assisted"):
