@@ -251,3 +251,46 @@ def test_a_tasks_fingerprint_does_not_depend_on_the_other_envs_its_process_built
     finally:
         fresh.close()
         busy.close()
+
+
+RENDER_PROBE = """
+import hashlib, json, os, sys
+import numpy as np
+from rescue.core.manifest import Case
+from rescue.env.libero import LiberoAdapter
+a = LiberoAdapter()
+a.reset(Case(case_id="object-3-ep1", suite="libero_object", task_id=3, init_state_index=1, env_seed=1, horizon=48),
+        "openpi-libero")
+views = [a.run_chunk(np.full((5, 7), 0.2), 5, "always").obs for _ in range(3)]
+views.append(a.render(["agentview", "frontview", "robot0_eye_in_hand"], 256))
+digest = hashlib.sha256(b"".join(np.ascontiguousarray(v).tobytes() for obs in views for v in obs.values()
+                                 if getattr(v, "ndim", 0) == 3)).hexdigest()
+threads = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+print(json.dumps({"setting": os.environ.get("LP_NUM_THREADS"), "digest": digest,
+                  "render_threads": sum(t.startswith("llvmpipe") for t in threads)}))
+"""
+
+
+def test_a_simulator_renders_in_its_own_thread_the_same_pixels_unless_the_user_says_otherwise():
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT, cli_env
+
+    def probe(threads: str | None) -> dict:
+        env = cli_env()
+        env.pop("LP_NUM_THREADS", None)
+        if threads is not None:
+            env["LP_NUM_THREADS"] = threads
+        out = subprocess.run([sys.executable, "-c", RENDER_PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    ours, theirs = probe(None), probe("2")
+    # By default: no renderer threads besides the simulator's own; a user's setting is kept (two threads here).
+    assert (ours["setting"], ours["render_threads"]) == ("0", 0), ours
+    assert (theirs["setting"], theirs["render_threads"]) == ("2", 2), theirs
+    # Nine views (two per policy query, three for the VLM), byte for byte the same either way.
+    assert ours["digest"] == theirs["digest"]
