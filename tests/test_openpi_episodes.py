@@ -44,14 +44,6 @@ EPISODES = {"libero_object": ("0", 2), "libero_spatial": ("0,1", 3), "libero_obj
 SUITES = tuple(EPISODES)
 
 
-def peer_env() -> dict[str, str]:
-    """The peers' loops render as Mesa does by default (a thread per core), rescue's simulators in their own thread
-    (rescue.env.libero.RENDER_THREADS): their views are compared byte for byte."""
-    env = cli_env()
-    env.pop("LP_NUM_THREADS", None)
-    return env
-
-
 @pytest.fixture(scope="module")
 def vision_language_server():
     proc = subprocess.Popen(
@@ -76,7 +68,7 @@ def test_control_arms_under_the_openpi_protocol_are_openpis_episodes_query_by_qu
     url, (tasks, episodes) = vision_language_server, EPISODES[suite]
     loop_out = tmp_path / "loop.json"
     loop = subprocess.run([sys.executable, str(ROOT / "tests" / "openpi_client_loop.py"), url, suite, tasks,
-                           str(episodes), str(MAX_STEPS), str(loop_out)], cwd=ROOT, env=peer_env(),
+                           str(episodes), str(MAX_STEPS), str(loop_out)], cwd=ROOT, env=cli_env(),
                           capture_output=True, text=True, timeout=1200)
     assert loop.returncode == 0, loop.stderr[-3000:]
     theirs = json.loads(loop_out.read_text())
@@ -182,7 +174,7 @@ def test_the_lerobot_protocol_starts_lerobots_episodes_and_its_profile_sends_its
     actions[:, 6] = np.where(np.arange(20) < 10, -1.0, 1.0)
     out = tmp_path / "lerobot.json"
     loop = subprocess.run([sys.executable, "-c", LEROBOT_LOOP, suite, tasks, str(episodes), json.dumps(actions.tolist()),
-                           str(out)], cwd=ROOT, env=peer_env(), capture_output=True, text=True, timeout=1200)
+                           str(out)], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=1200)
     assert loop.returncode == 0, loop.stderr[-3000:]
     theirs = json.loads(out.read_text())
     protocol = get_protocol("lerobot")

@@ -59,14 +59,6 @@ def _quiet_imports():
     return benchmark, get_libero_path, ControlEnv
 
 
-# Mesa's software renderer (llvmpipe: what EGL renders with on a machine without a GPU) splits every render
-# over a thread per core by default. A simulator's renders are small (two 224 x 224 views per policy query) and
-# a study runs a simulator per core, so those threads mostly wait on each other: a simulator renders in its own
-# thread instead, the same pixels (llvmpipe's tiles do not depend on the thread that draws them; the views of
-# openpi's own loop, rendered with llvmpipe's default, are compared query by query in the slow tests) for about a
-# fifth less CPU, measured. A value the user set is kept; a GPU's EGL ignores it.
-RENDER_THREADS_ENV, RENDER_THREADS = "LP_NUM_THREADS", "0"
-
 # MjModel fields robosuite and LIBERO write after the model is compiled, so a snapshot carries
 # them: fixture placement (`BDDLBaseDomain._reset_internal` writes body_pos/body_quat at every
 # reset, from the env's seed), site visibility (robosuite hides sites in `reset()` only, not in
@@ -161,7 +153,6 @@ class LiberoAdapter:
     ):
         """`max_rss_gb`: the process's memory budget (None: keep every env it builds); `libero_step`: step
         with LIBERO's own `env.step` and `check_success` (what FastStep is proved against) instead of FastStep."""
-        os.environ.setdefault(RENDER_THREADS_ENV, RENDER_THREADS)  # before the first env makes a GL context
         self._benchmark, self._get_path, self._ControlEnv = _quiet_imports()
         self._suites: dict[str, object] = {}
         self._envs: OrderedDict[tuple[str, int], object] = OrderedDict()  # least recently used first
