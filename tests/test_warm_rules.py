@@ -37,3 +37,27 @@ def test_a_run_that_differs_in_anything_the_simulator_depends_on_is_refused_nami
         assert said is not None and name in said, (name, said)
     assert "serves" in warm._refusal("lease", {**same, "spec": "tests.slow_adapter:SlowAdapter"}, spec, facts)
     assert warm._refusal("hello", same, spec, facts) is not None
+
+
+def test_a_folder_a_pool_serves_or_is_starting_to_serve_is_refused_and_left_as_it_is():
+    import shutil
+    import socket
+    import tempfile
+    from pathlib import Path
+
+    root = Path(tempfile.mkdtemp(prefix="warm-", dir="/tmp"))  # a socket path must stay short
+    try:
+        (root / warm.KEY).write_bytes(b"the serving pool's key")
+        with socket.socket(socket.AF_UNIX) as listening:  # the other pool's first simulator
+            listening.bind(str(root / "sim-0.sock"))
+            listening.listen()
+            # Starting: its simulators listen before it writes `ready`.
+            with pytest.raises(warm.SimulatorError, match=r"a warm pool serves it already$"):
+                warm.serve(str(root), 2)
+            (root / warm.READY).write_text("4242 2 rescue.env.libero:LiberoAdapter\n")
+            with pytest.raises(warm.SimulatorError, match=r"a warm pool \(pid 4242\) serves it already$"):
+                warm.serve(str(root), 2)
+        assert (root / warm.KEY).read_bytes() == b"the serving pool's key"
+        assert (root / warm.READY).read_text().startswith("4242 ")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

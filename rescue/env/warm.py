@@ -203,8 +203,9 @@ def serve(folder: str, size: int, adapter_spec: str = DEFAULT_ADAPTER, hash_seed
     if longest > SOCKET_PATH_MAX:
         raise SimulatorError(f"{folder}: too long a path for the simulators' sockets ({longest} bytes, at most "
                              f"{SOCKET_PATH_MAX}); name a shorter folder")
-    if (root / READY).exists() and _listening(root):
-        raise SimulatorError(f"{folder}: a warm pool (pid {(root / READY).read_text().split()[0]}) serves it already")
+    if _listening(root):  # a pool serves the folder, or is starting to (its sockets listen before it writes READY)
+        owner = (root / READY).read_text().split()[:1] if (root / READY).exists() else []
+        raise SimulatorError(f"{folder}: a warm pool{f' (pid {owner[0]})' if owner else ''} serves it already")
     (root / READY).unlink(missing_ok=True)
     key = root / KEY
     key.write_bytes(secrets.token_bytes(32))
