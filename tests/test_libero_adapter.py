@@ -54,6 +54,25 @@ def test_fingerprint_tells_initial_states_apart(adapter):
     assert a != b
 
 
+def test_the_model_digest_covers_every_byte_mujoco_saves_whatever_the_buffer_held(adapter):
+    # The fingerprint's "model" part saves the compiled model into a buffer it does not clear first: it must be
+    # the digest of the saved model alone, so MuJoCo must write every byte (a byte it skipped would carry
+    # whatever the memory held, and two arms' fingerprints could differ by it).
+    import hashlib
+
+    import mujoco
+
+    adapter.reset(CASE)
+    model = adapter._env.sim.model._model
+    saved = []
+    for fill in (0x00, 0xFF, 0x5A):
+        buf = np.full(mujoco.mj_sizeModel(model), fill, dtype=np.uint8)
+        mujoco.mj_saveModel(model, None, buf)
+        saved.append(hashlib.sha256(buf).hexdigest())
+    assert saved[0] == saved[1] == saved[2] == adapter._model_digest()
+    assert adapter.reset(CASE).fingerprint_parts["model"] == saved[0]
+
+
 def test_snapshot_continues_exactly_in_another_process(adapter):
     adapter.reset(CASE)
     adapter.run_chunk(_actions(2, 24), 24)

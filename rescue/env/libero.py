@@ -384,7 +384,9 @@ class LiberoAdapter:
         import mujoco
 
         m = self._env.sim.model._model
-        buf = np.zeros(mujoco.mj_sizeModel(m), dtype=np.uint8)
+        # mj_saveModel writes every byte of a buffer of mj_sizeModel's size, so it need not be zeroed first
+        # (about 0.08 CPU-s a reset for 240 MB of pages; tests/test_libero_adapter.py holds the premise).
+        buf = np.empty(mujoco.mj_sizeModel(m), dtype=np.uint8)
         mujoco.mj_saveModel(m, None, buf)
         return hashlib.sha256(buf).hexdigest()  # digest_bytes of the buffer, without a copy of it
 
