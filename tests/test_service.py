@@ -29,7 +29,9 @@ from conftest import (
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
-SMALL = ("--cases-in-flight", "1", "--simulators", "1")
+# The scripted policy reads the simulator's state and renders no camera: these tests' subject is the queue,
+# its worker and signals, not what a policy sees.
+SMALL = ("--cases-in-flight", "1", "--simulators", "1", "--policy", "scripted")
 
 
 def _serve(queue: Path, port: int, *extra: str, env: dict | None = None) -> subprocess.Popen:
@@ -125,7 +127,8 @@ def test_serve_survives_sigkill_mid_job_and_resumes_as_rescue_resume(tmp_path):
         assert len(_jobs(queue)) == 2
         good = write_cases(tmp_path / "c.jsonl", 2, horizon=48).read_text()
         status, body = _post(port, "/jobs", {"manifest": good, "name": "third",
-                                             "config": {"cases_in_flight": 1, "env": {"simulators": 1}}})
+                                             "config": {"cases_in_flight": 1, "env": {"simulators": 1},
+                                                        "policy": {"name": "scripted"}}})
         assert status == 201
         third = body["job_id"]
         # Kill the whole service once the second job's study has a finished case and one in flight.
@@ -326,7 +329,7 @@ def test_a_job_names_the_services_endpoint_a_second_serve_is_refused_and_log_and
             wait_up(port, proc)
             manifest = write_cases(tmp_path / "a.jsonl", 3, horizon=48).read_text()
             status, text = call(port, "POST", "/jobs", {"manifest": manifest, "name": "lab", "config": {
-                "vlm": {"endpoint": "lab"}, "cases_in_flight": 1, "env": {"simulators": 1}}})
+                "vlm": {"endpoint": "lab"}, "policy": {"name": "scripted"}, "cases_in_flight": 1, "env": {"simulators": 1}}})
             assert status == 201, text
             job_id = json.loads(text)["job_id"]
             study = _study(queue, job_id)
