@@ -14,6 +14,10 @@ from rescue.core.stats import summarize
 
 pytestmark = pytest.mark.fast
 
+# The studies below test the sham arm's records, verify and resume, not what a policy sees: they run the scripted
+# policy, which reads the simulator's state, so their arms render no camera.
+SCRIPTED = '[policy]\nfactory = "rescue.embedded.scripted:make_policy"\n'
+
 H = 220
 
 
@@ -158,7 +162,7 @@ def test_a_three_arm_study_killed_and_resumed_verifies_with_its_sham_table(tmp_p
 
     manifest = write_cases(tmp_path / "m.jsonl", 6, horizon=64)
     config = tmp_path / "study.toml"
-    config.write_text('[sham]\nsource = "permuted"\nseed = 7\n')
+    config.write_text('[sham]\nsource = "permuted"\nseed = 7\n' + SCRIPTED)
     study = tmp_path / "study"
     kill_mid_study(["run", str(manifest), "--study", str(study), "--config", str(config), "--cases-in-flight", "1"], study)
     con = sqlite3.connect(f"file:{study / 'journal.sqlite'}?mode=ro", uri=True)
@@ -226,7 +230,7 @@ def test_tampering_with_a_sham_trace_row_or_its_source_fails_verify(tmp_path):
 
     manifest = write_cases(tmp_path / "m.jsonl", 2, horizon=64)
     config = tmp_path / "study.toml"
-    config.write_text('[sham]\nsource = "fixed"\n')
+    config.write_text('[sham]\nsource = "fixed"\n' + SCRIPTED)
     study = tmp_path / "study"
     rescue_cli("run", str(manifest), "--study", str(study), "--config", str(config), check=False)
     assert rescue_cli("verify", str(study)).returncode == 0
@@ -295,7 +299,7 @@ def test_a_per_task_fixed_sham_applies_each_tasks_declared_text_and_verifies(tmp
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(one + two)
     config = tmp_path / "study.toml"
-    config.write_text('[sham]\nsource = "fixed"\n[sham.by_task]\n"libero_object/3" = "grasp the butter"\n')
+    config.write_text('[sham]\nsource = "fixed"\n[sham.by_task]\n"libero_object/3" = "grasp the butter"\n' + SCRIPTED)
     study = tmp_path / "study"
     rescue_cli("run", str(manifest), "--study", str(study), "--config", str(config))
     assert rescue_cli("verify", str(study)).returncode == 0
