@@ -30,6 +30,10 @@ simulators = 1
 [vlm]
 price = {{ input = 1000.0, output = 0.0 }}
 lab_budget = {CAP}
+# The subject is the ledger, not what a policy sees: the scripted policy reads the simulator's state and renders
+# no camera.
+[policy]
+factory = "rescue.embedded.scripted:make_policy"
 """
 
 

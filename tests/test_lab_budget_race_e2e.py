@@ -36,6 +36,10 @@ lab_budget = {CAP}
 [[query_point]]
 name = "early"
 fraction = 0.25
+# The subject is the ledger, not what a policy sees: the scripted policy reads the simulator's state and renders
+# no camera.
+[policy]
+factory = "rescue.embedded.scripted:make_policy"
 """
 
 
