@@ -124,8 +124,8 @@ def vlm_call_in_flight(study: Path) -> bool:
 
 @pytest.fixture
 def slow_vlm():
-    """The local endpoint answering after 12 s: long enough to press Ctrl-C twice during the wait."""
-    proc = subprocess.Popen([sys.executable, "-m", "rescue.cli", "serve-vlm", "--port", "0", "--latency", "12"],
+    """The local endpoint answering after 8 s: long enough to press Ctrl-C twice during the wait."""
+    proc = subprocess.Popen([sys.executable, "-m", "rescue.cli", "serve-vlm", "--port", "0", "--latency", "8"],
                             cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         yield re.search(r"(http://\S+/v1)", proc.stdout.readline()).group(1)
@@ -157,7 +157,9 @@ def test_ctrl_c_mid_arm_lets_the_arms_in_flight_finish_then_resume_runs_the_rest
 def test_a_second_ctrl_c_during_the_vlm_wait_stops_now_and_says_so(tmp_path, slow_vlm):
     manifest = write_cases(tmp_path / "m.jsonl", 2, horizon=64)
     study = tmp_path / "study"
-    proc = start_foreground("run", str(manifest), "--study", str(study), "--cases-in-flight", "1", "--vlm-url", slow_vlm)
+    # Its subject is the VLM wait, not what a policy sees: the scripted policy reads the simulator's state, no camera.
+    proc = start_foreground("run", str(manifest), "--study", str(study), "--cases-in-flight", "1", "--vlm-url", slow_vlm,
+                            "--policy-factory", "rescue.embedded.scripted:make_policy")
     try:
         wait_until(lambda: vlm_call_in_flight(study), "an assisted arm waiting for the VLM", proc=proc)
         in_flight = [c for c, s in case_states(study).items() if s == "claimed"]

@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
 
 def _serve_slow_vlm(port: int) -> subprocess.Popen:
-    # Every answer takes 30 s: the control arm ends long before the assisted arm's subgoal arrives.
-    return subprocess.Popen([sys.executable, "-m", "rescue.cli", "serve-vlm", "--port", str(port), "--latency", "30"],
+    # Every answer takes 8 s: the control arm ends long before the assisted arm's subgoal arrives.
+    return subprocess.Popen([sys.executable, "-m", "rescue.cli", "serve-vlm", "--port", str(port), "--latency", "8"],
                             cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
 
@@ -35,7 +35,7 @@ def test_arms_that_ended_before_a_kill_are_kept_and_their_case_is_interrupted(tm
                             str(config), "--cases-in-flight", "2"], cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        # Hangs are what is bounded here, not speed: the VLM waits 30 s per answer.
+        # Hangs are what is bounded here, not speed: the VLM waits 8 s per answer.
         deadline = time.monotonic() + 900
         while True:
             assert time.monotonic() < deadline and run.poll() is None, "no claimed case ever held an ended arm"
