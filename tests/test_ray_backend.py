@@ -64,7 +64,7 @@ def cluster():
 
 def test_a_worker_node_killed_mid_arm_loses_one_case_and_nothing_runs_twice(tmp_path, cluster):
     c, nodes = cluster
-    manifest = write_cases(tmp_path / "m.jsonl", 5, horizon=160)
+    manifest = write_cases(tmp_path / "m.jsonl", 5, horizon=64)
     study = tmp_path / "ray-study"
     # One case at a time: its two arms run together, one on each worker node's actor.
     args = ["run", str(manifest), "--study", str(study), "--backend", "ray", "--address", c.address,
@@ -84,7 +84,15 @@ def test_a_worker_node_killed_mid_arm_loses_one_case_and_nothing_runs_twice(tmp_
         placed = {e["node_id"] for e in _events(study) if e["event"] == "ray.actor_placed"}
         assert placed == {n.node_id for n in nodes}  # one actor on each worker node, none on the head
         in_flight = [cid for cid, s in case_states(study).items() if s == "claimed"]
-        time.sleep(1.0)  # the arms are stepping
+
+        def started() -> set[str]:
+            return {e["arm"] for e in _events(study) if e["event"] == "arm.started" and e.get("case_id") == in_flight[0]}
+
+        # Kill as soon as both of its arms have started (one on each worker node's actor): mid-arm whatever
+        # the machine's speed, where a fixed sleep could land after the arms ended on a fast one.
+        while time.time() < deadline and proc.poll() is None and started() != {"control", "assisted"}:
+            time.sleep(0.02)
+        assert started() == {"control", "assisted"}, started()
         victim = nodes[0]
         _kill_node(victim)
         out, err = proc.communicate(timeout=600)
