@@ -132,7 +132,7 @@ def test_a_worker_node_killed_mid_arm_loses_one_case_and_nothing_runs_twice(tmp_
 
 
 def test_fork_sham_release_sigterm_status_and_resume_on_a_one_machine_cluster(tmp_path):
-    manifest = write_cases(tmp_path / "m.jsonl", 6, horizon=96)
+    manifest = write_cases(tmp_path / "m.jsonl", 6, horizon=64)
     config = tmp_path / "study.toml"
     config.write_text('fork_at_q = true\nrelease_simulator_while_waiting = true\ncases_in_flight = 2\n'
                       '[env]\nsimulators = 2\n[sham]\nsource = "permuted"\n')
