@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+from multiprocessing import resource_tracker
 from typing import Any, Callable
 
 import numpy as np
@@ -103,6 +104,11 @@ def start_shielded(process: Any, hash_seed: str | None = None) -> None:
         before = os.environ.get("PYTHONHASHSEED")
         if hash_seed is not None:
             os.environ["PYTHONHASHSEED"] = hash_seed
+        # A spawned process's start first starts multiprocessing's resource tracker if it is not running (the
+        # process's first spawn), and that unblocks SIGINT and SIGTERM in this thread whatever they were before:
+        # the first simulator of a run booted unshielded, and a Ctrl-C then killed it under its first arm. Started
+        # here, before the mask is set, the tracker's start cannot undo it.
+        resource_tracker.ensure_running()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, DRIVER_SIGNALS)
         try:
             process.start()
