@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HANG_S, ROOT, case_states, cli_env, ensure_stopped, rescue_cli, write_cases
+from conftest import HANG_S, ROOT, case_states, cli_env, ensure_stopped, events_of, rescue_cli, write_cases
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
@@ -95,13 +95,20 @@ def claimed(study: Path) -> bool:
     return (study / "journal.sqlite").exists() and "claimed" in case_states(study).values()
 
 
+def arms_started(study: Path, case_id: str, arms: tuple[str, ...] = ("control", "assisted")) -> bool:
+    """Each of `arms` of the case has started (its `arm.started` is in the study's log): the case is mid-arm from
+    then until its verdict, whatever the machine's speed."""
+    started = {e.get("arm") for e in events_of(study) if e.get("event") == "arm.started" and e.get("case_id") == case_id}
+    return set(arms) <= started
+
+
 def ctrl_c_mid_arm(proc: subprocess.Popen, study: Path, while_stepping=lambda: None) -> list[str]:
-    """Ctrl-C a foreground run once its first case's arms are stepping (`while_stepping()` asserts what must hold
+    """Ctrl-C a foreground run once its first case's arms have started (`while_stepping()` asserts what must hold
     then), and wait for the run to drain and exit 3: the cases that were in flight."""
     try:
         wait_until(lambda: claimed(study), "a case in flight", proc=proc)
         in_flight = [c for c, s in case_states(study).items() if s == "claimed"]
-        time.sleep(2.0)  # its arms are stepping
+        wait_until(lambda: arms_started(study, in_flight[0]), "both arms of the case in flight started", proc=proc)
         while_stepping()
         ctrl_c(proc)
         out, err = proc.communicate(timeout=HANG_S)
@@ -134,7 +141,7 @@ def slow_vlm():
 
 
 def test_ctrl_c_mid_arm_lets_the_arms_in_flight_finish_then_resume_runs_the_rest(tmp_path):
-    manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=96)
+    manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=64)
     study = tmp_path / "study"
     proc = start_foreground("run", str(manifest), "--study", str(study), "--cases-in-flight", "1")
 
@@ -188,12 +195,12 @@ def test_a_second_ctrl_c_during_the_vlm_wait_stops_now_and_says_so(tmp_path, slo
 
 def test_ctrl_c_mid_episode_of_an_evaluation_finishes_the_episode(tmp_path):
     study = tmp_path / "eval"
-    proc = start_foreground("eval", "--suite", "libero_object", "--tasks", "3", "--episodes", "4", "--horizon", "96",
+    proc = start_foreground("eval", "--suite", "libero_object", "--tasks", "3", "--episodes", "4", "--horizon", "64",
                             "--study", str(study), "--cases-in-flight", "1")
     try:
         wait_until(lambda: claimed(study), "an episode in flight", proc=proc)
-        time.sleep(1.5)
         in_flight = [c for c, s in case_states(study).items() if s == "claimed"]
+        wait_until(lambda: arms_started(study, in_flight[0], ("control",)), "the episode started", proc=proc)
         ctrl_c(proc)
         out, err = proc.communicate(timeout=300)
     finally:
@@ -205,7 +212,7 @@ def test_ctrl_c_mid_episode_of_an_evaluation_finishes_the_episode(tmp_path):
 def test_ctrl_c_during_a_resume_lets_its_arms_finish(tmp_path):
     from conftest import kill_mid_study
 
-    manifest = write_cases(tmp_path / "m.jsonl", 5, horizon=96)
+    manifest = write_cases(tmp_path / "m.jsonl", 5, horizon=64)
     study = tmp_path / "study"
     kill_mid_study(["run", str(manifest), "--study", str(study), "--cases-in-flight", "1"], study)
     before = case_states(study)
@@ -213,8 +220,8 @@ def test_ctrl_c_during_a_resume_lets_its_arms_finish(tmp_path):
     try:
         wait_until(lambda: [c for c, s in case_states(study).items() if s == "claimed" and before[c] == "pending"],
                    "a never-started case in flight")
-        time.sleep(1.5)
         in_flight = [c for c, s in case_states(study).items() if s == "claimed"]
+        wait_until(lambda: arms_started(study, in_flight[0]), "both arms of the case in flight started", proc=proc)
         ctrl_c(proc)
         out, err = proc.communicate(timeout=300)
     finally:
@@ -229,15 +236,17 @@ def test_ctrl_c_during_a_resume_lets_its_arms_finish(tmp_path):
 
 def test_ctrl_c_on_the_service_drains_its_job_and_a_restart_resumes_it(tmp_path):
     queue = tmp_path / "queue"
-    manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=96)
-    rescue_cli("submit", str(manifest), "--queue", str(queue), "--cases-in-flight", "1", "--simulators", "1")
+    manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=64)
+    # The subject is the worker's drain, not what a policy sees: the scripted policy reads the simulator's state.
+    rescue_cli("submit", str(manifest), "--queue", str(queue), "--cases-in-flight", "1", "--simulators", "1",
+               "--policy", "scripted")
     (job,) = list((queue / "jobs").iterdir())
     study = job / ("study-" + job.name.removeprefix("job-"))
     proc = start_foreground("serve", "--queue", str(queue), "--port", "0")
     try:
         wait_until(lambda: claimed(study), "the job's first case in flight", proc=proc)
-        time.sleep(1.5)
         in_flight = [c for c, s in case_states(study).items() if s == "claimed"]
+        wait_until(lambda: arms_started(study, in_flight[0]), "both arms of the case in flight started", proc=proc)
         ctrl_c(proc)
         out, err = proc.communicate(timeout=300)
     finally:
