@@ -20,7 +20,7 @@ import pytest
 from conftest import HANG_S, ROOT, assert_cluster_stopped, case_states, cli_env, descendants, ensure_stopped
 from conftest import events_of, rescue_cli, write_cases
 from ray.cluster_utils import Cluster
-from test_interrupt import claimed, ctrl_c, group_members, start_foreground, wait_until
+from test_interrupt import arms_started, claimed, ctrl_c, group_members, start_foreground, wait_until
 
 # One worker at a time: the tests count the machine's Ray processes.
 pytestmark = [pytest.mark.sim, pytest.mark.e2e, pytest.mark.xdist_group("ray")]
@@ -48,14 +48,15 @@ def _alive(pid: int) -> bool:
 
 
 def test_ctrl_c_mid_arm_on_the_cluster_the_run_started_drains_and_no_ray_process_dies_of_it(tmp_path):
-    manifest = write_cases(tmp_path / "m.jsonl", 2, horizon=128)
+    manifest = write_cases(tmp_path / "m.jsonl", 2, horizon=64)
     study = tmp_path / "study"
     proc = start_foreground("run", str(manifest), "--study", str(study), "--backend", "ray", "--simulators", "2",
                             "--cases-in-flight", "1")
     try:
         wait_until(lambda: claimed(study), "a case in flight", proc=proc)
-        time.sleep(1.0)  # its arms are stepping on the two actors
         (in_flight,) = [c for c, s in case_states(study).items() if s == "claimed"]
+        # Its arms have started on the two actors: the case is mid-arm until its verdict.
+        wait_until(lambda: arms_started(study, in_flight), "both arms of the case in flight started", proc=proc)
         ray_processes = _descendants(proc.pid)
         in_group = set(group_members(proc.pid))
         # The run's Ctrl-C reaches the cluster's core processes: they share the run's process group.
