@@ -85,9 +85,12 @@ def test_a_dead_policy_server_stops_the_study_before_it_consumes_the_queue(tmp_p
     study = tmp_path / "study"
     server = _serve(["serve-policy", "--policy", "rescue.embedded.scripted:make_policy"], port)
     url = f"ws://127.0.0.1:{port}"
+    # The connection is tried again for 2 s while the port refuses (30 s unless set).
+    config = tmp_path / "study.toml"
+    config.write_text("[policy]\nconnect_timeout_s = 2\n")
     run = subprocess.Popen(
         [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study), "--policy-url", url,
-         "--simulators", "1", "--cases-in-flight", "1"],
+         "--simulators", "1", "--cases-in-flight", "1", "--config", str(config)],
         cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -102,7 +105,7 @@ def test_a_dead_policy_server_stops_the_study_before_it_consumes_the_queue(tmp_p
         if run.poll() is None:
             run.kill()
     assert run.returncode == EXIT_STOPPED, out + err
-    assert "Traceback" not in out + err and "unreachable" in err
+    assert "Traceback" not in out + err and "unreachable" in err and "connect_timeout_s, now 2 s" in err, err
     states = list(case_states(study).values())
     # At most the case in flight when the server died is lost; the rest were never claimed.
     assert states.count("pending") >= 2 and states.count("claimed") == 0

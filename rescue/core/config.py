@@ -46,6 +46,9 @@ class QueryPointConfig(BaseModel):
 SIMULATORS_PER_POLICY_PROCESS = 8
 # Below this many simulators the in-process policy stays in the command process.
 POLICY_PROCESSES_FROM = 4
+# How long a connection to the policy server is tried again while its port refuses, unless `[policy]
+# connect_timeout_s` says otherwise.
+POLICY_CONNECT_S = 30.0
 
 
 def auto_policy_processes(simulators: int) -> int:
@@ -102,6 +105,16 @@ class PolicyConfig(BaseModel):
     the next: 0 serves it in the command process; None chooses by the simulator count (`auto_policy_processes`).
     Ignored (0) when `url` is set. A resource setting, like `env.simulators`: each connection builds its own
     policy, so results do not depend on it."""
+
+    connect_timeout_s: float | None = None
+    """How long a connection to the policy server is tried again while its port refuses (a server still starting,
+    or starting again after it died), in seconds; None: 30 (POLICY_CONNECT_S). A server that is still down then
+    stops the study, with the cases never claimed left to `rescue resume`. Raise it for a server that takes longer
+    to load its weights. A resource setting: results do not depend on it."""
+
+    def connect_timeout(self) -> float:
+        """`connect_timeout_s`, or its default."""
+        return self.connect_timeout_s if self.connect_timeout_s is not None else POLICY_CONNECT_S
 
     def served_processes(self, simulators: int) -> int:
         """How many policy processes a run with `simulators` simulators starts (0: none, in process or external)."""
@@ -401,7 +414,7 @@ HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute
                    ("env", "max_simulator_rss_gb"), ("vlm", "price"), ("sham", "advisor"), (None, "advisors"),
                    ("vlm", "lab_budget"), ("vlm", "lab_ledger"), ("env", "instruction"), ("vlm", "require_model_match"),
                    ("policy", "stateless"), ("policy", "rng_control"), (None, "query_points"),
-                   ("policy", "processes"))
+                   ("policy", "processes"), ("policy", "connect_timeout_s"))
 # The same for the keys of each `[[advisor]]` table added after advisors existed.
 ADVISOR_HASHED_WHEN_SET = ("lab_budget", "lab_ledger", "require_model_match")
 # (section, key, value) of settings added after studies existed whose absence meant that value: in the digest only

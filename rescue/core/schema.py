@@ -90,6 +90,7 @@ RANGES: dict[str, Range] = {
     "env.max_simulator_rss_gb": Range(0, 4096, low_open=True),
     "policy.replan_interval": Range(1, 100_000),
     "policy.processes": Range(0, 4096),
+    "policy.connect_timeout_s": Range(0, 86_400, low_open=True),
     "query_points.fraction": Range(0, 1, low_open=True, high_open=True),
     **{f"vlm.{k}": r for k, r in _VLM_RANGES.items()},
     **{f"advisors.{k}": r for k, r in _VLM_RANGES.items() if k != "lab_budget"},

@@ -29,7 +29,6 @@ from rescue.core.arms import advisor_arm, answered_at_q, base_arm, is_assisted, 
 from rescue.core.sham import donor_group
 from rescue.env.backend import LOCAL, Backend
 from rescue.env.pool import SimLease, SimulatorError
-from rescue.policy.client import WebsocketPolicyClient
 from rescue.run.arm import ArmSpec, run_arm
 from rescue.run.fork import Follower, run_forked
 from rescue.run.observer import RunObserver, as_observer
@@ -175,7 +174,9 @@ class Engine:
                 except Exception as exc:
                     self.stop_study(
                         f"the policy server at {url} is unreachable ({type(exc).__name__}: "
-                        f"{one_line(str(exc))}); start it, then `rescue resume` runs the cases never started"
+                        f"{one_line(str(exc))}); start it (one that takes longer to start: raise [policy] "
+                        f"connect_timeout_s, now {peers.policy_connect_s:g} s), then `rescue resume` runs the cases "
+                        "never started"
                     )
                     return
                 hold = await self._hold(peers)
@@ -338,7 +339,7 @@ class Engine:
 
     async def _connect(self, peers: Peers, url: str | None = None) -> AsyncRuleWrapper:
         # Each connection to the next policy URL (one per policy process), unless the caller chose it.
-        client = await WebsocketPolicyClient.connect(url or peers.next_policy_url(), api_key=peers.policy_api_key)
+        client = await peers.connect_policy(url or peers.next_policy_url())
         # The configured correction rules sit between the policy and the simulator; firings go to the arm record.
         return AsyncRuleWrapper(client, self.config.rules, self.config.interval, strict=not self.config.allow_idle_rules)
 

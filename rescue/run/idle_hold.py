@@ -11,7 +11,7 @@ import numpy as np
 from rescue.core.config import StudyConfig
 from rescue.core.manifest import Case
 from rescue.core.observation import get_profile
-from rescue.policy.client import PolicyConnectionClosed, PolicyServerError, WebsocketPolicyClient
+from rescue.policy.client import PolicyConnectionClosed, PolicyServerError
 from rescue.run.arm import KeepaliveError, wait_with_keepalive
 from rescue.run.peers import Peers
 from rescue.run.preflight_report import Check
@@ -29,7 +29,7 @@ async def first_obs(case: Case, config: StudyConfig, peers: Peers) -> dict:
 
 async def _fresh_second_chunk(peers: Peers, obs: dict, seed: int) -> np.ndarray:
     """What a new connection answers to its second query after reset_rng(seed)."""
-    ref = await WebsocketPolicyClient.connect(peers.policy_url, api_key=peers.policy_api_key)
+    ref = await peers.connect_policy()
     try:
         await ref.reset()
         await ref.reset_rng(seed)
@@ -52,7 +52,7 @@ async def _idle_hold(case: Case, config: StudyConfig, peers: Peers, idle_s: floa
     every = config.keepalive_s
     obs = await first_obs(case, config, peers)
     seed = case.policy_seed
-    client = await WebsocketPolicyClient.connect(peers.policy_url, api_key=peers.policy_api_key)
+    client = await peers.connect_policy()
     try:
         await client.reset()
         if client.supports_rng:

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Callable
 import aiohttp
 import structlog
 
-from rescue.core.config import PolicyConfig, StudyConfig
+from rescue.core.config import POLICY_CONNECT_S, PolicyConfig, StudyConfig
 from rescue.core.config_files import ConfigError
 from rescue.core.vlm_config import VLMConfig
 from rescue.core.episode_protocol import BUNDLED_DEFAULT as BUNDLED_DEFAULT_PROTOCOL
@@ -251,12 +251,20 @@ class Peers:
     advisors: dict[str, VLMClient] = field(default_factory=dict)
     # The lab budget a case's calls are held against before it is claimed; None: the study declares none.
     budget: LabBudget | None = None
+    # How long a connection is tried again while the policy server's port refuses (`[policy] connect_timeout_s`).
+    policy_connect_s: float = POLICY_CONNECT_S
     _next_policy: int = field(default=0, init=False, repr=False)
 
     @property
     def policy_url(self) -> str:
         """The first policy URL (the only one unless the policy is served from processes of its own)."""
         return self.policy_urls[0]
+
+    async def connect_policy(self, url: str | None = None) -> WebsocketPolicyClient:
+        """A new connection to `url` (None: the first policy URL), tried again while its port refuses for
+        `policy_connect_s`."""
+        return await WebsocketPolicyClient.connect(url or self.policy_url, api_key=self.policy_api_key,
+                                                   connect_timeout_s=self.policy_connect_s)
 
     def next_policy_url(self) -> str:
         """The policy URL the next connection goes to: each in turn."""
@@ -278,7 +286,8 @@ async def start_peers(
         api_key = policy_api_key(config.policy)
         policy_urls = await _serve_policy(config, layout, closers)
         for url in policy_urls:  # every process serves the same policy: each is checked
-            probe = await WebsocketPolicyClient.connect(url, api_key=api_key)
+            probe = await WebsocketPolicyClient.connect(url, api_key=api_key,
+                                                        connect_timeout_s=config.policy.connect_timeout())
             metadata = dict(probe.metadata)
             await probe.close()
             check_identity(config, metadata)
@@ -308,7 +317,7 @@ async def start_peers(
                             max_rss_gb=max_rss_gb)
         closers.append(pool.close)
         yield Peers(policy_urls, api_key, config.interval, pool, advisors.get(config.primary_arm), closers, advisors,
-                    budget)
+                    budget, config.policy.connect_timeout())
     finally:
         for close in reversed(closers):
             result = close()

@@ -72,7 +72,7 @@ def agreement(results: list[ArmResult]) -> str | None:
 
 
 async def _connect(peers: Peers) -> WebsocketPolicyClient:
-    return await WebsocketPolicyClient.connect(peers.policy_url, api_key=peers.policy_api_key)
+    return await peers.connect_policy()
 
 
 async def _one_arm(case: Case, config: StudyConfig, peers: Peers) -> ArmResult:

@@ -39,7 +39,7 @@ JOB_KEYS: frozenset[str] = frozenset({
     "cases_in_flight", "release_simulator_while_waiting", "fork_at_q", "continuations", "keyframes", "keepalive_s",
     "fail_fast_arms", "arms", "allow_idle_rules", "query_rule", "rules", "sham",
     "env.simulators", "env.image_size", "env.episode_protocol", "env.instruction", "env.max_simulator_rss_gb",
-    "policy.replan_interval", "policy.observation", "policy.stateless", "policy.processes",
+    "policy.replan_interval", "policy.observation", "policy.stateless", "policy.processes", "policy.connect_timeout_s",
     "vlm.model", "vlm.api", "vlm.structured", "vlm.deadline_s", "vlm.request_timeout_s", "vlm.max_attempts",
     "vlm.backoff_initial_s", "vlm.backoff_max_s", "vlm.backoff_jitter_s", "vlm.max_subgoal_chars",
     "vlm.prompt_template", "vlm.max_concurrent_calls", "vlm.requests_per_minute", "vlm.batch_size",
