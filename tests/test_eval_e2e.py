@@ -102,9 +102,10 @@ def test_eval_records_episodes_then_its_failure_manifest_runs_unedited(tmp_path)
 
 def test_sigkill_mid_eval_then_resume_reports_interrupted_episodes_as_unknown(tmp_path):
     study = tmp_path / "eval"
+    # The subject is the journal across a kill, not what a policy sees: the scripted policy renders no camera.
     kill_mid_study(
         ["eval", "--suite", "libero_object", "--tasks", "3", "--episodes", "5", "--horizon", "64",
-         "--study", str(study), "--cases-in-flight", "1"],
+         "--study", str(study), "--cases-in-flight", "1", "--policy-factory", "rescue.embedded.scripted:make_policy"],
         study,
     )
     _, before_states, before_arms = _journal(study)
