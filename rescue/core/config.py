@@ -109,8 +109,9 @@ class PolicyConfig(BaseModel):
     connect_timeout_s: float | None = None
     """How long a connection to the policy server is tried again while its port refuses (a server still starting,
     or starting again after it died), in seconds; None: 30 (POLICY_CONNECT_S). A server that is still down then
-    stops the study, with the cases never claimed left to `rescue resume`. Raise it for a server that takes longer
-    to load its weights. A resource setting: results do not depend on it."""
+    stops the study, with the cases never claimed left to `rescue resume`. Raise it for a server that a supervisor
+    restarts and that takes longer to load its weights (a new study still asks the server to answer within 5 s).
+    A resource setting: results do not depend on it."""
 
     def connect_timeout(self) -> float:
         """`connect_timeout_s`, or its default."""
