@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HANG_S, ROOT, case_states, cli_env, events_of, rescue_cli, write_cases
+from test_interrupt import arms_started, wait_until
 
 from rescue.study.journal import Journal
 
@@ -112,7 +113,9 @@ def test_a_run_killed_mid_case_hands_its_simulators_back(warm, manifest, own, tm
         while time.monotonic() < deadline and "claimed" not in case_states_or_none(study):
             assert proc.poll() is None, f"the run ended ({proc.returncode}) before it claimed a case"
             time.sleep(0.05)
-        time.sleep(0.3)  # its arms are resetting or stepping in the warm simulators
+        (in_flight,) = [c for c, s in case_states(study).items() if s == "claimed"]
+        # Its arms have started in the warm simulators: the case is mid-arm until its verdict.
+        wait_until(lambda: arms_started(study, in_flight), "both arms of the case in flight started", proc=proc)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.kill()
@@ -135,7 +138,8 @@ def test_a_warm_simulator_that_differs_from_the_run_is_refused_and_the_run_start
     study = tmp_path / "study"
     env = {**cli_env(), "RESCUE_MODEL_CACHE": str(tmp_path / "another-cache")}
     proc = subprocess.run([sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study),
-                           "--warm-simulators", warm, *SCRIPTED], cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_S)
+                           "--warm-simulators", warm, *SCRIPTED], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=HANG_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     refused = [e for e in events_of(study) if e.get("event") == "warm.refused"]
     assert _leased(study) == [] and refused and all("RESCUE_MODEL_CACHE" in e["reason"] for e in refused)
