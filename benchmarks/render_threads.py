@@ -2,7 +2,7 @@
 
 PROCESSES child processes at once (as simulators; default 2), each building `libero_object` task 0 and rendering
 FRAMES frames of each of two cameras at 256x256, under `LP_NUM_THREADS=0` (llvmpipe renders in the calling
-thread: what a simulator sets, rescue.env.libero.RENDER_THREADS), `=1` (one worker thread) and `=2` (llvmpipe's
+thread; tried as a simulator's setting and taken back: no CPU saved), `=1` (one worker thread) and `=2` (llvmpipe's
 default on two cores), alternating ROUNDS times. Printed per setting: the processes' CPU seconds (the
 children's whole processes, builds included; median over rounds), the CPU and wall time per frame inside the
 renders, and whether every setting rendered byte-identical frames; then the ratios to `2` round by round.

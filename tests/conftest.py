@@ -23,6 +23,13 @@ HANG_S = 600
 pytest_plugins = ("tiers_plugin",)
 
 
+# The policy of the studies whose subject is not what a policy sees (the journal, a signal, the service, the ledger,
+# the simulators, a broken peer): it reads the simulator's state, so its arms render no camera, where the embedded
+# default (a vision-language policy) renders two views at every query.
+SCRIPTED_POLICY = "rescue.embedded.scripted:make_policy"
+SCRIPTED_ARGS = ("--policy-factory", SCRIPTED_POLICY)
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""
     with socket.socket() as s:
@@ -151,6 +158,13 @@ def events_of(study: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def arms_started(study: Path, case_id: str, arms: tuple[str, ...] = ("control", "assisted")) -> bool:
+    """Each of `arms` of the case has started (its `arm.started` is in the study's log): the case is mid-arm from
+    then until its verdict, whatever the machine's speed."""
+    started = {e.get("arm") for e in events_of(study) if e.get("event") == "arm.started" and e.get("case_id") == case_id}
+    return set(arms) <= started
 
 
 def states_before_resume(study: Path) -> tuple[dict, set, set, set]:

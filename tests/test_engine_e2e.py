@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import (
     ROOT,
+    SCRIPTED_ARGS,
     arm_rows,
     assert_resumed_without_rerun,
     case_states,
@@ -38,9 +39,6 @@ _states = case_states
 
 _arms = arm_rows
 
-# The policy of the tests whose subject is the journal, a signal or a resume, not what a policy sees: it reads the
-# simulator's state, so its arms render no camera (the default vision-language policy's do, at every query).
-SCRIPTED = ["--policy-factory", "rescue.embedded.scripted:make_policy"]
 
 
 def test_study_runs_both_arms_with_matching_prefix_and_verifies(tmp_path):
@@ -77,7 +75,7 @@ def test_study_runs_both_arms_with_matching_prefix_and_verifies(tmp_path):
 def test_sigkill_mid_study_then_resume_never_reruns_a_started_case(tmp_path):
     manifest = write_cases(tmp_path / "m.jsonl", 5)
     study = tmp_path / "study"
-    kill_mid_study(["run", str(manifest), "--study", str(study), "--cases-in-flight", "1", *SCRIPTED], study)
+    kill_mid_study(["run", str(manifest), "--study", str(study), "--cases-in-flight", "1", *SCRIPTED_ARGS], study)
     before_arms, finished, in_flight, never = states_before_resume(study)
     assert finished and in_flight
 
@@ -176,7 +174,7 @@ def test_sigterm_drains_then_resume_runs_the_rest(tmp_path):
     manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=48)
     study = tmp_path / "study"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study), "--cases-in-flight", "1", *SCRIPTED],
+        [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study), "--cases-in-flight", "1", *SCRIPTED_ARGS],
         cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 300
@@ -228,7 +226,7 @@ def test_report_shows_keyframes_subgoal_and_verdict(tmp_path, one_case_study):
 def test_continue_from_runs_only_the_never_claimed_complement(tmp_path):
     manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=48)
     old, new = tmp_path / "old", tmp_path / "new"
-    kill_mid_study(["run", str(manifest), "--study", str(old), "--cases-in-flight", "1", *SCRIPTED], old)
+    kill_mid_study(["run", str(manifest), "--study", str(old), "--cases-in-flight", "1", *SCRIPTED_ARGS], old)
     claimed_before = {c for c, s in _states(old).items() if s != "pending"}
 
     out = rescue_cli("run", "--continue-from", str(old), str(new))

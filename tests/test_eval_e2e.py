@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import kill_mid_study, rescue_cli
+from conftest import SCRIPTED_ARGS, kill_mid_study, rescue_cli
 
 from rescue.core.manifest import load_manifest
 from rescue.core.records import ArmResult
@@ -105,7 +105,7 @@ def test_sigkill_mid_eval_then_resume_reports_interrupted_episodes_as_unknown(tm
     # The subject is the journal across a kill, not what a policy sees: the scripted policy renders no camera.
     kill_mid_study(
         ["eval", "--suite", "libero_object", "--tasks", "3", "--episodes", "5", "--horizon", "64",
-         "--study", str(study), "--cases-in-flight", "1", "--policy-factory", "rescue.embedded.scripted:make_policy"],
+         "--study", str(study), "--cases-in-flight", "1", *SCRIPTED_ARGS],
         study,
     )
     _, before_states, before_arms = _journal(study)

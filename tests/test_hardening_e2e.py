@@ -11,14 +11,11 @@ import sys
 import time
 
 import pytest
-from conftest import HANG_S, ROOT, case_states, cli_env, free_port, rescue_cli, write_cases
+from conftest import HANG_S, ROOT, SCRIPTED_ARGS, case_states, cli_env, free_port, rescue_cli, write_cases
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
 EXIT_BAD_INPUT, EXIT_STOPPED, EXIT_UNFINISHED = 2, 3, 5
-# The policy of the tests whose subject is a peer, the disk or the study's owner, not what a policy sees: it reads
-# the simulator's state, so its arms render no camera (the default vision-language policy's do, at every query).
-SCRIPTED = ("--policy-factory", "rescue.embedded.scripted:make_policy")
 
 
 def _one_clean_line(proc: subprocess.CompletedProcess) -> str:
@@ -157,7 +154,7 @@ def test_a_rejected_vlm_key_is_found_before_anything_runs_or_stops_the_study_the
     try:
         env = {**cli_env(), "OPENAI_API_KEY": "a-wrong-key"}
         run = [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--vlm-url", url, "--simulators", "2",
-               "--cases-in-flight", "1", *SCRIPTED]
+               "--cases-in-flight", "1", *SCRIPTED_ARGS]
         # The start's check (GET /models with the key) refuses it before the study exists.
         early = subprocess.run([*run, "--study", str(tmp_path / "early")], cwd=ROOT, env=env, capture_output=True,
                                text=True, timeout=120)
@@ -212,7 +209,7 @@ def test_a_second_owner_is_refused_and_the_live_run_is_untouched(tmp_path):
     study = tmp_path / "study"
     run = subprocess.Popen(
         [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study), "--simulators", "1",
-         "--cases-in-flight", "1", *SCRIPTED],
+         "--cases-in-flight", "1", *SCRIPTED_ARGS],
         cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -254,7 +251,7 @@ def test_a_full_disk_fails_cleanly_and_the_study_resumes_after_space_is_freed(tm
         manifest = write_cases(tmp_path / "m.jsonl", 4, horizon=48)
         study, filler = disk / "study", disk / "filler"
         _fill(filler)
-        proc = rescue_cli("run", str(manifest), "--study", str(study), *SCRIPTED, check=False)
+        proc = rescue_cli("run", str(manifest), "--study", str(study), *SCRIPTED_ARGS, check=False)
         out = _one_clean_line(proc)
         assert proc.returncode != 0 and "No space left" in out, out
         assert sorted(p.name for p in disk.iterdir()) == ["filler"]  # no study, no half-made folder
@@ -262,7 +259,7 @@ def test_a_full_disk_fails_cleanly_and_the_study_resumes_after_space_is_freed(tm
 
         run = subprocess.Popen(
             [sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study),
-             "--simulators", "1", "--cases-in-flight", "1", *SCRIPTED],
+             "--simulators", "1", "--cases-in-flight", "1", *SCRIPTED_ARGS],
             cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         try:
@@ -312,7 +309,7 @@ def test_cases_are_claimed_only_with_a_simulator_in_hand(tmp_path):
     config = tmp_path / "study.toml"
     config.write_text("release_simulator_while_waiting = false\n")  # no simulator is lent during a VLM wait
     kill_mid_study(["run", str(manifest), "--study", str(study), "--simulators", "1", "--cases-in-flight", "4",
-                    "--config", str(config), *SCRIPTED], study)
+                    "--config", str(config), *SCRIPTED_ARGS], study)
     states = list(case_states(study).values())
     # One simulator: the case on it is claimed; the other workers wait for the simulator unclaimed.
     assert states.count("claimed") == 1 and states.count("pending") >= 3

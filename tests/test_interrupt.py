@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HANG_S, ROOT, case_states, cli_env, ensure_stopped, events_of, rescue_cli, write_cases
+from conftest import HANG_S, ROOT, SCRIPTED_ARGS, arms_started, case_states, cli_env, ensure_stopped, rescue_cli, write_cases
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
@@ -95,13 +95,6 @@ def claimed(study: Path) -> bool:
     return (study / "journal.sqlite").exists() and "claimed" in case_states(study).values()
 
 
-def arms_started(study: Path, case_id: str, arms: tuple[str, ...] = ("control", "assisted")) -> bool:
-    """Each of `arms` of the case has started (its `arm.started` is in the study's log): the case is mid-arm from
-    then until its verdict, whatever the machine's speed."""
-    started = {e.get("arm") for e in events_of(study) if e.get("event") == "arm.started" and e.get("case_id") == case_id}
-    return set(arms) <= started
-
-
 def ctrl_c_mid_arm(proc: subprocess.Popen, study: Path, while_stepping=lambda: None) -> list[str]:
     """Ctrl-C a foreground run once its first case's arms have started (`while_stepping()` asserts what must hold
     then), and wait for the run to drain and exit 3: the cases that were in flight."""
@@ -166,7 +159,7 @@ def test_a_second_ctrl_c_during_the_vlm_wait_stops_now_and_says_so(tmp_path, slo
     study = tmp_path / "study"
     # Its subject is the VLM wait, not what a policy sees: the scripted policy reads the simulator's state, no camera.
     proc = start_foreground("run", str(manifest), "--study", str(study), "--cases-in-flight", "1", "--vlm-url", slow_vlm,
-                            "--policy-factory", "rescue.embedded.scripted:make_policy")
+                            *SCRIPTED_ARGS)
     try:
         wait_until(lambda: vlm_call_in_flight(study), "an assisted arm waiting for the VLM", proc=proc)
         in_flight = [c for c, s in case_states(study).items() if s == "claimed"]

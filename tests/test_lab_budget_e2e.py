@@ -16,13 +16,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, case_states, cli_env, write_cases
+from conftest import ROOT, SCRIPTED_POLICY, case_states, cli_env, write_cases
 
 from rescue.study.ledger import read_ledger
 
 pytestmark = pytest.mark.e2e
 
 CAP = 2.6
+# The subject is the ledger, not what a policy sees: its studies run the scripted policy.
 CONFIG = f"""
 cases_in_flight = 2
 [env]
@@ -30,10 +31,8 @@ simulators = 1
 [vlm]
 price = {{ input = 1000.0, output = 0.0 }}
 lab_budget = {CAP}
-# The subject is the ledger, not what a policy sees: the scripted policy reads the simulator's state and renders
-# no camera.
 [policy]
-factory = "rescue.embedded.scripted:make_policy"
+factory = "{SCRIPTED_POLICY}"
 """
 
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import HANG_S, case_states, cli_env, write_cases
+from conftest import HANG_S, SCRIPTED_POLICY, case_states, cli_env, write_cases
 
 from rescue.study.ledger import read_ledger
 
@@ -25,6 +25,7 @@ pytestmark = pytest.mark.e2e
 CAP = 5.0
 # What one call costs at most beyond its hold (a task's words change the input by a token or two).
 SLACK_PER_CALL = 0.01
+# The subject is the ledger, not what a policy sees: its studies run the scripted policy.
 CONFIG = f"""
 cases_in_flight = 2
 continuations = 2
@@ -36,10 +37,8 @@ lab_budget = {CAP}
 [[query_point]]
 name = "early"
 fraction = 0.25
-# The subject is the ledger, not what a policy sees: the scripted policy reads the simulator's state and renders
-# no camera.
 [policy]
-factory = "rescue.embedded.scripted:make_policy"
+factory = "{SCRIPTED_POLICY}"
 """
 
 

@@ -20,6 +20,7 @@ from conftest import (
     HANG_S,
     ROOT,
     arm_rows,
+    arms_started,
     assert_cluster_stopped,
     case_states,
     cli_env,
@@ -84,15 +85,11 @@ def test_a_worker_node_killed_mid_arm_loses_one_case_and_nothing_runs_twice(tmp_
         placed = {e["node_id"] for e in _events(study) if e["event"] == "ray.actor_placed"}
         assert placed == {n.node_id for n in nodes}  # one actor on each worker node, none on the head
         in_flight = [cid for cid, s in case_states(study).items() if s == "claimed"]
-
-        def started() -> set[str]:
-            return {e["arm"] for e in _events(study) if e["event"] == "arm.started" and e.get("case_id") == in_flight[0]}
-
         # Kill as soon as both of its arms have started (one on each worker node's actor): mid-arm whatever
         # the machine's speed, where a fixed sleep could land after the arms ended on a fast one.
-        while time.time() < deadline and proc.poll() is None and started() != {"control", "assisted"}:
+        while time.time() < deadline and proc.poll() is None and not arms_started(study, in_flight[0]):
             time.sleep(0.02)
-        assert started() == {"control", "assisted"}, started()
+        assert arms_started(study, in_flight[0]), "the arms of the case in flight never started"
         victim = nodes[0]
         _kill_node(victim)
         out, err = proc.communicate(timeout=600)

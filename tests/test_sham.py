@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import SCRIPTED_POLICY
 from test_core import ORIGINAL, Q, injected, make_case, make_trace, sham_of, with_arms
 
 from rescue.core.classify import classify
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.fast
 
 # The studies below test the sham arm's records, verify and resume, not what a policy sees: they run the scripted
 # policy, which reads the simulator's state, so their arms render no camera.
-SCRIPTED = '[policy]\nfactory = "rescue.embedded.scripted:make_policy"\n'
+SCRIPTED = f'[policy]\nfactory = "{SCRIPTED_POLICY}"\n'
 
 H = 220
 

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HANG_S, ROOT, case_states, cli_env, events_of, rescue_cli, write_cases
-from test_interrupt import arms_started, wait_until
+from conftest import HANG_S, ROOT, SCRIPTED_ARGS, arms_started, case_states, cli_env, events_of, rescue_cli, write_cases
+from test_interrupt import wait_until
 
 from rescue.study.journal import Journal
 
@@ -29,9 +29,6 @@ BUILT = "rescue: built the env of"
 # digest of the snapshot it was restored from when it continued on another simulator after its VLM wait (which
 # one was free then is the scheduler's doing).
 WHEN = ("started_at", "finished_at", "restored_render")
-# The subject is the simulators, not what a policy sees: the scripted policy reads the simulator's state and its
-# arms render no camera.
-SCRIPTED = ("--policy-factory", "rescue.embedded.scripted:make_policy")
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +57,7 @@ def manifest(tmp_path_factory):
 def own(manifest, tmp_path_factory):
     """The reference: the study run on simulators of its own."""
     study = tmp_path_factory.mktemp("own") / "study"
-    rescue_cli("run", str(manifest), "--study", str(study), "--warm-simulators", "off", *SCRIPTED)
+    rescue_cli("run", str(manifest), "--study", str(study), "--warm-simulators", "off", *SCRIPTED_ARGS)
     return study
 
 
@@ -93,7 +90,7 @@ def test_two_studies_lease_the_warm_simulators_keep_their_envs_and_record_the_ar
     assert _leased(own) == [] and BUILT in (own / "simulator.log").read_text()
     first, second = tmp_path / "first", tmp_path / "second"
     for study in (first, second):
-        rescue_cli("run", str(manifest), "--study", str(study), "--warm-simulators", warm, *SCRIPTED)
+        rescue_cli("run", str(manifest), "--study", str(study), "--warm-simulators", warm, *SCRIPTED_ARGS)
     assert _leased(first) == _leased(second) == _members(warm)
     # The second study found the env the first one built.
     assert BUILT not in (second / "simulator.log").read_text()
@@ -106,7 +103,7 @@ def test_a_run_killed_mid_case_hands_its_simulators_back(warm, manifest, own, tm
     members = _members(warm)
     study = tmp_path / "study"
     proc = subprocess.Popen([sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study),
-                             "--cases-in-flight", "1", "--warm-simulators", warm, *SCRIPTED], cwd=ROOT, env=cli_env(),
+                             "--cases-in-flight", "1", "--warm-simulators", warm, *SCRIPTED_ARGS], cwd=ROOT, env=cli_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + HANG_S
@@ -138,7 +135,7 @@ def test_a_warm_simulator_that_differs_from_the_run_is_refused_and_the_run_start
     study = tmp_path / "study"
     env = {**cli_env(), "RESCUE_MODEL_CACHE": str(tmp_path / "another-cache")}
     proc = subprocess.run([sys.executable, "-m", "rescue.cli", "run", str(manifest), "--study", str(study),
-                           "--warm-simulators", warm, *SCRIPTED], cwd=ROOT, env=env, capture_output=True, text=True,
+                           "--warm-simulators", warm, *SCRIPTED_ARGS], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=HANG_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     refused = [e for e in events_of(study) if e.get("event") == "warm.refused"]
@@ -161,7 +158,7 @@ def test_a_warm_simulator_that_dies_is_started_again_and_serves_the_next_run(war
         time.sleep(0.2)
     assert len(now) == 2 and before[0] not in now and before[1] in now
     study = tmp_path / "study"
-    rescue_cli("run", str(manifest), "--study", str(study), "--warm-simulators", warm, *SCRIPTED)
+    rescue_cli("run", str(manifest), "--study", str(study), "--warm-simulators", warm, *SCRIPTED_ARGS)
     assert _leased(study) == now and _arms(study) == _arms(own)
 
 
