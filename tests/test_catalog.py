@@ -162,6 +162,18 @@ def test_what_each_kind_changes_besides_its_initial_states():
     assert "bbq sauce" in mug.tasks[1].instruction and "bbq sauce" in catalog.task("libero_object", 3).instruction
 
 
+def test_a_suite_keeps_its_bases_scene_unless_it_changes_objects_fixtures_or_regions():
+    catalog = libero_catalog()
+    for base in BASES:
+        assert catalog.scene_suite(base) == base
+        for kind in ("lan", "swap", "task"):  # the wording, the placement, the goal: the base's bodies
+            assert catalog.scene_suite(f"{base}_{kind}") == base
+        assert catalog.scene_suite(f"{base}_object") == f"{base}_object"  # other objects, other regions
+    assert catalog.scene_suite("libero_object_with_mug") == "libero_object_with_mug"  # an object more
+    assert catalog.scene_suite("libero_object_lan@base-inits") == "libero_object"
+    assert catalog.scene_suite("no_such_suite") == "no_such_suite"
+
+
 def test_a_language_suite_says_both_wordings():
     catalog = libero_catalog()
     lan = catalog.task("libero_10_lan", 2)

@@ -270,3 +270,17 @@ def test_a_tasks_fingerprint_does_not_depend_on_the_other_envs_its_process_built
     finally:
         fresh.close()
         busy.close()
+
+
+def test_a_suite_that_perturbs_only_its_bases_wording_is_priced_by_the_base_and_closes_nothing():
+    # An env's memory is its scene's: libero_object_lan rewrites only the language of libero_object's BDDL files, so
+    # once an env of libero_object was built, one of libero_object_lan is priced by that build and fits beside it.
+    # (Priced on its own, it would be a suite never measured, built alone: the libero_object env closed first.)
+    adapter = LiberoAdapter(max_rss_gb=20.0)
+    try:
+        for suite in ("libero_object", "libero_object_lan"):
+            adapter.reset(Case(case_id=suite, suite=suite, task_id=0, init_state_index=0, env_seed=0, horizon=64))
+        assert list(adapter._envs) == [("libero_object", 0), ("libero_object_lan", 0)]
+        assert adapter._memory.price("libero_object_lan") is None  # never priced on its own
+    finally:
+        adapter.close()

@@ -99,6 +99,10 @@ def split_variant(name: str) -> tuple[str, str | None]:
     return suite, (variant if mark else None)
 
 
+# What a perturbation may change in its base's BDDL and keep its scene: the same objects, fixtures and regions.
+SAME_SCENE_PARTS = frozenset({"text", "goal_state", "initial_state", "obj_of_interest"})
+
+
 class VersusBase(BaseModel):
     """How one task of a perturbation suite compares with the base suite's task it perturbs, measured from
     the installed files when the catalog was generated."""
@@ -255,6 +259,16 @@ class Catalog(BaseModel):
         if variant is None:
             return self.suites.get(name)
         return None if self.variant_problem(name) else _on_base_inits(self.suites[suite], self.suites)
+
+    def scene_suite(self, name: str) -> str:
+        """The suite whose scenes `name`'s are: its base when none of its tasks changes the base's objects, fixtures
+        or regions (a perturbation of the wording, the goal or the placement only: the same bodies, meshes and
+        textures, so an env of either costs the same memory), else `name` itself (an unknown suite too)."""
+        entry = self.suite(name)
+        summary = entry.versus_base() if entry is not None else None
+        if summary is not None and set(summary.model_differs) <= SAME_SCENE_PARTS:
+            return entry.base
+        return name
 
     def task(self, suite: str, task_id: int) -> Task | None:
         """The task `task_id` of `suite`, or None if there is no such task."""

@@ -222,11 +222,14 @@ class LiberoAdapter:
         if key in self._envs:
             self._envs.move_to_end(key)
             return self._envs[key]
-        self._make_room(suite_name)
+        # The memory an env costs is its scene's: a suite that perturbs only its base's wording, goal or placement
+        # is priced by what its base's builds cost (else a first build of it would be built alone).
+        priced_as = libero_catalog().scene_suite(suite_name)
+        self._make_room(priced_as)
         suite = self._suite(suite_name)
         task = suite.get_task(task_id)
         bddl = os.path.join(self._get_path("bddl_files"), task.problem_folder, task.bddl_file)
-        self._memory.building(suite_name)
+        self._memory.building(priced_as)
         env, self._built_model[key] = self._build(
             bddl_file_name=bddl,
             use_camera_obs=False,

@@ -96,7 +96,8 @@ class MemoryBudget:
     size is the build's exact cost. A process's first build also pays for what happens once (the GL
     context, the libraries' first use), so a suite is priced by its costliest later build (beside the
     envs the process holds) once one was measured, by its first until then; a suite's tasks share
-    their scene. A suite not measured yet is built alone. Where the peak cannot be set, the rise over
+    their scene, and so does a suite that perturbs only its base's wording, goal or placement (the
+    adapter prices it as its base: `Catalog.scene_suite`). A suite not measured yet is built alone. Where the peak cannot be set, the rise over
     the lifetime peak bounds the cost, and every build is priced as a first.
     """
 
