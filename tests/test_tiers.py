@@ -82,3 +82,48 @@ def test_sim_tests_may_load_mujoco_and_leave_the_fast_tier(tmp_path):
     assert everything.returncode == 0 and "3 passed" in everything.stdout, everything.stdout
     fast = pytest_in(tmp_path / "fast", files, "-q", "-m", "not sim and not e2e")
     assert fast.returncode == 0 and "1 passed, 2 deselected" in fast.stdout, fast.stdout
+
+
+
+BURNS_CPU = """
+    import subprocess
+    import sys
+    import time
+
+    pytestmark = pytest.mark.fast
+    BURN = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.4:\\n    pass\\n"
+
+    def test_child():
+        subprocess.run([sys.executable, "-c", BURN], check=True)
+
+    def test_own():
+        t = time.process_time()
+        while time.process_time() - t < 0.3:
+            pass
+
+    def test_idle():
+        pass
+"""
+
+
+def test_the_cpu_report_counts_each_tests_own_cpu_and_its_childrens(tmp_path, monkeypatch):
+    import json
+
+    report = tmp_path / "cpu.jsonl"
+    monkeypatch.setenv("RESCUE_TEST_CPU", str(report))
+    out = pytest_in(tmp_path / "suite", {"test_h.py": BURNS_CPU}, "-p", "no:randomly", "-q")
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = {r["test"].split("::")[1]: r for r in map(json.loads, report.read_text().splitlines())}
+    assert set(rows) == {"test_child", "test_own", "test_idle"}
+    assert rows["test_child"]["children"] >= 0.35 and rows["test_child"]["own"] < 0.3
+    assert rows["test_own"]["own"] >= 0.28 and rows["test_own"]["children"] < 0.05
+    assert rows["test_idle"]["own"] < 0.2 and rows["test_idle"]["children"] < 0.05
+    # benchmarks/tier_cpu.py adds them up by module, and names what no test was charged with.
+    summary = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tier_cpu.py"), str(report), "--total-cpu", "100"],
+                             capture_output=True, text=True, timeout=HANG_S)
+    assert summary.returncode == 0, summary.stderr
+    (line,) = [x for x in summary.stdout.splitlines() if x.endswith("  test_h.py")]
+    cpu, own, children, _, tests = line.split()[:5]
+    assert tests == "3" and float(children) >= 0.35 and float(own) >= 0.28
+    assert abs(float(cpu) - float(own) - float(children)) < 0.15
+    assert "charged to no test" in summary.stdout
