@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 
 # A simulator process's memory budget (DESIGN §12), in GB of 1e9 bytes of resident memory: before it
@@ -50,11 +49,22 @@ def _memory() -> tuple[int, int]:
     return found.get("VmRSS", 0), found.get("VmHWM", 0)
 
 
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    """glibc's `malloc_trim`, found among the symbols the process has loaded; None where the C library has none.
+    Not by `ctypes.util.find_library`: that runs `ldconfig -p` in a child process, which a simulator holding
+    gigabytes would start at every env it builds or closes (and a memory sampler would take the child, a copy
+    of the simulator until it execs, for a simulator more)."""
+    try:
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except OSError:
+        return None
+
+
 def give_back_free_memory() -> None:
     """Return the C heap's free pages to the system (glibc keeps them otherwise: the compiler's scratch
     and a closed env's model would stay resident)."""
-    name = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    trim = _malloc_trim()
     if trim is not None:
         trim(0)
 
