@@ -251,37 +251,6 @@ def pytest_runtest_call(item: pytest.Item):
     return result
 
 
-# RESCUE_TEST_CPU=FILE: what each test cost in CPU seconds, one JSON line per test appended to FILE: the test
-# process's own (its worker's) and that of the child processes it waited for, commands and simulators of its own
-# (resource.getrusage); a module fixture's processes count for the test that ends them. Nobody's are the run's warm
-# simulators and the daemons a test leaves behind (Ray's). benchmarks/tier_cpu.py adds them up by module.
-CPU_ENV = "RESCUE_TEST_CPU"
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem):
-    path = os.environ.get(CPU_ENV)
-    if not path:
-        return (yield)
-    import json
-    import resource
-    import time
-
-    def now() -> tuple[float, float, float]:
-        own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        return own.ru_utime + own.ru_stime, reaped.ru_utime + reaped.ru_stime, time.monotonic()
-
-    before = now()
-    try:
-        return (yield)
-    finally:
-        own, children, wall = (b - a for a, b in zip(before, now()))
-        line = json.dumps({"test": item.nodeid, "own": round(own, 3), "children": round(children, 3),
-                           "wall": round(wall, 3)})
-        with open(path, "a", encoding="utf-8") as f:  # one short write: workers' lines do not interleave
-            f.write(line + "\n")
-
-
 # What each test module took, summed over its tests' setup, call and teardown as the reports reach the process
 # that prints (the controller under pytest-xdist): the longest are printed at the end of every run, so a CI log
 # says where a tier's time went (benchmarks/tier_time.py compares a tier's total with the last recorded one).
