@@ -107,8 +107,9 @@ class MemoryBudget:
     context, the libraries' first use), so a suite is priced by its costliest later build (beside the
     envs the process holds) once one was measured, by its first until then; a suite's tasks share
     their scene, and so does a suite that perturbs only its base's wording, goal or placement (the
-    adapter prices it as its base: `Catalog.scene_suite`). A suite not measured yet is built alone. Where the peak cannot be set, the rise over
-    the lifetime peak bounds the cost, and every build is priced as a first.
+    adapter prices it as its base: `Catalog.scene_suite`). A suite not measured yet is built alone.
+    Where the peak cannot be set, the rise over the lifetime peak bounds the cost, and every build is
+    priced as a first.
     """
 
     def __init__(self, max_rss_gb: float | None):
