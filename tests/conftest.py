@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,6 +166,20 @@ def arms_started(study: Path, case_id: str, arms: tuple[str, ...] = ("control", 
     then until its verdict, whatever the machine's speed."""
     started = {e.get("arm") for e in events_of(study) if e.get("event") == "arm.started" and e.get("case_id") == case_id}
     return set(arms) <= started
+
+
+def wait_until(predicate, what: str, timeout: float = HANG_S, proc: subprocess.Popen | None = None) -> None:
+    """Until predicate() holds (timeout bounds a hang, not speed); when `proc`, the command that should make it
+    hold, exits first, fail at once with what it printed."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"never: {what}; the command exited {proc.returncode} first: {(out or '') + (err or '')}")
+        time.sleep(0.05)
+    raise AssertionError(f"never: {what}")
 
 
 def states_before_resume(study: Path) -> tuple[dict, set, set, set]:

@@ -40,7 +40,6 @@ _states = case_states
 _arms = arm_rows
 
 
-
 def test_study_runs_both_arms_with_matching_prefix_and_verifies(tmp_path):
     manifest = write_cases(tmp_path / "m.jsonl", 2)
     study = tmp_path / "study"

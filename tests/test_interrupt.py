@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HANG_S, ROOT, SCRIPTED_ARGS, arms_started, case_states, cli_env, ensure_stopped, rescue_cli, write_cases
+from conftest import HANG_S, ROOT, SCRIPTED_ARGS, arms_started, case_states, cli_env, ensure_stopped, rescue_cli, wait_until
+from conftest import write_cases
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
@@ -46,20 +47,6 @@ def start_foreground(*args: str, cwd: Path = ROOT) -> subprocess.Popen:
 def ctrl_c(proc: subprocess.Popen) -> None:
     """What the terminal does on Ctrl-C: SIGINT to every process of the foreground group."""
     os.killpg(proc.pid, signal.SIGINT)
-
-
-def wait_until(predicate, what: str, timeout: float = HANG_S, proc: subprocess.Popen | None = None) -> None:
-    """Until predicate() holds (timeout bounds a hang, not speed); when `proc`, the command that should make it
-    hold, exits first, fail at once with what it printed."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        if proc is not None and proc.poll() is not None:
-            out, err = proc.communicate()
-            raise AssertionError(f"never: {what}; the command exited {proc.returncode} first: {(out or '') + (err or '')}")
-        time.sleep(0.05)
-    raise AssertionError(f"never: {what}")
 
 
 def group_members(pgid: int) -> list[int]:
