@@ -13,11 +13,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from conftest import (
-    HANG_S,
     ROOT,
     arm_rows,
     arms_started,
@@ -29,6 +27,7 @@ from conftest import (
     events_of,
     export_of,
     rescue_cli,
+    wait_until,
     write_cases,
 )
 from ray.cluster_utils import Cluster
@@ -73,23 +72,18 @@ def test_a_worker_node_killed_mid_arm_loses_one_case_and_nothing_runs_twice(tmp_
     proc = subprocess.Popen([sys.executable, "-m", "rescue.cli", *args], cwd=ROOT, env=cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        deadline = time.time() + HANG_S  # a bound on a hang, not on speed
         # Warm: one case finished (both actors built their scene); then kill during the next one's arms.
-        while time.time() < deadline and proc.poll() is None:
+        def second_case_started() -> bool:
             states = case_states(study) if (study / "journal.sqlite").exists() else {}
-            if "finished" in states.values() and "claimed" in states.values():
-                break
-            time.sleep(0.2)
-        else:
-            raise AssertionError(f"no second case started: {proc.poll()}")
+            return "finished" in states.values() and "claimed" in states.values()
+
+        wait_until(second_case_started, "one case finished and the next one claimed", proc=proc)
         placed = {e["node_id"] for e in _events(study) if e["event"] == "ray.actor_placed"}
         assert placed == {n.node_id for n in nodes}  # one actor on each worker node, none on the head
         in_flight = [cid for cid, s in case_states(study).items() if s == "claimed"]
         # Kill as soon as both of its arms have started (one on each worker node's actor): mid-arm whatever
         # the machine's speed, where a fixed sleep could land after the arms ended on a fast one.
-        while time.time() < deadline and proc.poll() is None and not arms_started(study, in_flight[0]):
-            time.sleep(0.02)
-        assert arms_started(study, in_flight[0]), "the arms of the case in flight never started"
+        wait_until(lambda: arms_started(study, in_flight[0]), "the arms of the case in flight started", proc=proc)
         victim = nodes[0]
         _kill_node(victim)
         out, err = proc.communicate(timeout=600)
@@ -140,11 +134,8 @@ def test_fork_sham_release_sigterm_status_and_resume_on_a_one_machine_cluster(tm
         cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
-        deadline = time.time() + HANG_S  # a bound on a hang, not on speed
-        while time.time() < deadline and proc.poll() is None:
-            if (study / "journal.sqlite").exists() and "finished" in case_states(study).values():
-                break
-            time.sleep(0.1)
+        wait_until(lambda: (study / "journal.sqlite").exists() and "finished" in case_states(study).values(),
+                   "a finished case", proc=proc)
         # `status` reads the journal the coordinator writes, whatever runs the simulators.
         status = json.loads(rescue_cli("status", str(study), "--json").stdout)
         assert status["states"].get("finished", 0) >= 1, status
