@@ -3,12 +3,17 @@ never under the floor (DESIGN §12); and a build's price measured as its own pea
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 from rescue.env.memory import (
     DEFAULT_MAX_RSS_GB,
     MACHINE_SHARE,
     MemoryBudget,
+    _malloc_trim,
     available_bytes,
     default_budget_gb,
     simulator_budget,
@@ -72,10 +77,6 @@ def test_giving_memory_back_starts_no_process():
     # A simulator gives its free heap back after every env it builds or closes. Looking glibc's malloc_trim up with
     # ctypes.util.find_library ran `ldconfig -p` each time: a child of a process of gigabytes, which the memory test's
     # sampler, catching it before its exec, took for one simulator more. Python's audit hooks see every process start.
-    import subprocess
-    import sys
-    import textwrap
-
     code = textwrap.dedent("""
         import sys
         started = []
@@ -88,6 +89,4 @@ def test_giving_memory_back_starts_no_process():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
-    from rescue.env.memory import _malloc_trim
-
     assert _malloc_trim() is not None  # and on this glibc it does give memory back
