@@ -18,18 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (
-    HANG_S,
-    ROOT,
-    SCRIPTED_ARGS,
-    arms_started,
-    case_states,
-    cli_env,
-    ensure_stopped,
-    rescue_cli,
-    wait_until,
-    write_cases,
-)
+from conftest import HANG_S, ROOT, SCRIPTED_ARGS, arms_started, case_states, cli_env, ensure_stopped, rescue_cli, wait_until, write_cases
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 

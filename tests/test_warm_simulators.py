@@ -17,18 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (
-    HANG_S,
-    ROOT,
-    SCRIPTED_ARGS,
-    arms_started,
-    case_states,
-    cli_env,
-    events_of,
-    rescue_cli,
-    wait_until,
-    write_cases,
-)
+from conftest import HANG_S, ROOT, SCRIPTED_ARGS, arms_started, case_states, cli_env, events_of, rescue_cli, wait_until, write_cases
 
 from rescue.study.journal import Journal
 
