@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from rescue.core.stats import Summary, ranked
+from rescue.core.figures.stats import Summary, ranked
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "models" / "advisors" / "three_advisors.toml"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from rescue.core.config import StudyConfig
+from rescue.core.configuration.config import StudyConfig
 from rescue.core.images import VLM_VIEWS
 from rescue.core.manifest import Case, Manifest, parse_manifest
 from rescue.core.observation import get_profile

@@ -16,7 +16,7 @@ import sys
 
 from common import POLICY, cases, manifest, study_config, timed_study
 
-from rescue.core.config import StudyConfig
+from rescue.core.configuration.config import StudyConfig
 from rescue.env.pool import SimProcess
 
 
@@ -48,7 +48,7 @@ def failures(n: int, horizon: int) -> list:
     import tempfile
     from pathlib import Path
 
-    from rescue.core.evaluation import failure_cases
+    from rescue.core.figures.evaluation import failure_cases
     from rescue.run.engine import run_study
     from rescue.run.peers import resolved_config
     from rescue.study.folder import create_study

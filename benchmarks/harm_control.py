@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rescue, not an installed one
 
-from rescue.core.stats import Summary
+from rescue.core.figures.stats import Summary
 
 PORTS = {"wrong": "8041", "continue": "8042"}
 ANSWERS = {"wrong": ("wrong-object", "wrong-object"), "continue": ("fixed:Continue with the task.", "content-free")}

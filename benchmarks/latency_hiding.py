@@ -12,7 +12,7 @@ import sys
 
 from common import Endpoint, cases, timed_study
 
-from rescue.core.config import StudyConfig
+from rescue.core.configuration.config import StudyConfig
 
 SEED_MEDIAN_S, SEED_HORIZON = 46.16, 1800
 

@@ -24,7 +24,7 @@ from collections import Counter
 from common import cases, timed_study
 from full_study import tree
 
-from rescue.core.config import StudyConfig
+from rescue.core.configuration.config import StudyConfig
 
 
 def top(path: str, k: int = 15) -> None:

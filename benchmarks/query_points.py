@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rescue, not an installed one
 
-from rescue.core.stats import Summary
+from rescue.core.figures.stats import Summary
 
 CONFIG = """\
 [[query_point]]

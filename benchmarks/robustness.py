@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rescue.core.catalog import libero_catalog  # noqa: E402
-from rescue.core.robustness import SuiteComparison, compare_with_base  # noqa: E402
-from rescue.core.stats import Summary
+from rescue.core.figures.robustness import SuiteComparison, compare_with_base  # noqa: E402
+from rescue.core.figures.stats import Summary
 
 BASE = "libero_object"
 PERTURBED = ["libero_object_lan@base-inits", "libero_object_lan", "libero_object_object", "libero_object_swap",

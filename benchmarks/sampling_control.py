@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rescue, not an installed one
 
-from rescue.core.stats import Summary
+from rescue.core.figures.stats import Summary
 
 POLICY_PORT, VLM_PORT = "8031", "8032"
 CONFIG = f"""\

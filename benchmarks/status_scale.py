@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rescue.core.config import StudyConfig
+from rescue.core.configuration.config import StudyConfig
 from rescue.core.manifest import parse_manifest  # noqa: E402
 from rescue.core.records import ArmResult, Assistance, Receipt
 from rescue.core.verdicts import Verdict

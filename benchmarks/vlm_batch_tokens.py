@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rescue.core.vlm_config import VLMConfig
+from rescue.core.configuration.vlm_config import VLMConfig
 from rescue.core.images import VLM_VIEWS
 from rescue.embedded.endpoint import EndpointOptions, start_endpoint
 from rescue.study.receipts import ReceiptLog, read_receipts

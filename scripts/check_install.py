@@ -39,7 +39,7 @@ def serve_vlm() -> tuple[subprocess.Popen, str]:
 
 async def ask_subgoal(base_url: str, receipts: Path):
     """One subgoal for one synthetic case, through the real client (and so the packaged template)."""
-    from rescue.core.vlm_config import VLMConfig
+    from rescue.core.configuration.vlm_config import VLMConfig
     from rescue.core.images import VLM_VIEWS
     from rescue.study.receipts import ReceiptLog
     from rescue.vlm.answers import SubgoalRequest

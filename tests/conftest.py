@@ -129,7 +129,7 @@ def kill_mid_study(args: list[str], study: Path, timeout: float = 300, also=None
 
 def resolved_config(interval: int, **fields):
     """A study configuration with its identity resolved (C fixed, nothing announced), as a created study holds."""
-    from rescue.core.config import StudyConfig
+    from rescue.core.configuration.config import StudyConfig
 
     config = StudyConfig(**fields)
     policy = config.policy.model_copy(update={"replan_interval": interval, "announced": {}})

@@ -48,7 +48,7 @@ def main() -> None:
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
     from rescue.core.digest import digest_array, digest_obs, digest_text
-    from rescue.core.evaluation import case_id_of
+    from rescue.core.figures.evaluation import case_id_of
     from rescue.core.manifest import derive_policy_seed
 
     host, port = url.removeprefix("ws://").rsplit(":", 1)

@@ -10,14 +10,14 @@ import pytest
 from test_core import ORIGINAL, injected, make_case, make_trace, with_arms
 
 from rescue.core.classify import classify
-from rescue.core.config import StudyConfig
-from rescue.core.config_files import ConfigError, load_config
-from rescue.core.vlm_config import TokenPrice
+from rescue.core.configuration.config import StudyConfig
+from rescue.core.configuration.config_files import ConfigError, load_config
+from rescue.core.configuration.vlm_config import TokenPrice
 from rescue.core.digest import digest_text
 from rescue.core.records import ArmResult, CaseRecord, Receipt, Usage
 from rescue.core.verdicts import Verdict
-from rescue.core.stats import ranked, summarize
-from rescue.core.exact_stats import holm, mcnemar_exact, paired_diff_ci
+from rescue.core.figures.stats import ranked, summarize
+from rescue.core.figures.exact_stats import holm, mcnemar_exact, paired_diff_ci
 
 pytestmark = pytest.mark.fast
 
@@ -75,7 +75,7 @@ def test_a_plain_vlm_table_is_one_advisor_whose_study_is_as_before():
     ({"advisor": [{"name": "a", "prompt": "prompts/none.txt"}]}, "no such template file"),
 ])
 def test_advisor_declarations_that_cannot_run_are_refused_in_one_line(data, words):
-    from rescue.core.config_files import validate_config
+    from rescue.core.configuration.config_files import validate_config
 
     with pytest.raises(ConfigError, match=None) as exc:
         validate_config(data, "study.toml")

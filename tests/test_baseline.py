@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import resolved_config
 
-from rescue.core.baseline import Baseline, BaselineSource, baseline_of
+from rescue.core.figures.baseline import Baseline, BaselineSource, baseline_of
 from rescue.core.catalog import format_ids, parse_ids
 from rescue.core.digest import digest_text
-from rescue.core.evaluation import episode_cases
+from rescue.core.figures.evaluation import episode_cases
 from rescue.core.manifest import Case, load_manifest, parse_manifest
 from rescue.core.records import ArmResult, Assistance
 from rescue.study.folder import classify_case, create_study

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from conftest import kill_mid_study, rescue_cli
 
-from rescue.core.config import StudyConfig
+from rescue.core.configuration.config import StudyConfig
 from rescue.core.digest import digest_text
-from rescue.core.evaluation import classify_episode, episode_cases, summarize_eval, summarize_labels
+from rescue.core.figures.evaluation import classify_episode, episode_cases, summarize_eval, summarize_labels
 from rescue.core.manifest import Case, parse_manifest
 from rescue.core.records import ArmResult, Assistance
 from rescue.core.verdicts import Verdict
-from rescue.core.exact_stats import paired_diff_ci
-from rescue.core.comparison import Episode, compare_episodes, pair_episodes
+from rescue.core.figures.exact_stats import paired_diff_ci
+from rescue.core.figures.comparison import Episode, compare_episodes, pair_episodes
 from rescue.run.compare import (
     PLAN_FILE,
     RESULT_FILE,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rescue.core.config import HASHED_UNLESS_DEFAULT, HASHED_WHEN_SET, StudyConfig
+from rescue.core.configuration.config import HASHED_UNLESS_DEFAULT, HASHED_WHEN_SET, StudyConfig
 
 pytestmark = pytest.mark.fast
 
@@ -24,9 +24,9 @@ FIRST_DIGEST_KEYS = frozenset({
     "vlm.structured", "vlm.temperature",
 })
 
-WHERE = ("add it to HASHED_WHEN_SET (rescue/core/config.py) so older studies' digests hold; decide whether a job may "
+WHERE = ("add it to HASHED_WHEN_SET (rescue/core/configuration/config.py) so older studies' digests hold; decide whether a job may "
          "set it (JOB_KEYS, rescue/service/settings.py, then `python -m rescue.service.keydocs`); give it a range in "
-         "rescue/core/schema.py if it is a number; a flag, if any, beside its parser in rescue/cli/; then "
+         "rescue/core/configuration/schema.py if it is a number; a flag, if any, beside its parser in rescue/cli/; then "
          "`python -m rescue.read.schemas`")
 
 

@@ -12,12 +12,12 @@ from test_core import make_case, make_trace, with_arms
 
 from rescue.core.arms import base_arm, continuation, continuation_arm, continuation_seed
 from rescue.core.classify import classify
-from rescue.core.config import StudyConfig
-from rescue.core.continuations import bootstrap_ci, estimate, sign_flip_p
+from rescue.core.configuration.config import StudyConfig
+from rescue.core.figures.continuations import bootstrap_ci, estimate, sign_flip_p
 from rescue.core.digest import digest_text
-from rescue.core.identity import IdentityError, resolve_fork, resolve_stateless
-from rescue.core.stats import summarize
-from rescue.core.exact_stats import mcnemar_exact
+from rescue.core.configuration.identity import IdentityError, resolve_fork, resolve_stateless
+from rescue.core.figures.stats import summarize
+from rescue.core.figures.exact_stats import mcnemar_exact
 
 pytestmark = pytest.mark.fast
 
@@ -99,7 +99,7 @@ def test_the_mode_forks_at_q_without_rng_control_or_with_continuations_and_a_sta
 
 
 def test_continuations_need_the_fork_and_a_config_written_before_them_hashes_as_before():
-    from rescue.core.config_files import ConfigError, validate_config
+    from rescue.core.configuration.config_files import ConfigError, validate_config
 
     with pytest.raises(ConfigError, match="need fork_at_q"):
         validate_config({"continuations": 4, "fork_at_q": False}, "study.toml")

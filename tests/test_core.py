@@ -16,8 +16,8 @@ from rescue.core.querypoint import query_point
 from rescue.core.records import ArmResult, Assistance, CaseRecord, Receipt
 from rescue.core.verdicts import Verdict
 from rescue.core.trace import TraceRow
-from rescue.core.stats import summarize
-from rescue.core.exact_stats import block_bootstrap_ci, mcnemar_exact, paired_diff_ci
+from rescue.core.figures.stats import summarize
+from rescue.core.figures.exact_stats import block_bootstrap_ci, mcnemar_exact, paired_diff_ci
 
 pytestmark = pytest.mark.fast
 
@@ -719,7 +719,7 @@ def test_deviation_detail_names_the_differing_fingerprint_parts():
 
 
 def test_vlm_flags_without_a_vlm_url_keep_the_local_endpoint():
-    from rescue.core.config_files import load_config
+    from rescue.core.configuration.config_files import load_config
 
     config = load_config(None, {"vlm.model": "other-model", "vlm.api": "responses", "vlm.batch_size": 4})
     assert config.vlm.base_url == "local" and config.vlm.model == "other-model" and config.vlm.batch_size == 4
@@ -735,7 +735,7 @@ def test_the_summary_says_how_often_the_control_arm_failed_again():
 
 
 def test_the_policy_leaves_the_command_process_from_four_simulators_on_one_process_per_eight():
-    from rescue.core.config import SIMULATORS_PER_POLICY_PROCESS, PolicyConfig, StudyConfig, auto_policy_processes
+    from rescue.core.configuration.config import SIMULATORS_PER_POLICY_PROCESS, PolicyConfig, StudyConfig, auto_policy_processes
 
     assert SIMULATORS_PER_POLICY_PROCESS == 8
     assert [auto_policy_processes(n) for n in (0, 1, 2, 3, 4, 8, 9, 16, 17, 64)] == [0, 0, 0, 0, 1, 1, 2, 2, 3, 8]

@@ -72,7 +72,7 @@ def test_eval_records_episodes_then_its_failure_manifest_runs_unedited(tmp_path)
             "eval_config_sha256": meta["config_sha256"],
             "eval_manifest_sha256": meta["manifest_sha256"],
             "episode_protocol": "rescue",  # the embedded policy's protocol; a study must replay them under it
-            # Where the failures came from (rescue.core.baseline): the policy, its success, what it ran.
+            # Where the failures came from (rescue.core.figures.baseline): the policy, its success, what it ran.
             "eval_policy": "rescue.embedded.vision_language:make_policy",
             "eval_episodes": 4, "eval_successes": 0, "eval_failures": 4,
             "eval_suites": "libero_object", "eval_tasks": "3-4", "eval_inits": "0-1",

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest, norm
 
-from rescue.core import exact_stats
-from rescue.core.exact_stats import mcnemar_exact, normal_quantile
+from rescue.core.figures import exact_stats
+from rescue.core.figures.exact_stats import mcnemar_exact, normal_quantile
 
 pytestmark = pytest.mark.fast
 
@@ -42,8 +42,8 @@ def test_a_scipy_without_the_binomial_functions_gets_scipy_stats_own_test(monkey
 
 
 def test_a_command_that_prints_figures_does_not_import_scipy_stats():
-    code = ("import sys; from rescue.core.exact_stats import mcnemar_exact, paired_diff_ci, wilson_interval;"
-            "from rescue.core.harm import net_change;"
+    code = ("import sys; from rescue.core.figures.exact_stats import mcnemar_exact, paired_diff_ci, wilson_interval;"
+            "from rescue.core.figures.harm import net_change;"
             "mcnemar_exact(3, 9); paired_diff_ci(3, 9, 20); wilson_interval(3, 20);"
             "print('scipy.stats' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -469,7 +469,7 @@ def test_missing_line_sha256_is_a_warning_not_a_pass_of_the_receipt(study_copy):
 
 
 def test_evaluation_study_verifies_and_exports_episode_rates(tmp_path):
-    evaluation = pytest.importorskip("rescue.core.evaluation")
+    evaluation = pytest.importorskip("rescue.core.figures.evaluation")
     lines = [
         dict(case_id=f"ep-{i}", suite="libero_spatial", task_id=i % 2, init_state_index=i, env_seed=i, horizon=H)
         for i in range(3)

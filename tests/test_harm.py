@@ -9,10 +9,11 @@ import pytest
 from test_core import build_seed_cohort, make_case, with_arms
 
 from rescue.core.classify import classify
-from rescue.core.harm import CaseScore, case_score, is_exposed, net_change, stratum
+from rescue.core.figures.harm import CaseScore, case_score, net_change, stratum
+from rescue.core.success_labels import is_exposed
 from rescue.core.manifest import Case
-from rescue.core.stats import summarize
-from rescue.core.success_sample import SamplingFrame, allocate, frame_of, frame_tags, sample_successes
+from rescue.core.figures.stats import summarize
+from rescue.core.figures.success_sample import SamplingFrame, allocate, frame_of, frame_tags, sample_successes
 
 pytestmark = pytest.mark.fast
 

@@ -10,7 +10,7 @@ import json
 import pytest
 from conftest import export_of, rescue_cli, write_cases
 
-from rescue.core.harm import SUCCESS_LABELS
+from rescue.core.success_labels import SUCCESS_LABELS
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 

@@ -16,7 +16,7 @@ from test_export_verify import C, FP, H, RECEIPTS_FILE, Driver, applied, arm_res
 
 from rescue.core.manifest import parse_manifest
 from rescue.core.records import Assistance
-from rescue.core.success_sample import SamplingFrame, frame_tags
+from rescue.core.figures.success_sample import SamplingFrame, frame_tags
 from rescue.read.export import export_study, read_export, write_export
 from rescue.read.terminal import render_summary
 from rescue.read.verify import verify_study

@@ -15,9 +15,9 @@ import pytest
 from conftest import HANG_S, ROOT, cli_env, free_port, rescue_cli, write_cases
 from pydantic import ValidationError
 
-from rescue.core.config import StudyConfig
-from rescue.core.config_files import load_config
-from rescue.core.identity import IdentityError, identity_changes, resolve_interval
+from rescue.core.configuration.config import StudyConfig
+from rescue.core.configuration.config_files import load_config
+from rescue.core.configuration.identity import IdentityError, identity_changes, resolve_interval
 from rescue.core.manifest import load_manifest
 from rescue.run.commands import new_study
 from rescue.run.peers import config_with_identity
@@ -141,7 +141,7 @@ def test_resume_and_continuation_refuse_a_server_announcing_another_horizon(tmp_
 def test_an_older_studys_config_digest_holds_after_later_settings_were_added():
     # A config.json written before [vlm] max_concurrent_calls / requests_per_minute / startup_check or [sham] by_task
     # existed lacks them; loaded today it must hash as it did then, or verify would fail every older study.
-    from rescue.core.config import HASHED_UNLESS_DEFAULT, HASHED_WHEN_SET
+    from rescue.core.configuration.config import HASHED_UNLESS_DEFAULT, HASHED_WHEN_SET
     from rescue.core.digest import canonical_json, digest_text
 
     now = StudyConfig().model_dump(mode="json")

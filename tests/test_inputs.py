@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from rescue.core.config_files import ConfigError, load_config, read_toml
+from rescue.core.configuration.config_files import ConfigError, load_config, read_toml
 from rescue.core.inputs import InputFileError, read_input
 from rescue.core.prompts import load_template
 from rescue.service.settings import load_service_config

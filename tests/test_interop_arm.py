@@ -9,7 +9,7 @@ import structlog
 from conftest import free_port, write_cases
 from openpi_server import WebsocketPolicyServer
 
-from rescue.core.config_files import load_config
+from rescue.core.configuration.config_files import load_config
 from rescue.core.digest import digest_text
 from rescue.core.manifest import load_manifest
 from rescue.embedded.scripted import make_policy

@@ -16,9 +16,9 @@ import pytest
 from conftest import HANG_S, ROOT, resolved_config
 from report_studies import build_report_study
 
-from rescue.core.config import StudyConfig
-from rescue.core.config_files import ConfigError, validate_config
-from rescue.core.vlm_config import TokenPrice
+from rescue.core.configuration.config import StudyConfig
+from rescue.core.configuration.config_files import ConfigError, validate_config
+from rescue.core.configuration.vlm_config import TokenPrice
 from rescue.core.manifest import parse_manifest
 from rescue.study.folder import create_study, load_study_config
 from rescue.study import ledger as lab_ledger
@@ -73,7 +73,7 @@ RACER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from rescue.study.ledger import ArmCost, BudgetReached, Ledger
-    from rescue.core.vlm_config import TokenPrice
+    from rescue.core.configuration.vlm_config import TokenPrice
     ledger = Ledger(sys.argv[1])
     arm = ArmCost(arm="assisted", model="m", endpoint="local", price=TokenPrice(input=1000.0, output=0.0),
                   max_output_tokens=None)

@@ -6,8 +6,8 @@ import importlib
 
 import pytest
 
-from rescue.core.config import PolicyConfig
-from rescue.core.names import MOVED, current_module, resolve
+from rescue.core.configuration.config import PolicyConfig
+from rescue.core.configuration.names import MOVED, current_module, resolve
 
 pytestmark = pytest.mark.fast
 

@@ -207,8 +207,8 @@ def test_the_float32_axis_angle_is_torchs_kernels_not_numpys():
 def test_a_profile_that_needs_torch_without_torch_is_one_line(monkeypatch):
     import importlib.util
 
-    from rescue.core.config import StudyConfig
-    from rescue.core.identity import IdentityError
+    from rescue.core.configuration.config import StudyConfig
+    from rescue.core.configuration.identity import IdentityError
     from rescue.run.peers import config_with_identity
 
     real = importlib.util.find_spec

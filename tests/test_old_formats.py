@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rescue.core.comparison import EXCLUDED, Episode, compare_episodes
+from rescue.core.figures.comparison import EXCLUDED, Episode, compare_episodes
 from rescue.read.comparison import ComparisonError, read_comparison
 from rescue.read.export import EXPORT_SCHEMA, export_study, read_export
 from rescue.read.status import study_status

@@ -30,7 +30,7 @@ from conftest import ROOT, cli_env, ensure_stopped, export_of, rescue_cli
 from rescue.core.catalog import libero_catalog
 from rescue.core.digest import digest_array, digest_obs, digest_text
 from rescue.core.episode_protocol import get_protocol
-from rescue.core.evaluation import episode_cases
+from rescue.core.figures.evaluation import episode_cases
 from rescue.core.manifest import load_manifest
 from rescue.env.pool import SimProcess
 from rescue.study.journal import Journal
@@ -213,10 +213,10 @@ def test_openpi_and_lerobot_results_become_manifests_whose_episodes_replay_their
     assert [(c.case_id, c.env_seed, c.init_state_index, c.tags["episode_protocol"]) for c in l] == [
         ("object-3-ep0", 1000, 0, "lerobot")]
     assert all(c.fingerprint and len(c.fingerprint) == 64 for c in o + l)
-    # Each names the results file it came from (rescue.core.baseline): its name, sha256, episodes and successes.
+    # Each names the results file it came from (rescue.core.figures.baseline): its name, sha256, episodes and successes.
     import hashlib
 
-    from rescue.core.baseline import baseline_of
+    from rescue.core.figures.baseline import baseline_of
 
     (src,) = baseline_of(o).sources
     assert (src.kind, src.cases, src.results_file, src.episodes, src.successes, src.failures, src.inits) == (

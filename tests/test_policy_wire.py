@@ -516,7 +516,7 @@ class LerobotShaped:
 
 
 def test_a_served_policy_announces_its_profile_and_chunk_and_the_study_takes_them():
-    from rescue.core.config_files import load_config
+    from rescue.core.configuration.config_files import load_config
     from rescue.run.peers import config_with_identity
 
     async def main():

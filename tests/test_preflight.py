@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT, cli_env, free_port, rescue_cli, write_cases
 from openpi_libero_policy import openpi_server
 
-from rescue.core.config_files import load_config
+from rescue.core.configuration.config_files import load_config
 from rescue.core.manifest import load_manifest
 from rescue.core.records import ArmResult, Assistance
 from rescue.core.trace import TraceRow

@@ -48,7 +48,7 @@ def test_the_summary_tables_print_a_tiny_p_value_as_such():
     from test_core import make_case
 
     from rescue.core.classify import classify
-    from rescue.core.stats import summarize
+    from rescue.core.figures.stats import summarize
     from rescue.read.terminal import group_table, summary_table
 
     records = [make_case(f"c{i}", assisted_success=True) for i in range(40)]

@@ -10,13 +10,13 @@ import pytest
 from test_core import C, FP, H, ORIGINAL, Q, injected, make_case, make_trace, with_arms
 
 from rescue.core.classify import classify
-from rescue.core.config import StudyConfig
-from rescue.core.config_files import ConfigError, validate_config
+from rescue.core.configuration.config import StudyConfig
+from rescue.core.configuration.config_files import ConfigError, validate_config
 from rescue.core.digest import digest_text
 from rescue.core.querypoint import query_point
 from rescue.core.records import ArmResult, Assistance, Receipt
-from rescue.core.stats import summarize
-from rescue.core.exact_stats import holm, mcnemar_exact
+from rescue.core.figures.stats import summarize
+from rescue.core.figures.exact_stats import holm, mcnemar_exact
 
 pytestmark = pytest.mark.fast
 

@@ -22,7 +22,7 @@ import pytest
 from conftest import HANG_S, ROOT, rescue_cli, write_cases
 from test_export_verify import build_study
 
-from rescue.core.exact_stats import mcnemar_exact, paired_diff_ci, wilson_interval
+from rescue.core.figures.exact_stats import mcnemar_exact, paired_diff_ci, wilson_interval
 from rescue.read.export import StudyExport, export_study
 from rescue.read.html.app import read_index_script, read_panel_script
 from rescue.read.html.render import pct
@@ -358,7 +358,7 @@ def provenance_of(html: str) -> dict[str, str]:
 
 
 def test_the_header_names_what_produced_the_study(sham_study, sham_report):
-    from rescue.core.config import StudyConfig
+    from rescue.core.configuration.config import StudyConfig
 
     html = sham_report.read_text(encoding="utf-8")
     prov = provenance_of(html)
@@ -390,7 +390,7 @@ def test_the_header_names_what_produced_the_study(sham_study, sham_report):
 def test_the_header_reads_what_a_study_records_and_hides_secrets():
     from types import SimpleNamespace
 
-    from rescue.core.config import StudyConfig
+    from rescue.core.configuration.config import StudyConfig
     from rescue.read.html.provenance import (
         episode_protocol,
         tool_text,

@@ -13,8 +13,8 @@ from conftest import ROOT
 from structlog.testing import capture_logs
 from test_vlm import FAST, make_request
 
-from rescue.core.config import StudyConfig
-from rescue.core.vlm_config import VLMConfig
+from rescue.core.configuration.config import StudyConfig
+from rescue.core.configuration.vlm_config import VLMConfig
 from rescue.core.failfast import FailFast, PeerUnreachable
 from rescue.core.records import ArmResult, Assistance
 from rescue.core.reported_model import model_matches

@@ -11,7 +11,7 @@ from scipy.optimize import brentq
 from scipy.stats import binomtest, norm
 from scipy.stats import fisher_exact as scipy_fisher
 
-from rescue.core.robustness import compare_paired, compare_unpaired, compare_with_base, fisher_exact, newcombe_unpaired_ci
+from rescue.core.figures.robustness import compare_paired, compare_unpaired, compare_with_base, fisher_exact, newcombe_unpaired_ci
 
 pytestmark = pytest.mark.fast
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import rescue_cli, write_cases
 
-from rescue.core.config_files import load_config
+from rescue.core.configuration.config_files import load_config
 from rescue.core.digest import digest_array
 from rescue.core.manifest import load_manifest
 from rescue.env.pool import SimPool

@@ -10,12 +10,12 @@ from typing import Annotated, Literal, get_args, get_origin, get_type_hints
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rescue.core.comparison import Comparison
-from rescue.core.config import StudyConfig
+from rescue.core.figures.comparison import Comparison
+from rescue.core.configuration.config import StudyConfig
 from rescue.core.manifest import Case
 from rescue.core.records import ArmResult, CaseRecord, Receipt
 from rescue.core.verdicts import Verdict
-from rescue.core.stats import Summary
+from rescue.core.figures.stats import Summary
 from rescue.read import schemas
 from rescue.read.export import StudyExport
 from rescue.read.lab_usage import LabUsage

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import HANG_S, free_port
 
-from rescue.core.identity import STATELESS_KEY
+from rescue.core.configuration.identity import STATELESS_KEY
 from rescue.policy import msgpack_numpy
 from rescue.policy.client import WebsocketPolicyClient
 from rescue.policy.server import PolicyServer

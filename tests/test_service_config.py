@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rescue.core.config import StudyConfig
-from rescue.core.config_files import ConfigError, load_config
+from rescue.core.configuration.config import StudyConfig
+from rescue.core.configuration.config_files import ConfigError, load_config
 from rescue.service import api
 from rescue.service.settings import NO_KEY_ENV, ServiceConfig, load_service_config
 from rescue.service.job_request import JOB_KEYS, _leaves, job_request, key_problem, request_of, resolve_job, study_problems

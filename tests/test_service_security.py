@@ -131,7 +131,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 def place_by_hand(queue: Path, manifest: Path, config: dict, tmp: Path) -> str:
     """A job folder written past `rescue submit` (anyone who can write the queue folder can), moved in at once."""
-    from rescue.core.config import StudyConfig
+    from rescue.core.configuration.config import StudyConfig
     from rescue.service.queue import jobs_dir, submit_job
 
     side = tmp / "side-queue"

@@ -11,7 +11,7 @@ from rescue.core.digest import digest_text
 from rescue.core.manifest import Case
 from rescue.core.records import ArmResult, Assistance
 from rescue.core.sham import DEFAULT_SHAM_TEXT, donor_group, sham_donors
-from rescue.core.stats import summarize
+from rescue.core.figures.stats import summarize
 
 pytestmark = pytest.mark.fast
 
@@ -269,7 +269,7 @@ def test_tampering_with_a_sham_trace_row_or_its_source_fails_verify(tmp_path):
 def test_a_fixed_sham_text_can_be_declared_per_task_and_counts_in_the_digest_only_when_set():
     from pydantic import ValidationError
 
-    from rescue.core.config import StudyConfig
+    from rescue.core.configuration.config import StudyConfig
     from rescue.core.sham import ShamConfig
 
     sham = ShamConfig(source="fixed", by_task={"libero_object/0": "grasp the butter"})

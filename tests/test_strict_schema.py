@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rescue import cli
-from rescue.core.config_files import ConfigError, load_config
+from rescue.core.configuration.config_files import ConfigError, load_config
 from rescue.service.api import make_app
 from rescue.service.settings import load_service_config
 

@@ -12,7 +12,7 @@ from conftest import rescue_cli
 from test_baseline import _eval_study
 
 from rescue.core.manifest import ManifestError, load_manifest, read_manifest_bytes
-from rescue.core.success_sample import SamplingFrame, frame_of
+from rescue.core.figures.success_sample import SamplingFrame, frame_of
 
 pytestmark = pytest.mark.fast
 

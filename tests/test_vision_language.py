@@ -141,7 +141,7 @@ def test_a_subgoal_naming_another_object_redirects_the_gripper(adapter, policy):
 
 
 def test_bundled_server_announces_the_contract():
-    from rescue.core.names import EMBEDDED_POLICY
+    from rescue.core.configuration.names import EMBEDDED_POLICY
     from rescue.policy.server import load_factory, policy_metadata
 
     spec = EMBEDDED_POLICY

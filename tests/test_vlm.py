@@ -21,7 +21,7 @@ from conftest import HANG_S
 from PIL import Image
 from structlog.testing import capture_logs
 
-from rescue.core.vlm_config import MissingAPIKey, VLMConfig
+from rescue.core.configuration.vlm_config import MissingAPIKey, VLMConfig
 from rescue.core.images import VLM_VIEWS, encode_png
 from rescue.core.prompts import load_template, render
 from rescue.core.records import Receipt, Usage
@@ -364,7 +364,7 @@ def _asking_child(receipts, kill_after_answer: bool) -> str:
         f"""
         import asyncio, os, signal, sys
         import numpy as np
-        from rescue.core.vlm_config import VLMConfig
+        from rescue.core.configuration.vlm_config import VLMConfig
         from rescue.core.images import VLM_VIEWS
         from rescue.vlm.answers import SubgoalRequest
         from rescue.vlm.client import VLMClient
@@ -728,7 +728,7 @@ def test_a_refusal_is_recorded_as_a_refusal(tmp_path, api):
 
 
 def test_a_configured_key_is_sent_but_never_written(tmp_path, monkeypatch):
-    from rescue.core.config import StudyConfig
+    from rescue.core.configuration.config import StudyConfig
 
     key = "sk-cfg-Kq81distinctive-config-key"
     monkeypatch.delenv("RESCUE_TEST_VLM_KEY", raising=False)

@@ -29,8 +29,8 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from structlog.testing import capture_logs
 
-from rescue.core.config import HASHED_UNLESS_DEFAULT, HASHED_WHEN_SET, StudyConfig
-from rescue.core.vlm_config import VLMConfig
+from rescue.core.configuration.config import HASHED_UNLESS_DEFAULT, HASHED_WHEN_SET, StudyConfig
+from rescue.core.configuration.vlm_config import VLMConfig
 from rescue.core.digest import canonical_json, digest_text
 from rescue.core.images import VLM_VIEWS
 from rescue.core.records import Receipt

@@ -49,16 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rescue` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("serve-vlm", "serve-policy", "serve-simulators"):
-        from rescue.core.names import resolve
+        from rescue.core.configuration.names import resolve
 
         serve: Callable[[list[str]], int] = resolve(build_parser().parse_known_args(argv[:1])[0].forward)
         return serve(argv[1:])
     args = build_parser().parse_args(argv)
     import sqlite3
 
-    from rescue.core.config_files import ConfigError
+    from rescue.core.configuration.config_files import ConfigError
     from rescue.core.failfast import PeerUnreachable
-    from rescue.core.identity import IdentityError
+    from rescue.core.configuration.identity import IdentityError
     from rescue.core.inputs import InputFileError
     from rescue.core.manifest import ManifestError
     from rescue.env.backend import BackendError

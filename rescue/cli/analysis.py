@@ -62,7 +62,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         console.print(f"wrote {write_report(Path(args.studies[0]), args.out, video=args.video)}")
         return 0
     if args.video:
-        from rescue.core.config_files import ConfigError
+        from rescue.core.configuration.config_files import ConfigError
 
         raise ConfigError("--video makes one study's videos; give one study folder with it")
     console.print(f"wrote {write_comparison_report([Path(s) for s in args.studies], args.out or 'comparison.html')}")

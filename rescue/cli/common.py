@@ -28,7 +28,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
 def ids(text: str, flag: str) -> list[int]:
     """--tasks or --inits as ids; a bad one is bad input (exit 2), named."""
     from rescue.core.catalog import parse_ids
-    from rescue.core.config_files import ConfigError
+    from rescue.core.configuration.config_files import ConfigError
 
     try:
         return parse_ids(text)
@@ -40,7 +40,7 @@ def suite_tasks(suite: str, text: str) -> list[int]:
     """--suite and --tasks checked against the catalog as a manifest's are: a typo (with what it may mean) or a
     task the suite lacks is bad input (exit 2), named in one line."""
     from rescue.core.catalog import format_ids, libero_catalog
-    from rescue.core.config_files import ConfigError
+    from rescue.core.configuration.config_files import ConfigError
 
     catalog = libero_catalog()
     known = catalog.suite(suite)
@@ -54,7 +54,7 @@ def suite_tasks(suite: str, text: str) -> list[int]:
 
 
 def config(args: argparse.Namespace):
-    from rescue.core.config_files import load_config
+    from rescue.core.configuration.config_files import load_config
 
     return load_config(getattr(args, "config", None), overrides(args))
 
@@ -117,7 +117,7 @@ def add_backend_options(p: argparse.ArgumentParser) -> None:
 
 
 def backend(args: argparse.Namespace):
-    from rescue.core.config_files import ConfigError
+    from rescue.core.configuration.config_files import ConfigError
     from rescue.env.backend import Backend
 
     if args.backend == "local":

@@ -12,7 +12,7 @@ from rescue.cli.console import EXIT_BAD_INPUT, console
 
 def cmd_catalog(args: argparse.Namespace) -> int:
     from rescue.core.catalog import libero_catalog
-    from rescue.core.config_files import ConfigError
+    from rescue.core.configuration.config_files import ConfigError
     from rescue.read.terminal import render_catalog
 
     catalog = libero_catalog()
@@ -45,7 +45,7 @@ def cmd_manifest_from_eval(args: argparse.Namespace) -> int:
     inits = None if args.inits is None else ids(args.inits, "--inits")
     successes = args.successes
     if successes not in (None, "all"):
-        from rescue.core.config_files import ConfigError
+        from rescue.core.configuration.config_files import ConfigError
 
         if not successes.isdigit():
             raise ConfigError(f"--successes {successes!r}: 'all', or how many successes to sample (0 or more)")

@@ -11,7 +11,7 @@ from rescue.cli.console import EXIT_BAD_INPUT, console
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from rescue.core.config_files import config_data
+    from rescue.core.configuration.config_files import config_data
     from rescue.service.queue import submit_file
     from rescue.service.settings import load_service_config
     from rescue.service.job_request import job_request

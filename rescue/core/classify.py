@@ -7,7 +7,7 @@ is judged against the control arm by the same rules; the primary's verdict is th
 from __future__ import annotations
 
 from rescue.core.arms import arm_advisor, base_arm, continuation, continuation_arm, is_assisted
-from rescue.core.harm import success_label, success_reason
+from rescue.core.success_labels import success_label, success_reason
 from rescue.core.proofs import check_evidence, check_sham_evidence, prefix_match, q_state_match
 from rescue.core.records import ArmResult, CaseRecord
 from rescue.core.verdicts import ArmVerdict, ContinuationCount, Verdict

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from rescue.core.arms import ArmName, base_arm, continuation
-from rescue.core.harm import HistoricalOutcome
+from rescue.core.success_labels import HistoricalOutcome
 from rescue.core.trace import TraceRow
 
 # How an arm ended. `complete`: ran to success or to its horizon.

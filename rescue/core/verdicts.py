@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rescue.core.arms import ADVISOR_ARM_PREFIX
-from rescue.core.harm import SuccessLabel
+from rescue.core.success_labels import SuccessLabel
 
 Label = Literal["rescued", "not_rescued", "unknown", "initial_state_deviation"]
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 import structlog
 
-from rescue.core.names import resolve
+from rescue.core.configuration.names import resolve
 from rescue.env.protocol import CaseLike, ChunkResult, Observe, ProfileLike, ProtocolLike, ResetResult, case_fields
 
 log = structlog.get_logger()

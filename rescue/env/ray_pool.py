@@ -41,7 +41,7 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from rescue import __version__
 from rescue.core.failfast import one_line
-from rescue.core.names import resolve
+from rescue.core.configuration.names import resolve
 from rescue.env.pool import SIM_HASH_SEED, SimPool, Simulator, SimulatorError
 
 log = structlog.get_logger()

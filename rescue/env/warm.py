@@ -35,7 +35,7 @@ from typing import Any, Iterator
 
 import structlog
 
-from rescue.core.names import resolve
+from rescue.core.configuration.names import resolve
 from rescue.env.pool import (
     SIM_HASH_SEED,
     Simulator,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rescue.core.names import EMBEDDED_POLICY, resolve
+from rescue.core.configuration.names import EMBEDDED_POLICY, resolve
 from rescue_serve.cli import policy_main
 from rescue_serve.server import DEFAULT_PORT, PolicyServer, policy_metadata
 from rescue_serve.server import load_factory as _load_factory

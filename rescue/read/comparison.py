@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from rescue.core.comparison import COMPARISON_SCHEMA, Comparison
+from rescue.core.figures.comparison import COMPARISON_SCHEMA, Comparison
 from rescue.read.legacy import upgrade_comparison
 from rescue.study.folder import StudyError
 

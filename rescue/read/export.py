@@ -17,18 +17,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rescue.core.baseline import Baseline, baseline_of
+from rescue.core.figures.baseline import Baseline, baseline_of
 from rescue.core.classify import deviation_detail
-from rescue.core.config import StudyConfig
-from rescue.core.vlm_config import endpoint_host
+from rescue.core.configuration.config import StudyConfig
+from rescue.core.configuration.vlm_config import endpoint_host
 from rescue.core.digest import digest_json
-from rescue.core.evaluation import EvalSummary
+from rescue.core.figures.evaluation import EvalSummary
 from rescue.core.manifest import Case
 from rescue.core.querypoint import query_point
 from rescue.core.records import ArmResult, Receipt
 from rescue.core.verdicts import ArmVerdict, ContinuationCount
 from rescue.core.arms import advisor_arm, base_arm, continuation, query_point_of
-from rescue.core.stats import Summary
+from rescue.core.figures.stats import Summary
 from rescue.read.legacy import upgrade_export
 from rescue.study.files import write_atomic
 from rescue.study.folder import (
@@ -95,7 +95,7 @@ class StudyInfo(BaseModel):
     advisors: list[AdvisorInfo] | None = Field(default=None, exclude_if=lambda v: v is None)
     """The study's advisors in declared order, the primary first (DESIGN §11); absent: a study of one `[vlm]`."""
     baseline: Baseline | None = Field(default=None, exclude_if=lambda v: v is None)
-    """Where a rescue study's failures came from, as its cases' provenance tags name it (rescue/core/baseline.py):
+    """Where a rescue study's failures came from, as its cases' provenance tags name it (rescue/core/figures/baseline.py):
     the evaluation study or results file, its policy, success rate, episode protocol and split; `sources` empty and
     every case `by_hand` for a manifest written by hand. Absent: an evaluation study (or an export written before
     it was recorded)."""
@@ -460,7 +460,7 @@ def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
     evaluation = records.config.is_evaluation
     if evaluation:
         # Imported here: only evaluation studies need the episode summary.
-        from rescue.core.evaluation import summarize_eval
+        from rescue.core.figures.evaluation import summarize_eval
 
         episodes = summarize_eval(records.cases, records.verdicts)
         rows = [_episode_row(records, case, stored_digests.get((case.case_id, "control"))) for case in records.cases]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from rescue.core.arms import shown
-from rescue.core.harm_figures import HarmFigures, HarmSummary
+from rescue.core.figures.harm_figures import HarmFigures, HarmSummary
 
 
 def _pct(x: float | None) -> str:

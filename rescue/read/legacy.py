@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from rescue.core.arms import advisor_arm
-from rescue.core.stats import Breakdown, PairedComparison, PairedTable, Summary, compare
+from rescue.core.figures.stats import Breakdown, PairedComparison, PairedTable, Summary, compare
 
 # --- an old export read into today's shape -------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from rescue.core.config import StudyConfig
+from rescue.core.configuration.config import StudyConfig
 from rescue.core.records import ArmResult, Receipt
 from rescue.read.export import StudyExport
 from rescue.read.lab_usage import LabUsage

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from rescue.core.manifest import Case
 from rescue.core.records import Receipt
-from rescue.core.stats import LABELS
+from rescue.core.figures.stats import LABELS
 from rescue.study.folder import load_study_config, open_journal, receipt_files
 from rescue.study.journal import STATES
 from rescue.study.layout import StudyLayout

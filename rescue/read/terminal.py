@@ -8,9 +8,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from rescue.core.evaluation import EvalSummary
+from rescue.core.figures.evaluation import EvalSummary
 from rescue.core.arms import arm_advisor, is_assisted, query_point_of, shown
-from rescue.core.stats import ArmFigures, Summary, ranked
+from rescue.core.figures.stats import ArmFigures, Summary, ranked
 from rescue.read.harm_view import breakdown_table, evaluation_name, harm_table, net_sentence
 
 LABEL_ORDER = ("rescued", "not_rescued", "unknown", "initial_state_deviation")

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from rescue.core.config import StudyConfig
+from rescue.core.configuration.config import StudyConfig
 from rescue.core.digest import digest_bytes, digest_text
 from rescue.core.manifest import Case, ManifestError, load_manifest
 from rescue.core.proofs import trace_is_regular
@@ -26,7 +26,7 @@ from rescue.core.verdicts import Verdict
 from rescue.core.trace import chain_break
 from rescue.core.arms import answered_at_q, base_arm, continuation, continuation_seed, is_assisted
 from rescue.core.sham import sham_donors
-from rescue.core.stats import Summary
+from rescue.core.figures.stats import Summary
 from rescue.read.legacy import is_legacy_summary, legacy_summary
 from rescue.study import layout
 from rescue.study.folder import (

@@ -15,16 +15,17 @@ from typing import Callable, Iterator, Literal
 from pydantic import BaseModel, ConfigDict
 
 from rescue.core.catalog import format_ids
-from rescue.core.config import StudyConfig
-from rescue.core.config_files import ConfigError, work_problems
+from rescue.core.configuration.config import StudyConfig
+from rescue.core.configuration.config_files import ConfigError
+from rescue.core.configuration.work_limit import config_work_problem
 from rescue.core.digest import digest_json, digest_text
 from rescue.core.episode_protocol import get_protocol
-from rescue.core.evaluation import EvalSummary, case_id_of, episode_cases, failure_cases, mark_pilot, summarize_eval
+from rescue.core.figures.evaluation import EvalSummary, case_id_of, episode_cases, failure_cases, mark_pilot, summarize_eval
 from rescue.core.manifest import Case, Manifest, ManifestError, case_places, load_manifest, parse_manifest, read_manifest_bytes
-from rescue.core.names import EMBEDDED_POLICY
+from rescue.core.configuration.names import EMBEDDED_POLICY
 from rescue.core.verdicts import Verdict
 from rescue.core.sham import ShamConfig
-from rescue.core.success_sample import SamplingFrame, frame_tags, sample_successes
+from rescue.core.figures.success_sample import SamplingFrame, frame_tags, sample_successes
 from rescue.env.backend import LOCAL, Backend
 from rescue.env.warm import WARM_ENV, kept_warm, warm_folder
 from rescue.run.engine import run_study
@@ -64,13 +65,13 @@ def new_study(study_dir: Path | None, manifest: Manifest, config: StudyConfig, e
     """Fix the study's identity against its policy server, then create its folder (nothing on failure)."""
     study_dir = Path(study_dir) if study_dir else new_study_dir()
     horizons = [c.horizon for c in manifest.cases]
-    problem = config.sham.by_task_problem(c.task for c in manifest.cases) or work_problems(config, horizons)
+    problem = config.sham.by_task_problem(c.task for c in manifest.cases) or config_work_problem(config, horizons)
     if problem is not None:
         raise ConfigError(problem)
     if config.vlm.lab_budget is not None:
         check_ledger(config.vlm.lab_ledger)  # a ledger that cannot be used is named before the study exists
     resolved = asyncio.run(resolved_config(config))
-    problem = work_problems(resolved, horizons)  # C is known now: a query point that cannot fire
+    problem = config_work_problem(resolved, horizons)  # C is known now: a query point that cannot fire
     if problem is not None:
         raise ConfigError(problem)
     create_study(study_dir, manifest, resolved, extra_meta)
@@ -232,7 +233,7 @@ def manifest_from_eval(
         episodes = journal.cases()
         verdicts = journal.verdicts()
         overall = summarize_eval(episodes, verdicts).overall
-        # Where the failures came from travels with each case (rescue.core.baseline reads it back).
+        # Where the failures came from travels with each case (rescue.core.figures.baseline reads it back).
         provenance = {
             "eval_study": meta.get("study_id"),
             "eval_config_sha256": meta.get("config_sha256"),
@@ -473,7 +474,7 @@ def ablate(
 
 def ablation_rows(root: Path, settings: dict) -> list[AblationRow]:
     """Each setting's success and its paired comparison (exact McNemar, Newcombe CI) against all_on."""
-    from rescue.core.exact_stats import mcnemar_exact, paired_diff_ci
+    from rescue.core.figures.exact_stats import mcnemar_exact, paired_diff_ci
 
     labels: dict[str, dict[str, str]] = {}
     for name in settings:

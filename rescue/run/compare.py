@@ -4,7 +4,7 @@ Each side runs as its own evaluation study over one shared episode manifest
 (`a/` and `b/` under the comparison folder): same suite, tasks, initial states,
 env and policy seeds, on the same engine and journal, so claim-before-run and
 resume hold for both. The pairing and the paired figures are pure
-(`rescue.core.comparison`); this module runs the two studies and reads them.
+(`rescue.core.figures.comparison`); this module runs the two studies and reads them.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Literal
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from rescue.core.comparison import SIDES, Comparison, Episode, compare_episodes
-from rescue.core.config import StudyConfig
-from rescue.core.config_files import load_config
-from rescue.core.evaluation import episode_cases
+from rescue.core.figures.comparison import SIDES, Comparison, Episode, compare_episodes
+from rescue.core.configuration.config import StudyConfig
+from rescue.core.configuration.config_files import load_config
+from rescue.core.figures.evaluation import episode_cases
 from rescue.core.manifest import parse_manifest
 from rescue.core.verdicts import Verdict
 from rescue.run.engine import run_study

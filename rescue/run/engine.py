@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable
 
 import structlog
 
-from rescue.core.config import StudyConfig
+from rescue.core.configuration.config import StudyConfig
 from rescue.core.digest import digest_bytes
 from rescue.core.failfast import FailFast, error_line, one_line, sampling_without_control
 from rescue.core.manifest import Case

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from rescue.core.config import StudyConfig
+from rescue.core.configuration.config import StudyConfig
 from rescue.core.manifest import Case
 from rescue.core.observation import get_profile
 from rescue.policy.client import PolicyConnectionClosed, PolicyServerError

@@ -19,14 +19,14 @@ from typing import Any, AsyncIterator, Callable
 import aiohttp
 import structlog
 
-from rescue.core.config import POLICY_CONNECT_S, PolicyConfig, StudyConfig
-from rescue.core.config_files import ConfigError
-from rescue.core.vlm_config import VLMConfig
+from rescue.core.configuration.config import POLICY_CONNECT_S, PolicyConfig, StudyConfig
+from rescue.core.configuration.config_files import ConfigError
+from rescue.core.configuration.vlm_config import VLMConfig
 from rescue.core.episode_protocol import BUNDLED_DEFAULT as BUNDLED_DEFAULT_PROTOCOL
 from rescue.core.episode_protocol import EXTERNAL_DEFAULT as EXTERNAL_DEFAULT_PROTOCOL
 from rescue.core.episode_protocol import EpisodeProtocol, get_protocol
 from rescue.core.failfast import PeerUnreachable, fix_for, one_line
-from rescue.core.identity import (
+from rescue.core.configuration.identity import (
     IdentityError,
     announced_identity,
     identity_changes,

@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from rescue.core.config import StudyConfig
-from rescue.core.vlm_config import MissingAPIKey, VLMConfig
+from rescue.core.configuration.config import StudyConfig
+from rescue.core.configuration.vlm_config import MissingAPIKey, VLMConfig
 from rescue.core.episode_protocol import get_protocol
 from rescue.core.failfast import fix_for
-from rescue.core.identity import resolve_fork
+from rescue.core.configuration.identity import resolve_fork
 from rescue.core.images import VLM_VIEWS
 from rescue.core.manifest import Case, load_manifest
 from rescue.core.observation import get_profile

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import structlog
 
-from rescue.core.config import StudyConfig
+from rescue.core.configuration.config import StudyConfig
 from rescue.core.manifest import Case
 from rescue.study.folder import (
     SHAM_DONORS_KEY,

@@ -34,7 +34,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rescue.core.config_files import ConfigError
+from rescue.core.configuration.config_files import ConfigError
 from rescue.core.manifest import ManifestError
 from rescue.service.settings import ServiceConfig
 from rescue.service.job_request import job_request

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rescue.core.config import StudyConfig
+from rescue.core.configuration.config import StudyConfig
 from rescue.service.queue import JobLayout
 from rescue.study.layout import StudyLayout
 
@@ -28,7 +28,7 @@ def run_job(job_dir: Path, config_json: str | None = None, verbose: bool = False
     """Create and run, or resume, the study of one job; write its report when every case has a verdict.
 
     `config_json`: the resolved study configuration of a job whose study does not exist yet."""
-    from rescue.core.config_files import ConfigError
+    from rescue.core.configuration.config_files import ConfigError
     from rescue.run import commands
     from rescue.study.folder import EXIT_ALL_UNKNOWN, EXIT_OK, study_outcome
 
@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m rescue.service.job [-v] JOB_DIR < RESOLVED_CONFIG_JSON", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from rescue.core.config_files import ConfigError
-    from rescue.core.identity import IdentityError
+    from rescue.core.configuration.config_files import ConfigError
+    from rescue.core.configuration.identity import IdentityError
     from rescue.core.manifest import ManifestError
     from rescue.study import logs
     from rescue.study.folder import StudyError

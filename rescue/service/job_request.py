@@ -18,11 +18,11 @@ from pydantic import (
     BaseModel,
 )
 
-from rescue.core.config import EnvConfig, PolicyConfig, StudyConfig
-from rescue.core.config_files import ConfigError, validate_config
+from rescue.core.configuration.config import EnvConfig, PolicyConfig, StudyConfig
+from rescue.core.configuration.config_files import ConfigError, validate_config
 from rescue.core.prompts import DEFAULT_ROOT
-from rescue.core.schema import mixed_keys_problem
-from rescue.core.vlm_config import AdvisorConfig, VLMConfig
+from rescue.core.configuration.schema import mixed_keys_problem
+from rescue.core.configuration.vlm_config import AdvisorConfig, VLMConfig
 from rescue.service.settings import (
     LOCAL,
     NAME_PATTERN,

@@ -29,8 +29,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rescue.core.config import StudyConfig
-from rescue.core.config_files import ConfigError, work_problems
+from rescue.core.configuration.config import StudyConfig
+from rescue.core.configuration.config_files import ConfigError
+from rescue.core.configuration.work_limit import config_work_problem
 from rescue.core.manifest import Manifest, parse_manifest, read_manifest_bytes
 from rescue.service.settings import ServiceConfig, service_config_from_env
 from rescue.service.job_request import JobRequest, request_of, resolve_job
@@ -212,7 +213,7 @@ def validate_job(manifest_bytes: bytes, source: str, request: JobRequest, servic
     manifest = parse_manifest(manifest_bytes, source, catalog="libero")
     manifest.require_main_cohort()  # a job runs as `rescue run` without --pilot-run
     problem = (request.config.sham.by_task_problem(c.task for c in manifest.cases)
-               or work_problems(config, [c.horizon for c in manifest.cases], service.limits.arm_steps))
+               or config_work_problem(config, [c.horizon for c in manifest.cases], service.limits.arm_steps))
     if problem is not None:
         raise ConfigError(f"config: {problem}")
     return manifest

@@ -43,8 +43,8 @@ from pydantic import (
     model_validator,
 )
 
-from rescue.core.config_files import ConfigError, read_toml
-from rescue.core.schema import MAX_ARM_STEPS, MAX_ARMS_PER_CASE
+from rescue.core.configuration.config_files import ConfigError, read_toml
+from rescue.core.configuration.work_limit import MAX_ARM_STEPS, MAX_ARMS_PER_CASE
 
 # The environment variable naming the service's configuration file (what `rescue serve` reads).
 SERVICE_CONFIG_ENV = "RESCUE_SERVICE_CONFIG"

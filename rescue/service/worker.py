@@ -44,7 +44,7 @@ from pathlib import Path
 import structlog
 
 import rescue
-from rescue.core.config_files import ConfigError
+from rescue.core.configuration.config_files import ConfigError
 from rescue.service.settings import NO_KEY_ENV, SERVICE_CONFIG_ENV, ServiceConfig, load_service_config
 from rescue.service.job_request import resolve_job, study_problems
 from rescue.service.queue import (

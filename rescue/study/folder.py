@@ -20,15 +20,15 @@ from pydantic import BaseModel, ValidationError
 
 from rescue.core.arms import query_point_of
 from rescue.core.classify import classify
-from rescue.core.config import StudyConfig
-from rescue.core.evaluation import classify_episode
+from rescue.core.configuration.config import StudyConfig
+from rescue.core.figures.evaluation import classify_episode
 from rescue.core.manifest import Case, Manifest
 from rescue.core.querypoint import query_point
 from rescue.core.records import ArmResult, CaseRecord, Receipt
 from rescue.core.verdicts import Verdict
 from rescue.core.sham import sham_donors
-from rescue.core.stats import Summary, summarize
-from rescue.core.success_sample import frame_of, task_frames
+from rescue.core.figures.stats import Summary, summarize
+from rescue.core.figures.success_sample import frame_of, task_frames
 from rescue.study.files import fsync_dir, write_atomic, write_manifest
 from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, CaseState, Journal
 from rescue.study.layout import LAB_RECEIPTS, RECEIPTS, STUDIES, StudyLayout

@@ -43,8 +43,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from rescue.core.config import StudyConfig
-from rescue.core.vlm_config import TokenPrice, VLMConfig, endpoint_host
+from rescue.core.configuration.config import StudyConfig
+from rescue.core.configuration.vlm_config import TokenPrice, VLMConfig, endpoint_host
 from rescue.core.arms import advisor_arm, base_arm, is_assisted
 from rescue.core.records import Receipt
 from rescue.study.files import fsync_dir

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rescue.core.config import StudyConfig
-from rescue.core.vlm_config import TokenPrice, VLMConfig, endpoint_host
+from rescue.core.configuration.config import StudyConfig
+from rescue.core.configuration.vlm_config import TokenPrice, VLMConfig, endpoint_host
 from rescue.core.records import Receipt
 from rescue.study.folder import StudyError, load_study_config, open_journal, receipt_files
 from rescue.study.layout import StudyLayout

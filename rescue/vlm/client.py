@@ -38,7 +38,7 @@ from tenacity import (
     stop_after_attempt,
 )
 
-from rescue.core.vlm_config import VLMConfig
+from rescue.core.configuration.vlm_config import VLMConfig
 from rescue.core.images import VLM_VIEWS, contact_sheet, encode_png
 from rescue.core.prompts import Template, load_template, prompt_sha256, render
 from rescue.core.records import Receipt, ReceiptRef

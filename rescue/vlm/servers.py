@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rescue.core.vlm_config import VLMConfig
+from rescue.core.configuration.vlm_config import VLMConfig
 
 Server = Literal["openai", "vllm", "ollama", "sglang"]
 Api = Literal["chat", "responses"]

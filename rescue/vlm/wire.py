@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from rescue.core.vlm_config import VLMConfig
+from rescue.core.configuration.vlm_config import VLMConfig
 from rescue.core.records import Usage
 from rescue.vlm.answers import answer_schema
 from rescue.vlm.servers import WIRE, WIRE_FIELDS, generation_fields, server_of

@@ -31,7 +31,7 @@ EPISODE_OPS = ("episode_start", "episode_end")
 ACTION_HORIZON_KEY = "action_horizon"  # C: actions executed per query
 OBSERVATION_KEY = "observation"  # the observation profile it reads
 # Whether the policy keeps no state between calls, so a forked arm may skip replaying the prefix
-# (rescue.core.identity.STATELESS_KEY reads it; tests/test_serve_dist.py holds the two equal).
+# (rescue.core.configuration.identity.STATELESS_KEY reads it; tests/test_serve_dist.py holds the two equal).
 STATELESS_KEY = "stateless"
 TORCH_THREADS_KEY = "torch_threads"  # the thread count torch was pinned to (outputs differ across counts)
 

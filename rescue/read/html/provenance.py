@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rescue import __version__
-from rescue.core.baseline import Baseline, BaselineSource
-from rescue.core.config import StudyConfig
-from rescue.core.vlm_config import endpoint_host, url_without_secrets
+from rescue.core.figures.baseline import Baseline, BaselineSource
+from rescue.core.configuration.config import StudyConfig
+from rescue.core.configuration.vlm_config import endpoint_host, url_without_secrets
 from rescue.core.episode_protocol import PROTOCOLS
 from rescue.core.records import Receipt
 

@@ -55,7 +55,7 @@ def pair_of(pairs: Iterable[Any], row: str, col: str) -> Any:
 
 
 def _helpers() -> dict[str, Any]:
-    from rescue.core.stats import LABELS, ranked
+    from rescue.core.figures.stats import LABELS, ranked
     from rescue.read.html.paths import path_plot
     from rescue.read.html.significance import significance_reading
 

@@ -22,12 +22,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from rescue.core.baseline import baseline_of
+from rescue.core.figures.baseline import baseline_of
 from rescue.core.images import VLM_VIEWS
 from rescue.core.arms import arm_advisor, is_assisted, shown
 from rescue.core.manifest import Case
 from rescue.core.proofs import check_evidence, prefix_match
-from rescue.core.exact_stats import wilson_interval
+from rescue.core.figures.exact_stats import wilson_interval
 from rescue.read.export import StudyExport, export_study
 from rescue.read.harm_view import evaluation_name, net_sentence
 from rescue.read.html import plots

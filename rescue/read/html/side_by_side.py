@@ -21,10 +21,10 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from rescue.core.config import StudyConfig
+from rescue.core.configuration.config import StudyConfig
 from rescue.core.records import Receipt
-from rescue.core.stats import PairedComparison, PairedTable, compare
-from rescue.core.exact_stats import holm
+from rescue.core.figures.stats import PairedComparison, PairedTable, compare
+from rescue.core.figures.exact_stats import holm
 from rescue.read.export import CaseEntry, StudyExport, export_study
 from rescue.read.html.app import index_script
 from rescue.read.html.render import ci_text, pct, render

@@ -76,8 +76,8 @@ def answer_reading(s: Any, sham_source: str | None = None, primary: str | None =
     """The result in a few plain sentences, for the top of the page: what the VLM's subgoal rescued (of the matched
     failures and of all, with the interval of R/N), against control and, with a sham arm, against the sham; with
     several arms that ask, which ranked first. `s`: a rescue study's Summary; `primary`: its primary advisor's name."""
-    from rescue.core.stats import ranked
-    from rescue.core.exact_stats import wilson_interval
+    from rescue.core.figures.stats import ranked
+    from rescue.core.figures.exact_stats import wilson_interval
 
     alpha = 1 - s.confidence
     level = f"{100 * s.confidence:.0f}%"

@@ -21,19 +21,19 @@ MOVED: dict[str, str] = {
     "rescue.querypoint": "rescue.core.querypoint",
     "rescue.digest": "rescue.core.digest",
     "rescue.classify": "rescue.core.classify",
-    "rescue.stats": "rescue.core.stats",
+    "rescue.stats": "rescue.core.figures.stats",
     "rescue.proofs": "rescue.core.proofs",
     "rescue.prompts": "rescue.core.prompts",
-    "rescue.identity": "rescue.core.identity",
+    "rescue.identity": "rescue.core.configuration.identity",
     "rescue.catalog": "rescue.core.catalog",
     "rescue.manifest": "rescue.core.manifest",
     "rescue.records": "rescue.core.records",
     "rescue.observation": "rescue.core.observation",
     "rescue.sham": "rescue.core.sham",
     "rescue.failfast": "rescue.core.failfast",
-    "rescue.evaluation": "rescue.core.evaluation",
-    "rescue.config": "rescue.core.config",
-    "rescue.vlm.settings": "rescue.core.vlm_config",
+    "rescue.evaluation": "rescue.core.figures.evaluation",
+    "rescue.config": "rescue.core.configuration.config",
+    "rescue.vlm.settings": "rescue.core.configuration.vlm_config",
     "rescue.layout": "rescue.study.layout",
     "rescue.journal": "rescue.study.journal",
     "rescue.study": "rescue.study.folder",
@@ -72,7 +72,13 @@ MOVED: dict[str, str] = {
     "rescue.vlm.endpoint": "rescue.embedded.endpoint",
     "rescue.vlm.advisor": "rescue.embedded.decision",
     "rescue.vlm.vision": "rescue.embedded.subgoal_model",
-    # Renamed beside a namesake on another floor (core/config.py, run/compare.py).
+    # The core's rooms: its configuration and its figures have folders of their own.
+    **{f"rescue.core.{m}": f"rescue.core.configuration.{m}"
+       for m in ("config", "vlm_config", "config_files", "schema", "identity", "names")},
+    **{f"rescue.core.{m}": f"rescue.core.figures.{m}"
+       for m in ("stats", "exact_stats", "comparison", "harm_figures", "harm", "success_sample", "evaluation",
+                 "baseline", "continuations", "robustness")},
+    # Renamed beside a namesake on another floor (core/configuration/config.py, run/compare.py).
     "rescue.service.config": "rescue.service.settings",
     "rescue.read.html.compare": "rescue.read.html.side_by_side",
 }

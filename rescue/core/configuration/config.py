@@ -1,7 +1,7 @@
 """The study configuration: one pydantic model (`StudyConfig`) and the rules of its identity.
 
-How the VLM is asked lives in rescue/core/vlm_config.py; reading TOML and flags into a StudyConfig, with
-one-line errors, in rescue/core/config_files.py; the strict schema every request passes, in schema.py.
+How the VLM is asked lives in rescue/core/configuration/vlm_config.py; reading TOML and flags into a StudyConfig, with
+one-line errors, in rescue/core/configuration/config_files.py; the strict schema every request passes, in schema.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from rescue.core.digest import canonical_json, digest_text
 from rescue.core.episode_protocol import PROTOCOLS, EpisodeProtocol, InstructionChoice, get_protocol
-from rescue.core.names import EMBEDDED_POLICY
+from rescue.core.configuration.names import EMBEDDED_POLICY
 from rescue.core.querypoint import query_point
 from rescue.core.arms import (
     QUERY_POINT_NAME,
@@ -26,7 +26,7 @@ from rescue.core.arms import (
 )
 from rescue.core.sham import ShamConfig
 from wrappers.async_rules import RulesConfig
-from rescue.core.vlm_config import AdvisorConfig, VLMConfig, url_without_secrets
+from rescue.core.configuration.vlm_config import AdvisorConfig, VLMConfig, url_without_secrets
 
 
 class QueryPointConfig(BaseModel):
@@ -408,7 +408,7 @@ class StudyConfig(BaseModel):
 
 # (section, key) of settings added after studies existed: in the digest only when not None (section None: top level).
 # A new key touches: this tuple; JOB_KEYS (rescue/service/settings.py, then `python -m rescue.service.keydocs`);
-# RANGES (rescue/core/schema.py) for a number; a flag in rescue/cli/, if any; `python -m rescue.read.schemas`.
+# RANGES (rescue/core/configuration/schema.py) for a number; a flag in rescue/cli/, if any; `python -m rescue.read.schemas`.
 # tests/test_config_keys.py names a key that is in none of them.
 HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute"), ("sham", "by_task"),
                    ("vlm", "startup_check"), ("vlm", "server"), ("env", "episode_protocol"), ("env", "episode_protocol_sha256"),

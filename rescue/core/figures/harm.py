@@ -1,17 +1,10 @@
 """Harm on historical successes and the benchmark's net change (DESIGN §17), pure.
 
-A historical success is replayed with the same arms, query point and proofs as a failure, and judged by the same
-ordered rules (`rescue.core.classify.judge`); only the last rules read differently:
-
-    rules 1-3, 5, 6 as for a failure       -> initial_state_deviation / unknown
-    rule 4: the arm ended before its q      -> kept (not exposed: the advice could not touch it; no call was made)
-    rule 7: the control arm failed          -> not_reproduced
-    rule 8: the asking arm failed           -> broken
-    rule 9: both succeeded                  -> kept
-
-The net change of the evaluation's success rate with the advice on, in points, is estimated from per-case paired
-differences of success probabilities in two strata (failures, successes), each a simple random sample of its part
-of the evaluation; docs/design.md ("Harm and the net change") derives the estimator and its interval.
+A historical success is replayed with the same arms, query point and proofs as a failure and labelled by
+`rescue.core.success_labels`. The net change of the evaluation's success rate with the advice on, in points, is
+estimated from per-case paired differences of success probabilities in two strata (failures, successes), each a
+simple random sample of its part of the evaluation; docs/design.md ("Harm and the net change") derives the
+estimator and its interval.
 """
 
 from __future__ import annotations
@@ -19,46 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from rescue.core.exact_stats import normal_quantile
-
-SuccessLabel = Literal["broken", "kept", "not_reproduced", "unknown", "initial_state_deviation"]
-SUCCESS_LABELS: tuple[SuccessLabel, ...] = ("broken", "kept", "not_reproduced", "unknown", "initial_state_deviation")
-HistoricalOutcome = Literal["failure", "success"]
-
-# The DESIGN §3 rule that, for a historical success, decides `kept` by construction: the arm ended before its q.
-NOT_EXPOSED_RULE = 4
-
-
-def success_label(rule: int) -> SuccessLabel:
-    """A historical success's label from the DESIGN §3 rule that decided it (the rules are checked in the same
-    order for failures and successes; rules 4, 7, 8 and 9 read differently)."""
-    if rule == 1:
-        return "initial_state_deviation"
-    if rule in (2, 3, 5, 6):
-        return "unknown"
-    return {4: "kept", 7: "not_reproduced", 8: "broken", 9: "kept"}[rule]
-
-
-def success_reason(rule: int, arm: str, against: str, q: int, steps: int) -> str:
-    """The one-line reason of a success's label for rules 4, 7, 8 and 9."""
-    if rule == 4:
-        return f"the episode ended at step {steps}, before the query point {q}: kept by construction, not exposed"
-    if rule == 7:
-        return f"{against} arm failed: the historical success was not reproduced"
-    if rule == 8:
-        return f"{against} succeeded, {arm} failed: broken"
-    return f"{against} and {arm} succeeded: kept"
-
-
-def is_exposed(label: str, rule: int) -> bool:
-    """Whether the arm's query point reached the success (every label but `kept` by rule 4; an unknown case is
-    counted as reached: its exposure is not known, and it is never evidence of safety)."""
-    return not (label == "kept" and rule == NOT_EXPOSED_RULE)
-
+from rescue.core.figures.exact_stats import normal_quantile
 
 # --- the estimator --------------------------------------------------------------------------------------------
 

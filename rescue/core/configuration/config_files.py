@@ -1,7 +1,7 @@
 """Reading a study's configuration: TOML files and flag overrides, validated into a StudyConfig.
 
 Every error is one line naming the key and the file it came from (ConfigError), and so is a study that
-asks for more work than it may (work_problems, case_arms_problem).
+asks for more work than it may (rescue.core.configuration.work_limit).
 """
 
 from __future__ import annotations
@@ -15,18 +15,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from rescue.core.arms import (
-    query_point_arm,
-)
-from rescue.core.config import StudyConfig
+from rescue.core.configuration.config import StudyConfig
 from rescue.core.inputs import MAX_CONFIG_BYTES, InputFileError, read_input
-from rescue.core.schema import (
-    MAX_ARM_STEPS,
-    MAX_ARMS_PER_CASE,
-    arms_problem,
-    request_problem,
-    work_problem,
-)
+from rescue.core.configuration.schema import request_problem
+from rescue.core.configuration.work_limit import MAX_ARMS_PER_CASE, config_arms_problem
 
 
 class ConfigError(ValueError):
@@ -98,7 +90,7 @@ def _unknown_keys(data: dict[str, Any]) -> list[str]:
 
 
 def validate_config(data: dict[str, Any], where: str, max_arms_per_case: int = MAX_ARMS_PER_CASE) -> StudyConfig:
-    """A StudyConfig from plain data, through the one strict schema (rescue/core/schema.py: types, finite numbers
+    """A StudyConfig from plain data, through the one strict schema (rescue/core/configuration/schema.py: types, finite numbers
     in their ranges, each key once, the arms of a case bounded by `max_arms_per_case`), or ConfigError naming
     every problem in one line (`where` first)."""
     problem = request_problem(data, StudyConfig)
@@ -114,37 +106,7 @@ def validate_config(data: dict[str, Any], where: str, max_arms_per_case: int = M
                     else err["msg"].removeprefix("Value error, "))
             problems.append(f"{key}: {what}")
         raise ConfigError(f"{where}: " + "; ".join(problems)) from None
-    problem = case_arms_problem(config, max_arms_per_case)
+    problem = config_arms_problem(config, max_arms_per_case)
     if problem is not None:
         raise ConfigError(f"{where}: {problem}")
     return config
-
-
-def work_problems(config: StudyConfig, horizons: list[int], max_arm_steps: int = MAX_ARM_STEPS) -> str | None:
-    """Why a manifest's cases ask this configuration for too much work (arm-steps past `max_arm_steps`), or a
-    declared query point can fire in none of them (its q at or past every case's horizon H; C must be known:
-    `policy.replan_interval`), in one line; None: neither."""
-    problem = work_problem(len(config.case_arms), horizons, max_arm_steps)
-    if problem is not None or not config.query_points or config.policy.replan_interval is None or not horizons:
-        return problem
-    for point in config.query_points:
-        steps = {h: config.query_step(query_point_arm(config.primary_arm, point.name), h) for h in horizons}
-        never = sorted({h for h, q in steps.items() if q >= h})
-        if never:
-            h = never[0]
-            return (f"query_points: {point.name!r} (fraction {point.fraction:g}) asks at step {steps[h]}, which a case "
-                    f"of horizon {h} never reaches (C = {config.interval}): it cannot fire within H")
-    return None
-
-
-def case_arms_problem(config: StudyConfig, limit: int = MAX_ARMS_PER_CASE) -> str | None:
-    """Why a case of this configuration runs too many arms, naming the product; None: at most `limit`."""
-    k = 1 if config.is_evaluation else config.continuations
-    advisors = len(config.advisor_configs())
-    points = len(config.query_points or [])
-    parts = ["control"] if "control" in config.arms else []
-    parts += [f"{advisors} advisor{'s' * (advisors != 1)}"] if advisors else []
-    parts += [f"{points} query point{'s' * (points != 1)}"] if points else []
-    parts += ["sham"] if "sham" in config.arms else []
-    text = f"{', '.join(parts)} = {len(config.arms)} arms × {k} continuation{'s' * (k != 1)}"
-    return arms_problem(len(config.case_arms), text, limit)

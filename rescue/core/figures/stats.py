@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.arms import base_arm, is_assisted, query_point_of
-from rescue.core.continuations import PairedEstimate, estimate
-from rescue.core.harm_figures import HarmSummary, harm_summary
+from rescue.core.figures.continuations import PairedEstimate, estimate
+from rescue.core.figures.harm_figures import HarmSummary, harm_summary
 from rescue.core.records import CaseRecord
 from rescue.core.verdicts import ArmVerdict, Label, Verdict
-from rescue.core.success_sample import SamplingFrame
-from rescue.core.exact_stats import holm, mcnemar_exact, paired_diff_ci
+from rescue.core.figures.success_sample import SamplingFrame
+from rescue.core.figures.exact_stats import holm, mcnemar_exact, paired_diff_ci
 
 LABELS: tuple[Label, ...] = ("rescued", "not_rescued", "unknown", "initial_state_deviation")
 

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from rescue.core.exact_stats import mcnemar_exact, paired_diff_ci, wilson_interval
+from rescue.core.figures.exact_stats import mcnemar_exact, paired_diff_ci, wilson_interval
 
 # Hypergeometric probabilities within this relative distance of the observed one count as "as extreme"
 # (the floating-point allowance R's fisher.test and scipy use).

@@ -1,18 +1,16 @@
 """The one strict schema every way of asking for a study goes through, before pydantic builds the configuration.
 
 `rescue run --config`, `rescue submit --config` and the service's `POST /jobs` hand their plain data
-to `check_request` (rescue/core/config.py's `validate_config` calls it), so a setting has one verdict
-whichever way it comes:
+to `request_problem` (rescue/core/configuration/config_files.py's `validate_config` calls it), so a setting has
+one verdict whichever way it comes:
 
 - no key is given twice: a dotted key (`"vlm.model"`) beside the table it names (`vlm`) is refused;
 - strict types: a whole number is an `int` (never a string or a bool), a number is an `int` or a
   `float` (never a string or a bool), a flag is a bool, a text is a string;
 - every float is finite (no `nan`, no `inf`), wherever it is;
-- every number of `RANGES` lies in its documented range (docs/reference.md lists them);
-- the work a case asks for is bounded: at most `MAX_ARMS_PER_CASE` arms per case (`arms_problem`);
-  with a manifest, at most `MAX_ARM_STEPS` arm-steps in total (`work_problem`), and no declared
-  query point that cannot fire within a case's horizon (`query_point_problem`).
+- every number of `RANGES` lies in its documented range (docs/reference.md lists them).
 
+The work a study may ask for (arms per case, arm-steps) is bounded in `rescue.core.configuration.work_limit`.
 Each check answers one line naming the key; `ConfigError` carries it. Stored studies are read
 without these checks (an older study stays readable): they bound what may be asked for now.
 """
@@ -22,17 +20,11 @@ from __future__ import annotations
 import math
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, SecretStr
-
-# The most arms one case may run (its arms × its continuations), and the most arm-steps (each arm's
-# horizon, summed over a manifest's cases) one study may ask for. The service's `[limits]` may lower both.
-MAX_ARMS_PER_CASE = 64
-MAX_ARM_STEPS = 20_000_000
-
 
 def number(value: float) -> str:
     """A bound as the docs and refusals write it: a whole number with thousands separators, else `%g`."""
@@ -97,10 +89,6 @@ RANGES: dict[str, Range] = {
 }
 # TOML's table names beside the configuration's keys.
 _TABLES = {"advisor": "advisors", "query_point": "query_points"}
-
-
-class RequestError(ValueError):
-    """A study request that breaks the strict schema, in one line naming the key."""
 
 
 def mixed_keys_problem(data: Any, prefix: str = "") -> str | None:
@@ -237,20 +225,3 @@ def request_problem(data: Any, model: type[BaseModel]) -> str | None:
     if not isinstance(data, Mapping):
         return "(top level): a table of settings"
     return mixed_keys_problem(data) or _not_finite(data, "") or _check_model(model, data, "", "")
-
-
-def arms_problem(arms_per_case: int, parts: str, limit: int = MAX_ARMS_PER_CASE, where: str = "") -> str | None:
-    """Why a case's arms are too many, naming the product (`parts`: how they multiply); None: within `limit`."""
-    if arms_per_case <= limit:
-        return None
-    return f"{where}{parts} = {arms_per_case:,} arms per case; the limit is {limit:,}"
-
-
-def work_problem(arms_per_case: int, horizons: Iterable[int], limit: int = MAX_ARM_STEPS) -> str | None:
-    """Why a manifest's cases ask for too many arm-steps (each arm runs up to its case's horizon); None: within."""
-    horizons = list(horizons)
-    steps = arms_per_case * sum(horizons)
-    if steps <= limit:
-        return None
-    return (f"{len(horizons):,} cases × {arms_per_case:,} arms per case, {sum(horizons):,} horizon steps in all = "
-            f"{steps:,} arm-steps; the limit is {limit:,}")

@@ -1,6 +1,6 @@
 """The harm figures of a study's successes and the net change, per arm (DESIGN §17), from its judged cases.
 
-Failures keep their DESIGN §3 summary unchanged (`rescue.core.stats`); the successes are summarized here, apart,
+Failures keep their DESIGN §3 summary unchanged (`rescue.core.figures.stats`); the successes are summarized here, apart,
 with their own fixed denominator, and the two strata meet only in the net change.
 """
 
@@ -11,11 +11,12 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.arms import query_point_of
-from rescue.core.continuations import PairedEstimate, estimate
-from rescue.core.harm import SUCCESS_LABELS, CaseScore, NetChange, case_score, is_exposed, net_change
+from rescue.core.figures.continuations import PairedEstimate, estimate
+from rescue.core.figures.harm import CaseScore, NetChange, case_score, net_change
+from rescue.core.success_labels import SUCCESS_LABELS, is_exposed
 from rescue.core.records import CaseRecord
 from rescue.core.verdicts import Verdict
-from rescue.core.success_sample import SamplingFrame
+from rescue.core.figures.success_sample import SamplingFrame
 
 Judged = tuple[CaseRecord, Verdict]
 

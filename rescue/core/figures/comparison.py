@@ -13,10 +13,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rescue.core.evaluation import EvalSummary, summarize_labels
+from rescue.core.figures.evaluation import EvalSummary, summarize_labels
 from rescue.core.verdicts import EpisodeLabel
-from rescue.core.stats import PairedComparison, compare
-from rescue.core.exact_stats import block_bootstrap_ci
+from rescue.core.figures.stats import PairedComparison, compare
+from rescue.core.figures.exact_stats import block_bootstrap_ci
 
 COMPARISON_SCHEMA = "rescue-comparison/2"
 # The sides as the comparison's folder and its paired comparisons name them.
