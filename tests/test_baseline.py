@@ -56,7 +56,7 @@ def test_from_eval_names_its_evaluation_policy_success_protocol_and_split(tmp_pa
         kind="evaluation", cases=5, eval_study="eval", eval_config_sha256=meta["config_sha256"],
         eval_manifest_sha256=meta["manifest_sha256"], policy="my_lab.policies:pi05_libero", episodes=10, successes=3,
         failures=7, episode_protocol="rescue", suites="libero_object", tasks="3-4", inits="0-4", taken_inits="1-4",
-        taken_limit=5,
+        taken_limit=5, created=meta["created_at"],
     )])
     assert baseline.sources[0].success_rate == 0.3 and not baseline.written_by_hand
     # Every field the record documents comes from a tag the manifest carries on each line.

@@ -71,6 +71,7 @@ def test_eval_records_episodes_then_its_failure_manifest_runs_unedited(tmp_path)
             "eval_study": meta["study_id"],
             "eval_config_sha256": meta["config_sha256"],
             "eval_manifest_sha256": meta["manifest_sha256"],
+            "eval_created": meta["created_at"],  # the evaluation's date, as the report names it
             "episode_protocol": "rescue",  # the embedded policy's protocol; a study must replay them under it
             # Where the failures came from (rescue.core.figures.baseline): the policy, its success, what it ran.
             "eval_policy": "rescue.embedded.vision_language:make_policy",

@@ -70,7 +70,7 @@ def test_old_studies_hold_old_shaped_records_and_verify_as_they_are(advisors, pl
 
 def test_an_old_study_exports_in_todays_shape_with_the_figures_it_stored(advisors):
     export = export_study(advisors)
-    assert export.schema_version == EXPORT_SCHEMA == "rescue-export/6"
+    assert export.schema_version == EXPORT_SCHEMA == "rescue-export/7"
     verdicts, stored = _stored(advisors)
     s = export.summary
     assert s.arm == "assisted:local" and (s.n, s.r, s.m, s.e) == (stored["n"], stored["r"], stored["m"], stored["e"])

@@ -32,11 +32,23 @@ def cmd_manifest_check(args: argparse.Namespace) -> int:
     from rescue.core.manifest import read_manifest_bytes
     from rescue.run.commands import check_outcomes
 
-    check_outcomes(manifest, read_manifest_bytes(args.file), Path(args.eval) if args.eval else None)
+    unchecked = check_outcomes(manifest, read_manifest_bytes(args.file), Path(args.eval) if args.eval else None)
     console.print(f"{args.file}: {len(manifest.cases)} cases ({len(manifest.pilot_cases)} pilot), sha256 {manifest.sha256}")
+    for study in unchecked:
+        console.print(f"notice: evaluation {study} is not found here (--eval names its folder): the rows' outcomes "
+                      "are not checked against it")
     if not args.no_env:
         print_pairings(dict.fromkeys(case.suite for case in manifest.cases))
     return 0
+
+
+def _count(value: str, flag: str) -> int:
+    """A count given on the command line: ASCII digits only (`str.isdigit` takes superscripts)."""
+    from rescue.core.configuration.config_files import ConfigError
+
+    if not (value.isascii() and value.isdigit()):
+        raise ConfigError(f"{flag} {value!r}: 'all', or how many to sample (0 or more)")
+    return int(value)
 
 
 def cmd_manifest_from_eval(args: argparse.Namespace) -> int:
@@ -45,16 +57,23 @@ def cmd_manifest_from_eval(args: argparse.Namespace) -> int:
     inits = None if args.inits is None else ids(args.inits, "--inits")
     successes = args.successes
     if successes not in (None, "all"):
-        from rescue.core.configuration.config_files import ConfigError
-
-        if not successes.isdigit():
-            raise ConfigError(f"--successes {successes!r}: 'all', or how many successes to sample (0 or more)")
-        successes = int(successes)
-    cases = manifest_from_eval(Path(args.study), Path(args.out), args.pilot_tasks, args.limit, inits, successes, args.seed)
+        successes = _count(successes, "--successes")
+    seed = 0 if args.seed is None else args.seed
+    cases = manifest_from_eval(Path(args.study), Path(args.out), args.pilot_tasks, args.limit, inits, successes, seed,
+                               failures=args.failures)
     pilot = [c.case_id for c in cases if c.pilot]
     won = sum(c.outcome == "success" for c in cases)
+    lost = sum(c.outcome != "success" and not c.pilot for c in cases)
     console.print(f"wrote {len(cases) - won} failure case(s)" + (f" and {won} success case(s)" if successes is not None else "")
                   + f" to {args.out}" + (f"; pilot: {', '.join(pilot)}" if pilot else ""))
+    # What was asked for and could not be, said in a line each (the manifest is written as it can be).
+    if isinstance(successes, int) and successes > won:
+        console.print(f"notice: --successes {successes}: the evaluation has {won} successes; all are taken")
+    if args.failures is not None and args.failures > lost:
+        console.print(f"notice: --failures {args.failures}: the evaluation has {lost} failures outside the pilot; "
+                      "all are taken")
+    if args.seed is not None and successes in (None, "all") and args.failures is None:
+        console.print(f"notice: --seed {args.seed} draws nothing: it seeds --successes N or --failures N")
     return 0
 
 
@@ -96,9 +115,13 @@ def add_commands(sub) -> None:
     m.add_argument("--out", required=True)
     m.add_argument("--pilot-tasks", type=int, default=0, help="declare the first failure of each of the first K tasks pilot")
     m.add_argument("--inits", help="only failures of these official initial states, e.g. 30-39 (a held-out split)")
-    m.add_argument("--limit", type=int, help="at most this many failures (after --inits), in manifest order")
-    m.add_argument("--successes", help="add historical successes (after --inits): 'all', or a seeded sample of N stratified by task")
-    m.add_argument("--seed", type=int, default=0, help="the seed of the successes' sample (default 0)")
+    m.add_argument("--limit", type=int, help="the first N failures (after --inits), in manifest order: a quick try, not a "
+                   "sample (no net change is extrapolated from it)")
+    m.add_argument("--failures", type=int, help="a seeded sample of N failures (after --inits and the pilot), every "
+                   "failure equally likely, stratified by task")
+    m.add_argument("--successes", help="add historical successes (after --inits): 'all', or a seeded sample of N, every "
+                   "success equally likely, stratified by task")
+    m.add_argument("--seed", type=int, help="the seed of the samples (default 0)")
     m.set_defaults(func=cmd_manifest_from_eval)
     for kind, what, default_seed in (("lerobot", "LeRobot's eval_info.json (lerobot-eval)", 1000),
                                      ("openpi", "openpi-style results: JSON lines of suite, task_id, episode, success", 7)):

@@ -202,6 +202,8 @@ class Manifest(BaseModel):
     cases: list[Case]
     source: str
     sha256: str
+    data: bytes | None = Field(default=None, exclude=True, repr=False)
+    """The file's bytes as read (the study keeps them verbatim, so that `rescue verify` re-derives `sha256`)."""
 
     @model_validator(mode="after")
     def _unique_ids(self) -> Manifest:
@@ -523,7 +525,7 @@ def parse_manifest(
         problems.append(f"{label}: no cases")
     if problems:
         raise ManifestError(problems)
-    return Manifest(cases=cases, source=source, sha256=hashlib.sha256(data).hexdigest())
+    return Manifest(cases=cases, source=source, sha256=hashlib.sha256(data).hexdigest(), data=data)
 
 
 def read_manifest_bytes(path: str | os.PathLike[str], what: str = "manifest") -> bytes:

@@ -30,6 +30,7 @@ from rescue.core.verdicts import ArmVerdict, ContinuationCount
 from rescue.core.arms import advisor_arm, base_arm, continuation, query_point_of
 from rescue.core.figures.stats import Summary
 from rescue.read.legacy import upgrade_export
+from rescue.read.legacy_harm import is_old_harm, upgrade_harm
 from rescue.study.files import write_atomic
 from rescue.study.folder import (
     SUMMARIZED_STATES,
@@ -56,9 +57,14 @@ from rescue.study.usage import UsageSummary, study_usage, usage_summary
 # 6: historical successes (DESIGN §17): a case's `outcome`, its DESIGN §17 labels, the summary's `harm` (labels,
 #    exposure, harm, rescue and the net change per arm, group and task); per group and task every arm's
 #    comparison with control (`arms` holds the primary's too). A /5 document reads unchanged.
-EXPORT_SCHEMA = "rescue-export/6"
+# 7: the net change's two intervals, each naming its population (`these_episodes`, `benchmark`: betting e-values),
+#    and why it is not estimated (`refused`); the frame's design, its sample of failures and `--limit`; harm and
+#    rescue intervals that never collapse on agreeing cases (`PairedDifference`); `kept` counts the successes the
+#    query point reached, `unreached` the others. A /6 document reads into today's shape, its figures as stored
+#    (rescue/read/legacy_harm.py).
+EXPORT_SCHEMA = "rescue-export/7"
 # The versions `read_export` reads; a document of an earlier one is read into today's shape (rescue/read/legacy.py).
-READABLE_SCHEMAS = ("rescue-export/3", "rescue-export/4", "rescue-export/5", "rescue-export/6")
+READABLE_SCHEMAS = ("rescue-export/3", "rescue-export/4", "rescue-export/5", "rescue-export/6", "rescue-export/7")
 # The versions read through rescue/read/legacy.py (later ones read as they are).
 _LEGACY_SCHEMAS = ("rescue-export/3", "rescue-export/4")
 
@@ -309,7 +315,8 @@ class StudyExport(BaseModel):
 
     model_config = ConfigDict(use_attribute_docstrings=True)
 
-    schema_version: Literal["rescue-export/3", "rescue-export/4", "rescue-export/5", "rescue-export/6"] = EXPORT_SCHEMA
+    schema_version: Literal["rescue-export/3", "rescue-export/4", "rescue-export/5", "rescue-export/6",
+                            "rescue-export/7"] = EXPORT_SCHEMA
     """The format of this document and its version (`rescue export` writes 6; a document of 3, 4 or 5 is read into
     this shape, keeping its version)."""
     study: StudyInfo
@@ -529,7 +536,11 @@ def read_export(path: str | os.PathLike[str]) -> StudyExport:
     if version not in READABLE_SCHEMAS:
         raise ExportError(f"{path}: export schema {version!r}; this version reads {', '.join(READABLE_SCHEMAS)}")
     try:
-        return StudyExport.model_validate(upgrade_export(data) if version in _LEGACY_SCHEMAS else data)
+        if version in _LEGACY_SCHEMAS:
+            data = upgrade_export(data)
+        elif version == "rescue-export/6" and is_old_harm((data.get("summary") or {}).get("harm")):
+            data = {**data, "summary": {**data["summary"], "harm": upgrade_harm(data["summary"]["harm"])}}
+        return StudyExport.model_validate(data)
     except ValidationError as exc:
         raise ExportError(f"{path}: not a {version} document ({exc.errors()[0]['msg']})") from None
 

@@ -214,7 +214,7 @@ def render_summary(export: Any) -> Group:
     if arm_advisor(summary.arm):
         title += f" (the primary advisor's arm: {arm_advisor(summary.arm)})"
     if summary.harm is not None:
-        what = evaluation_name(summary.harm)
+        what = evaluation_name(export.study.baseline, summary.harm)
         parts += [Text(net_sentence(f, what)) for f in summary.harm.arms]
     # N counts the failures; historical successes have their own denominator (the harm table).
     successes = sum(1 for c in export.cases if not c.pilot and c.outcome == "success")

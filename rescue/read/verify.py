@@ -26,10 +26,14 @@ from rescue.core.verdicts import Verdict
 from rescue.core.trace import chain_break
 from rescue.core.arms import answered_at_q, base_arm, continuation, continuation_seed, is_assisted
 from rescue.core.sham import sham_donors
-from rescue.core.figures.stats import Summary
+from rescue.core.figures.stats import Summary, judged_arms
+from rescue.core.figures.success_sample import frame_disagreement, frame_of, task_frames
 from rescue.read.legacy import is_legacy_summary, legacy_summary
+from rescue.read.legacy_harm import is_old_harm, old_harm_summary
 from rescue.study import layout
 from rescue.study.folder import (
+    MANIFEST_COPY_KEY,
+    SUMMARIZED_STATES,
     SHAM_DONORS_KEY,
     StudyError,
     StudyRecords,
@@ -136,6 +140,16 @@ def _as_stored_then(recomputed: dict, stored: dict) -> dict:
     return out
 
 
+def _old_harm_section(records: StudyRecords, verdicts: dict[str, Verdict], confidence: float) -> dict[str, Any]:
+    """The harm section of the main cohort as `rescue-export/6` computed it."""
+    chosen = [c for c in records.cases if records.states[c.case_id] in SUMMARIZED_STATES and c.case_id in verdicts]
+    main = [(records.record(c), verdicts[c.case_id]) for c in chosen if not c.pilot]
+    failures = [(rec, v) for rec, v in main if rec.historical_outcome != "success"]
+    successes = [(rec, v) for rec, v in main if rec.historical_outcome == "success"]
+    return old_harm_summary(failures, successes, judged_arms(main), frame_of(records.cases),
+                            task_frames(records.cases), confidence)
+
+
 class _Verifier:
     def __init__(self, study_dir: Path, journal: Journal):
         self.dir = study_dir
@@ -172,6 +186,10 @@ class _Verifier:
                 for a, b in zip(manifest.cases, cases):
                     if a.case_id == b.case_id and a != b:
                         self.problem("manifest", a.case_id, f"case differs between {MANIFEST} and the journal")
+                self.check_manifest_digest(manifest.sha256, meta)
+                odd = frame_disagreement(manifest.cases)
+                if odd is not None:
+                    self.problem("manifest", None, f"{MANIFEST}: {odd}")
         try:
             config = load_study_config(self.dir)
         except (StudyError, ValueError, OSError) as exc:
@@ -184,6 +202,20 @@ class _Verifier:
             self.problem("config", None, f"{CONFIG} holds no replan_interval (C); cases cannot be re-classified")
             return None
         return config
+
+    def check_manifest_digest(self, sha: str, meta: dict[str, Any]) -> None:
+        """The manifest copy hashes to the sha256 recorded when the study was created (its identity)."""
+        recorded = meta.get("manifest_sha256")
+        self.checked["manifest sha256"] = 1
+        if sha == recorded:
+            return
+        if meta.get(MANIFEST_COPY_KEY) == "verbatim":
+            self.problem("manifest", None, f"{MANIFEST} hashes to {sha}, the journal recorded {recorded} when the study "
+                         "was created: the manifest changed since")
+        else:  # an older study kept its cases serialized again: its digest is not the one recorded
+            self.warn("manifest", None, f"{MANIFEST} was written again from its cases when the study was created "
+                      "(before the manifest was kept byte for byte): its sha256 cannot be compared with the one "
+                      "recorded; its cases are compared with the journal's")
 
     # --- keyframes: the stored PNGs are the ones the arm recorded ------------
 
@@ -547,12 +579,16 @@ class _Verifier:
             advisors = [a.name for a in records.config.advisors] if records.config.advisors else None
             recomputed = legacy_summary(summary, advisors)
         else:
+            old_harm = is_old_harm(stored.get("harm"))
             try:
-                Summary.model_validate(stored)
+                Summary.model_validate({**stored, "harm": None} if old_harm else stored)
             except ValidationError:
                 self.problem("summary", None, "stored summary is not a summary")
                 return
             recomputed = _as_stored_then(summary.model_dump(mode="json"), stored)
+            if old_harm:
+                # Stored by `rescue-export/6`: its harm figures derived again as that version computed them.
+                recomputed["harm"] = _old_harm_section(records, fresh, summary.confidence)
         diffs = _diff(stored, recomputed)
         if diffs:
             shown = "; ".join(diffs[:5]) + (f"; and {len(diffs) - 5} more" if len(diffs) > 5 else "")

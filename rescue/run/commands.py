@@ -25,7 +25,14 @@ from rescue.core.manifest import Case, Manifest, ManifestError, case_places, loa
 from rescue.core.configuration.names import EMBEDDED_POLICY
 from rescue.core.verdicts import Verdict
 from rescue.core.sham import ShamConfig
-from rescue.core.figures.success_sample import SamplingFrame, frame_tags, sample_successes
+from rescue.core.figures.success_sample import (
+    DESIGN,
+    SamplingFrame,
+    frame_disagreement,
+    frame_tags,
+    sample_cases,
+    sample_successes,
+)
 from rescue.env.backend import LOCAL, Backend
 from rescue.env.warm import WARM_ENV, kept_warm, warm_folder
 from rescue.run.engine import run_study
@@ -219,12 +226,19 @@ def eval_summary(study_dir: Path) -> EvalSummary:
 
 def manifest_from_eval(
     eval_dir: Path, out: Path, pilot_tasks: int = 0, limit: int | None = None, inits: list[int] | None = None,
-    successes: int | Literal["all"] | None = None, seed: int = 0,
+    successes: int | Literal["all"] | None = None, seed: int = 0, failures: int | None = None,
 ) -> list[Case]:
     """Write the failure manifest of an evaluation study, with fingerprints and provenance
-    (only failures of the initial states `inits`, when given; then at most `limit`); with `successes`, its
-    historical successes too (all, or a seeded sample of that many stratified by task), every case tagged with
-    the sampling frame (DESIGN §17)."""
+    (only failures of the initial states `inits`, when given; then the first `limit`, or a seeded sample of
+    `failures` of them after the pilot is declared); with `successes`, its historical successes too (all, or a
+    seeded sample of that many), every case tagged with the sampling frame and its design (DESIGN §17)."""
+    if limit is not None and failures is not None:
+        raise ConfigError("--limit takes the first failures, --failures a random sample of them: give one")
+    for flag, value in (("--limit", limit), ("--failures", failures)):
+        if value is not None and value < 0:
+            raise ConfigError(f"{flag} {value}: a number of failures is 0 or more")
+    if successes is not None and successes != "all" and successes < 0:
+        raise ConfigError(f"--successes {successes}: a sample size is 0 or more, or 'all'")
     config = load_study_config(eval_dir)
     if not config.is_evaluation:
         raise StudyError(f"{eval_dir} is not an evaluation study")
@@ -238,6 +252,7 @@ def manifest_from_eval(
             "eval_study": meta.get("study_id"),
             "eval_config_sha256": meta.get("config_sha256"),
             "eval_manifest_sha256": meta.get("manifest_sha256"),
+            "eval_created": meta.get("created_at"),
             # The failures are episodes of this protocol: a study must replay them under it.
             PROTOCOL_TAG: config.env.episode_protocol or "rescue",
             "eval_policy": config.policy.name(),
@@ -252,37 +267,53 @@ def manifest_from_eval(
     if inits is not None:
         cases = [c for c in cases if c.init_state_index in inits]
         won = [c for c in won if c.init_state_index in inits]
-    if limit is not None:
-        cases = cases[:limit]
-    if pilot_tasks:
-        cases = mark_pilot(cases, pilot_tasks)
-    if successes is not None:
-        if successes != "all" and successes < 0:
-            raise ConfigError(f"--successes {successes}: a sample size is 0 or more, or 'all'")
-        frame_failures = sum(1 for c in episodes if verdicts.get(c.case_id) is not None
-                             and verdicts[c.case_id].label == "failure" and (inits is None or c.init_state_index in inits))
+    frame_failures = len(cases)
+    if failures is not None:
+        # The pilot is declared over every failure, then the main cohort drawn from the rest.
+        cases = mark_pilot(cases, pilot_tasks) if pilot_tasks else cases
+        pilots = [c for c in cases if c.pilot]
+        chosen = sample_cases([c for c in cases if not c.pilot], failures, seed)
+        keep = {c.case_id for c in pilots + chosen}
+        cases = [c for c in cases if c.case_id in keep]
+    else:
+        if limit is not None:
+            cases = cases[:limit]
+        if pilot_tasks:
+            cases = mark_pilot(cases, pilot_tasks)
+    if successes is not None or failures is not None:
+        main_failures = sum(1 for c in cases if not c.pilot)
         per_task = {t: SamplingFrame(failures=sum(c.task == t for c in episodes if verdicts.get(c.case_id) is not None
                                                   and verdicts[c.case_id].label == "failure"
                                                   and (inits is None or c.init_state_index in inits)),
                                      successes=sum(c.task == t for c in won))
                     for t in sorted({c.task for c in episodes})}
-        chosen = sample_successes(won, None if successes == "all" else successes, seed)
-        frame = SamplingFrame(failures=frame_failures, successes=len(won),
-                              sampled=None if successes == "all" else len(chosen), seed=None if successes == "all" else seed)
+        sampled_s = None if successes in (None, "all") or successes >= len(won) else successes
+        chosen_s = sample_successes(won, sampled_s, seed)
+        outside_pilot = frame_failures - sum(1 for c in cases if c.pilot)
+        sampled_f = None if failures is None or failures >= outside_pilot else main_failures
+        frame = SamplingFrame(failures=frame_failures, successes=len(won), sampled=sampled_s,
+                              seed=seed if sampled_s is not None else None, failures_sampled=sampled_f,
+                              failure_seed=seed if sampled_f is not None else None, design=DESIGN)
         cases = [c.model_copy(update={"outcome": c.historical_outcome, "tags": {**c.tags, **frame_tags(frame, per_task[c.task])}})
-                 for c in cases + chosen]
+                 for c in cases + chosen_s]
     write_manifest(cases, out)
     return cases
 
 
-def check_outcomes(manifest: Manifest, data: bytes, eval_dir: Path | None = None) -> None:
+def check_outcomes(manifest: Manifest, data: bytes, eval_dir: Path | None = None) -> list[str]:
     """Refuse rows whose historical outcome contradicts the evaluation they name (its folder under `studies/`,
-    or `eval_dir`), naming line and field; an evaluation not found here is not checked."""
+    or `eval_dir`), naming line and field, and rows that disagree on the sampling frame; return the evaluations
+    named but not found here (their outcomes are not checked)."""
+    odd = frame_disagreement(manifest.cases)
+    if odd is not None:
+        raise ManifestError([f"{manifest.source}: {odd}: every row carries the same frame (edit none by hand)"])
     named = {c.tags.get("eval_study") for c in manifest.cases} - {None}
     labels: dict[str, dict[str, str]] = {}
-    for study in named:
+    unchecked = []
+    for study in sorted(named, key=str):
         folder = eval_dir if eval_dir is not None else Path(STUDIES) / str(study)
         if not (folder / StudyLayout.of(folder).config.name).is_file():
+            unchecked.append(str(study))
             continue
         with open_journal(folder) as journal:
             if journal.meta().get("study_id") == study:
@@ -302,6 +333,7 @@ def check_outcomes(manifest: Manifest, data: bytes, eval_dir: Path | None = None
                             f"recorded {label!r} for {case.case_id}")
     if problems:
         raise ManifestError(problems)
+    return unchecked
 
 
 def _episode_tags(episodes: list[tuple[str, int, int]]) -> dict[str, str]:

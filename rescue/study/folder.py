@@ -36,6 +36,9 @@ from rescue.study.receipts import outcomes_by_call, read_receipt_file
 
 # Journal meta key: the sham arm's donor of each case (permuted source), fixed at creation.
 SHAM_DONORS_KEY = "sham_donors"
+# How the study's manifest.jsonl was written: "verbatim" (the bytes read, so their sha256 is `manifest_sha256`) or
+# "rewritten" (the cases serialized again); absent in a study made before it was recorded.
+MANIFEST_COPY_KEY = "manifest_copy"
 
 # The states whose cases carry a verdict and so enter the summary.
 SUMMARIZED_STATES: tuple[CaseState, ...] = ("finished", "interrupted")
@@ -80,7 +83,11 @@ def create_study(study_dir: Path, manifest: Manifest, config: StudyConfig, extra
         tmp.mkdir()
         layout = StudyLayout.of(tmp)
         layout.receipts.parent.mkdir()
-        write_manifest(manifest.cases, layout.manifest)
+        # The manifest as it was read, byte for byte: `rescue verify` hashes it against `manifest_sha256`.
+        if manifest.data is not None:
+            write_atomic(layout.manifest, manifest.data)
+        else:
+            write_manifest(manifest.cases, layout.manifest)
         config_json = json.dumps(config.model_dump(mode="json"), indent=2, sort_keys=True)
         write_atomic(layout.config, config_json + "\n")
         meta = {
@@ -91,6 +98,7 @@ def create_study(study_dir: Path, manifest: Manifest, config: StudyConfig, extra
             "config_sha256": config.sha256(),
             "manifest_sha256": manifest.sha256,
             "manifest_source": str(manifest.source) if manifest.source else None,
+            MANIFEST_COPY_KEY: "verbatim" if manifest.data is not None else "rewritten",
             **(extra_meta or {}),
         }
         if config.sham.source == "permuted" and not config.is_evaluation:
@@ -292,7 +300,8 @@ def study_summary(records: StudyRecords, verdicts: dict[str, Verdict] | None = N
     chosen = [c for c in records.cases if records.states[c.case_id] in SUMMARIZED_STATES and c.case_id in verdicts]
     try:
         return summarize([records.record(c) for c in chosen], [verdicts[c.case_id] for c in chosen],
-                         frame=frame_of(records.cases), task_frames=task_frames(records.cases))
+                         frame=frame_of(records.cases), task_frames=task_frames(records.cases),
+                         replays_exact=records.config.policy.rng_control is True)
     except ValueError as exc:
         raise SummaryError(f"the study's verdicts cannot be summarized: {exc}") from None
 

@@ -25,6 +25,7 @@ TAGS = {
     "successes": "eval_successes", "failures": "eval_failures", "episode_protocol": "episode_protocol",
     "suites": "eval_suites", "tasks": "eval_tasks", "inits": "eval_inits", "taken_inits": "taken_inits",
     "taken_limit": "taken_limit", "results_file": "results_file", "results_sha256": "results_sha256",
+    "created": "eval_created",
 }
 # A tag that says the case came from somewhere (`episode_protocol` alone may be a hand-written hint).
 SOURCE_TAGS = ("eval_study", "results_sha256")
@@ -70,6 +71,8 @@ class BaselineSource(BaseModel):
     """The imported results file's name."""
     results_sha256: str | None = None
     """sha256 of the imported results file's bytes."""
+    created: float | None = None
+    """When the evaluation study was created (seconds since the epoch); None: not recorded."""
 
     @property
     def success_rate(self) -> float | None:
@@ -96,12 +99,14 @@ class Baseline(BaseModel):
 _INT_FIELDS = ("episodes", "successes", "failures", "taken_limit")
 
 
-def _value(field: str, value: object) -> str | int | None:
+def _value(field: str, value: object) -> str | int | float | None:
     # A tag is a free label: one of another type than ours (a hand edit) is not recorded rather than refused.
     if value is None or isinstance(value, bool):
         return None
     if field in _INT_FIELDS:
         return value if isinstance(value, int) else None
+    if field == "created":
+        return float(value) if isinstance(value, (int, float)) else None
     return str(value)
 
 

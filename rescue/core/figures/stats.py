@@ -322,7 +322,7 @@ def _comparisons(cases: Sequence[Judged], judged: Sequence[str], confidence: flo
     return out
 
 
-def _judged_arms(cases: Sequence[Judged]) -> list[str]:
+def judged_arms(cases: Sequence[Judged]) -> list[str]:
     """The arms every case of a cohort judges, primary first (they must agree)."""
     found = {tuple(rec.judged()) for rec, _ in cases}
     if len(found) > 1:
@@ -356,7 +356,7 @@ def reproduction(cases: Sequence[Judged]) -> Reproduction:
 
 
 def _summarize_cohort(cases: Sequence[Judged], confidence: float) -> Summary:
-    judged = _judged_arms(cases)
+    judged = judged_arms(cases)
     primary = arm_figures(cases, judged[0], confidence)
     return Summary(
         **primary.model_dump(),
@@ -373,9 +373,11 @@ def _summarize_cohort(cases: Sequence[Judged], confidence: float) -> Summary:
 def summarize(
     records: Sequence[CaseRecord], verdicts: Sequence[Verdict], confidence: float = 0.95,
     frame: SamplingFrame | None = None, task_frames: dict[str, SamplingFrame] | None = None,
+    replays_exact: bool = False,
 ) -> Summary:
     """Summarize a study: the main cohort's failures with N fixed, its historical successes apart (with the net
-    change over `frame`, DESIGN §17), and pilot cases apart."""
+    change over `frame`, the evaluation's, without the declared pilot failures, DESIGN §17), and pilot cases apart.
+    `replays_exact`: the policy's draws are replayed under RNG control (a census of K = 1 replays is exact)."""
     by_id: dict[str, Verdict] = {}
     for v in verdicts:
         if v.case_id in by_id:
@@ -399,8 +401,13 @@ def summarize(
     successes = [(rec, v) for rec, v in main if rec.historical_outcome == "success"]
     summary = _summarize_cohort(failures, confidence)
     if successes:
-        judged = _judged_arms(main)
-        summary.harm = harm_summary(failures, successes, judged, frame, task_frames or {}, confidence)
+        judged = judged_arms(main)
+        pilot_failures: dict[str, int] = {}
+        for rec, _ in pilot:
+            if rec.historical_outcome != "success":
+                pilot_failures[rec.task] = pilot_failures.get(rec.task, 0) + 1
+        summary.harm = harm_summary(failures, successes, judged, frame, task_frames or {}, confidence,
+                                    replays_exact=replays_exact, pilot_failures=pilot_failures)
     summary.pilot_ids = [rec.case_id for rec, _ in pilot]
     pilot_failures = [(rec, v) for rec, v in pilot if rec.historical_outcome != "success"]
     summary.pilot = _summarize_cohort(pilot_failures, confidence) if pilot else None

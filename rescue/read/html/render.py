@@ -18,6 +18,7 @@ import jinja2
 from markupsafe import Markup
 
 from rescue.core.arms import is_assisted, shown
+from rescue.read.harm_view import interval_text
 
 def pct(x: float | None) -> str:
     """A share as a percentage with two decimals, or n/a."""
@@ -41,6 +42,11 @@ def ok_mark(x: bool | None) -> str:
 
 def _json(value: Any) -> str:
     return json.dumps(list(value) if isinstance(value, tuple) else value)
+
+
+def interval_json(ci: Any) -> str:
+    """A net change's interval as `[low, high, exact]` JSON (`null` without one)."""
+    return _json(None if ci is None else [ci.low, ci.high, ci.exact])
 
 
 def arm_name(arm: str) -> str:
@@ -79,7 +85,8 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         finalize=lambda x: "" if x is None else x,
     )
-    env.filters.update(pct=pct, ci=ci_text, p=p_text, ok=ok_mark, json=_json, arm_name=arm_name)
+    env.filters.update(pct=pct, ci=ci_text, p=p_text, ok=ok_mark, json=_json, arm_name=arm_name,
+                       interval_text=interval_text, interval_json=interval_json)
     env.tests["assisted"] = is_assisted
     env.globals.update(_helpers())
     return env

@@ -371,7 +371,7 @@ def _render(study: Path, export: StudyExport, records: StudyRecords, assets: Ass
     asking = 0
     net_lines = []
     if s is not None and s.harm is not None:
-        net_lines = [net_sentence(f, evaluation_name(s.harm)) for f in s.harm.arms]
+        net_lines = [net_sentence(f, evaluation_name(info.baseline, s.harm)) for f in s.harm.arms]
     if s is not None:
         primary = records.config.advisors[0].name if records.config.advisors else None
         sham = records.config.sham.source if records.config.sham.on else None
