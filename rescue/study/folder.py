@@ -23,7 +23,6 @@ from rescue.core.classify import classify
 from rescue.core.configuration.config import StudyConfig
 from rescue.core.figures.evaluation import classify_episode
 from rescue.core.manifest import Case, Manifest
-from rescue.core.querypoint import query_point
 from rescue.core.records import ArmResult, CaseRecord, Receipt
 from rescue.core.verdicts import Verdict
 from rescue.core.sham import sham_donors
@@ -159,7 +158,7 @@ def case_record(
         group=case.group,
         task=case.task,
         horizon=case.horizon,
-        query_step=query_point(case.horizon, config.interval),
+        query_step=config.query_step("control", case.horizon),
         query_steps={arm: config.query_step(arm, case.horizon) for arm in config.arms if query_point_of(arm)},
         historical_fingerprint=case.fingerprint,
         pilot=case.pilot,
