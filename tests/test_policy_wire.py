@@ -550,7 +550,7 @@ def test_serve_main_in_a_subprocess():
     cmd = [
         sys.executable,
         "-c",
-        "import sys; from rescue.policy.server import serve_main; sys.exit(serve_main(sys.argv[1:]))",
+        "import sys; from rescue.cli import main; sys.exit(main(['serve-policy', *sys.argv[1:]]))",
         "--policy",
         "test_policy_wire:NoisePolicy",
         "--port",

@@ -477,7 +477,7 @@ def test_a_cancelled_ask_still_leaves_an_outcome(tmp_path):
 def test_serve_vlm_runs_until_sigterm():
     import openai
 
-    code = "import sys; from rescue.embedded.endpoint import serve_main; sys.exit(serve_main(['--port', '0']))"
+    code = "import sys; from rescue.cli import main; sys.exit(main(['serve-vlm', '--port', '0']))"
     env = os.environ | {"PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
     try:

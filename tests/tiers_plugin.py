@@ -116,7 +116,7 @@ def _start_warm_pool(config: pytest.Config) -> None:
         return
     folder = tempfile.mkdtemp(prefix="rescue-warm-simulators-")
     log = open(os.path.join(folder, "server.log"), "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "rescue.env.warm", folder, "--size", str(WARM_SIZE)],
+    proc = subprocess.Popen([sys.executable, "-m", "rescue.cli", "serve-simulators", folder, "--size", str(WARM_SIZE)],
                             stdout=log, stderr=log, start_new_session=True)
     log.close()
     config._rescue_warm = (proc, folder)

@@ -1,17 +1,16 @@
 """The `rescue` command: each subcommand parses, calls one library function, prints.
 
 This module holds the entry point; `console` the console and every exit code; each command group (study,
-manifest, analysis, service) keeps its parsers beside its handlers, so a new flag is one file.
+manifest, analysis, service, servers) keeps its parsers beside its handlers, so a new flag is one file.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
 
 from rescue import __version__
-from rescue.cli.console import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_PEER
+from rescue.cli.console import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PEER
 
 
 class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -38,9 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser = add_parser  # type: ignore[method-assign]
 
-    from rescue.cli import analysis, manifest, service, study
+    from rescue.cli import analysis, manifest, servers, service, study
 
-    for group in (study, manifest, analysis, service):
+    for group in (study, manifest, analysis, service, servers):
         group.add_commands(sub)
     return parser
 
@@ -48,11 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rescue` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("serve-vlm", "serve-policy", "serve-simulators"):
-        from rescue.core.configuration.names import resolve
-
-        serve: Callable[[list[str]], int] = resolve(build_parser().parse_known_args(argv[:1])[0].forward)
-        return serve(argv[1:])
     args = build_parser().parse_args(argv)
     import sqlite3
 
@@ -91,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
     except KeyboardInterrupt:
         print("rescue: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as exc:  # never a traceback for a user; -v shows it
         if args.verbose:
             raise

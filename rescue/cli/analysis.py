@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from rescue.cli.common import add_protocol_option, config, suite_tasks
-from rescue.cli.console import EXIT_BAD_INPUT, EXIT_UNFINISHED, console
+from rescue.cli.console import EXIT_BAD_INPUT, EXIT_OK, EXIT_PROBLEMS, EXIT_UNFINISHED, console
 from rescue.run.progress import LiveProgress
 from rescue.study import layout
 
@@ -90,7 +90,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     open_journal(Path(args.study)).close()  # a folder that is not a study is bad input, not a failed check
     report = verify_study(Path(args.study))
     print(report.render())
-    return 0 if report.ok else 1
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -154,7 +154,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
     report = preflight(Path(args.manifest), config(args), args.cases, args.clients, args.idle_s)
     print(report.render())
-    return 0 if report.ok else 1
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
 def add_commands(sub) -> None:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rescue.cli.console import console
+from rescue.cli.console import ENDED, console
 
 # Flags that override a configuration key, by argparse dest: each command group registers its own beside its
 # add_argument (`override`), so a new flag is one line in one file.
@@ -84,9 +84,9 @@ def outcome(study: Path) -> int:
     from rescue.study.folder import study_outcome
 
     outcome = study_outcome(study)
-    if outcome.code:
+    if outcome.ended != "finished":
         print(f"rescue: {outcome.message}", file=sys.stderr)
-    return outcome.code
+    return ENDED[outcome.ended]
 
 
 def print_pairings(suites) -> None:

@@ -1,4 +1,4 @@
-"""The shared service and the bundled servers: submit, queue, cancel, serve, drain, serve-vlm, serve-policy."""
+"""The shared service: submit, queue, cancel, serve, drain."""
 
 from __future__ import annotations
 
@@ -58,9 +58,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from rescue.service.worker import ServeError, serve
 
+    keep = args.keep_simulators
+    if args.warm_simulators_count is not None:
+        print("rescue serve: --warm-simulators N is now --keep-simulators N", file=sys.stderr)
+        keep = args.warm_simulators_count
     try:
-        return serve(Path(args.queue), args.host, args.port, args.api_key_env, args.verbose, args.config,
-                     args.warm_simulators)
+        return serve(Path(args.queue), args.host, args.port, args.api_key_env, args.verbose, args.config, keep)
     except ServeError as exc:
         print(f"rescue: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -76,7 +79,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    """submit, queue, cancel, serve, drain, serve-vlm, serve-policy."""
+    """submit, queue, cancel, serve, drain."""
     p = sub.add_parser("submit", help="validate a manifest and its configuration and queue a study for `rescue serve`")
     p.add_argument("manifest")
     p.add_argument("--name", help="a name shown in the queue (default: the manifest's file name)")
@@ -110,21 +113,13 @@ def add_commands(sub) -> None:
     p.add_argument("--api-key-env", help="environment variable holding the API key")
     p.add_argument("--config", metavar="TOML", help="the service's configuration: the VLM endpoints and policies "
                    "jobs may name (default: $RESCUE_SERVICE_CONFIG, else only the embedded ones)")
-    p.add_argument("--warm-simulators", type=int, default=0, metavar="N",
+    p.add_argument("--keep-simulators", type=int, default=0, metavar="N",
                    help="simulators the worker keeps between its jobs, with the envs they built (default: 0, each "
                         "job starts its own)")
+    # The count's old spelling (a run's --warm-simulators names a folder): still taken, with a notice.
+    p.add_argument("--warm-simulators", type=int, dest="warm_simulators_count", metavar="N", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("drain", help="stop claiming new cases; arms in flight finish")
     p.add_argument("study", help="study folder")
     p.set_defaults(func=cmd_drain)
-
-    p = sub.add_parser("serve-vlm", help="the local OpenAI-compatible endpoint", add_help=False)
-    p.set_defaults(func=None, forward="rescue.embedded.endpoint:serve_main")
-
-    p = sub.add_parser("serve-policy", help="serve an in-process policy over the openpi websocket protocol", add_help=False)
-    p.set_defaults(func=None, forward="rescue.policy.server:serve_main")
-
-    p = sub.add_parser("serve-simulators", help="keep simulators warm for runs to lease (--warm-simulators DIR)",
-                       add_help=False)
-    p.set_defaults(func=None, forward="rescue.env.warm:main")

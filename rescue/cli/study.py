@@ -20,7 +20,7 @@ from rescue.cli.common import (
     suite_tasks,
     summary_for,
 )
-from rescue.cli.console import console
+from rescue.cli.console import ENDED, EXIT_OK, EXIT_PROBLEMS, console
 from rescue.run.progress import LiveProgress
 
 
@@ -43,7 +43,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     console.print(f"report: {write_report(paths['rescue'])}")
     report = verify_study(paths["rescue"])
     console.print("verify: " + ("[green]ok[/green]" if report.ok else f"[red]{len(report.problems)} problem(s)[/red]"))
-    return 0 if report.ok else 1
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -110,9 +110,9 @@ def cmd_ablate(args: argparse.Namespace) -> int:
 
     for r in rows:
         ended = study_outcome(r.study)
-        if ended.code:
+        if ended.ended != "finished":
             print(f"rescue: setting {r.setting}: {ended.message}", file=sys.stderr)
-            return ended.code
+            return ENDED[ended.ended]
     return 0
 
 

@@ -12,42 +12,28 @@ asks for JSON output).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import binascii
 import io
 import json
 import math
-import os
 import random
 import re
 import signal
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from aiohttp import web
 from PIL import Image
-from pydantic import BaseModel, ValidationError, field_validator
+from pydantic import BaseModel, field_validator
 
 from rescue.embedded.decision import parse_goal, propose_subgoal
+from rescue.embedded.faults import Fault
 from rescue.embedded.scene import wrong_object_subgoal
 
-Fault = Literal[
-    "none",
-    "rate_limit",
-    "server_error",
-    "drop",
-    "malformed_json",
-    "overlong_subgoal",
-    "wrong_request_id",
-    "quota",
-    "empty_subgoal",
-    "refusal",
-]
 # The generation settings a request may carry (both APIs); the endpoint records them as received.
 GENERATION_KEYS = (
     "max_completion_tokens", "max_tokens", "max_output_tokens", "temperature", "seed",
@@ -412,7 +398,8 @@ async def start_endpoint(
     return runner, f"http://{bound[0]}:{bound[1]}/v1"
 
 
-async def _serve(options: EndpointOptions, host: str, port: int) -> None:
+async def serve_until_signalled(options: EndpointOptions, host: str = "127.0.0.1", port: int = 0) -> None:
+    """`rescue serve-vlm`: serve the endpoint until SIGINT or SIGTERM; OSError when it cannot listen."""
     runner, base_url = await start_endpoint(options, host, port)
     print(f"serving an OpenAI-compatible endpoint at {base_url} (answer={options.answer}, fault={options.fault})", flush=True)
     stop = asyncio.Event()
@@ -423,41 +410,3 @@ async def _serve(options: EndpointOptions, host: str, port: int) -> None:
         await stop.wait()
     finally:
         await runner.cleanup()
-
-
-def serve_main(argv: list[str] | None = None) -> int:
-    """`rescue serve-vlm`: run the local endpoint until SIGINT or SIGTERM."""
-    parser = argparse.ArgumentParser(
-        prog="rescue serve-vlm", description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
-    parser.add_argument("--port", type=int, default=8001, help="port to bind (0: any free port; serve-policy takes 8000)")
-    parser.add_argument("--latency", type=float, default=0.0, help="seconds before each answer")
-    parser.add_argument("--latency-jitter", type=float, default=0.0, help="extra random seconds, uniform")
-    parser.add_argument("--fault", default="none", choices=list(Fault.__args__), help="fault to inject")  # type: ignore[attr-defined]
-    parser.add_argument("--fault-count", type=int, default=1, help="how many first requests the fault hits")
-    parser.add_argument("--api-key-env", help="require the API key held by this environment variable (401 otherwise)")
-    parser.add_argument("--answer", default="model", metavar="MODE",
-                        help="model: the subgoal model on the views; wrong-object: a subgoal naming another object of "
-                             "the instruction's scene; fixed:TEXT: always TEXT (loopback advisors for controls)")
-    parser.add_argument("--model", default="rescue-advisor-v0", help="the model name it reports")
-    args = parser.parse_args(argv)
-    expected = None
-    if args.api_key_env:
-        expected = os.environ.get(args.api_key_env)
-        if not expected:
-            parser.error(f"environment variable {args.api_key_env} is unset or empty")
-    try:
-        options = EndpointOptions(
-            latency_s=args.latency, latency_jitter_s=args.latency_jitter, fault=args.fault, fault_count=args.fault_count,
-            expected_api_key=expected, answer=args.answer, model=args.model,
-        )
-    except ValidationError as exc:
-        parser.error(exc.errors()[0]["msg"].removeprefix("Value error, "))
-    try:
-        asyncio.run(_serve(options, args.host, args.port))
-    except OSError as exc:
-        print(f"rescue serve-vlm: cannot listen on {args.host}:{args.port}: {exc.strerror or exc} "
-              "(is another server on that port? choose one with --port)", file=sys.stderr)
-        return 2
-    return 0

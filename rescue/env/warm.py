@@ -380,35 +380,3 @@ def _handshake(root: Path, index: int, authkey: bytes, wanted: dict, fd: int, na
         return None
     log.info("warm.leased", index=index, sim=name, pid=payload)
     return WarmSim(conn, fd, name, hash_seed, payload)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m rescue.env.warm DIR [--size N] [--adapter SPEC]`: the server, as `rescue serve-simulators`."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="rescue serve-simulators")
-    add_arguments(p)
-    args = p.parse_args(argv)
-    return run(args)
-
-
-def add_arguments(p) -> None:
-    p.add_argument("folder", help="where the simulators listen; runs name it with --warm-simulators")
-    p.add_argument("--size", type=int, default=2, help="warm simulator processes (default: 2)")
-    p.add_argument("--adapter", default=DEFAULT_ADAPTER, help=f"the simulator adapter they serve (default: {DEFAULT_ADAPTER})")
-
-
-def run(args) -> int:
-    if args.size < 1:
-        print(f"rescue: --size {args.size}: at least one simulator", file=sys.stderr)
-        return 2
-    try:
-        serve(args.folder, args.size, args.adapter)
-    except SimulatorError as exc:
-        print(f"rescue: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

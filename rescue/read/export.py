@@ -24,7 +24,6 @@ from rescue.core.configuration.vlm_config import endpoint_host
 from rescue.core.digest import digest_json
 from rescue.core.figures.evaluation import EvalSummary
 from rescue.core.manifest import Case
-from rescue.core.querypoint import query_point
 from rescue.core.records import ArmResult, Receipt
 from rescue.core.verdicts import ArmVerdict, ContinuationCount
 from rescue.core.arms import advisor_arm, base_arm, continuation, query_point_of
@@ -407,7 +406,7 @@ def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
         in_m=v.in_m if v else None,
         in_e=v.in_e if v else None,
         deviation=deviation_detail(records.record(case)) if v and v.label == "initial_state_deviation" else None,
-        query_step=query_point(case.horizon, records.interval),
+        query_step=records.config.query_step("control", case.horizon),
         call_id=assisted.assistance.call_id if assisted else None,
         arms={name: _arm_entry(arms.get(name), digests.get(name)) for name in records.config.case_arms},
         verdicts=dict(v.arms) if v else {},

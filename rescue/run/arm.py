@@ -66,9 +66,9 @@ class ArmSpec:
     experiment: str = "rescue"
     # The reply key under which the policy reports its stage (recorded per query; the rules read it too).
     stage_key: str = "phase"
-    # The fraction of the horizon the arm asks at (a declared extra query point, DESIGN §14); None: the
-    # pre-registered q = ceil(H/2/C)*C.
-    query_fraction: float | None = None
+    # q: the env step the arm asks at (and, forked, forks at), as the study's configuration gives it for this arm
+    # and case (StudyConfig.query_step); None: the pre-registered q = ceil(H/2/C)*C (an arm run outside a study).
+    query_step: int | None = None
 
 
 async def query_policy(policy: PolicyConnection, obs: dict, step: int, firings: list | None) -> dict:
@@ -113,8 +113,7 @@ class ArmRun:
                  advisor: Advisor | None = None):
         self.case, self.spec, self.sim, self.advisor = case, spec, sim, advisor
         self.horizon, self.interval = case.horizon, spec.interval
-        self.q = (query_point(self.horizon, self.interval) if spec.query_fraction is None
-                  else query_point(self.horizon, self.interval, spec.query_fraction))
+        self.q = query_point(self.horizon, self.interval) if spec.query_step is None else spec.query_step
         self.log = log.bind(case_id=case.case_id, arm=spec.arm)
         self.started = time.time()
         self.trace: list[TraceRow] = []

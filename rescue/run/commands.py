@@ -497,7 +497,7 @@ def ablate(
         if not StudyLayout.of(study).is_study():
             new_study(study, manifest, side)
             _run(study, on_case, verbose)
-        elif study_outcome(study).code:
+        elif study_outcome(study).ended != "finished":
             resume(study, on_case, verbose)
     rows = ablation_rows(root, settings)
     (root / "ablation.json").write_text(Ablation(rows=rows).model_dump_json(indent=2) + "\n")

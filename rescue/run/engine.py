@@ -25,7 +25,7 @@ from rescue.core.manifest import Case
 from rescue.core.observation import get_profile
 from rescue.core.records import Answer, ArmResult, Assistance
 from rescue.core.verdicts import Verdict
-from rescue.core.arms import advisor_arm, answered_at_q, base_arm, is_assisted, query_point_of
+from rescue.core.arms import advisor_arm, answered_at_q, base_arm, is_assisted
 from rescue.core.sham import donor_group
 from rescue.env.backend import LOCAL, Backend
 from rescue.env.pool import SimLease, SimulatorError
@@ -314,8 +314,12 @@ class Engine:
             log.warning("arm.not_recorded_yet", case_id=result.case_id, arm=result.arm, error=one_line(str(exc)))
         return result
 
-    def _spec_kwargs(self) -> dict:
-        return dict(
+    def _spec(self, case: Case, arm: str, peers: Peers) -> ArmSpec:
+        """How an arm of a case runs; its q is the one the configuration gives this arm and case."""
+        return ArmSpec(
+            arm=arm,
+            interval=peers.interval,
+            query_step=self.config.query_step(arm, case.horizon),
             profile=self.profile,
             protocol=self.protocol,
             on_steps=self.observer.steps_done,
@@ -346,7 +350,7 @@ class Engine:
     async def _run_one_arm(
         self, case: Case, arm: str, peers: Peers, held: tuple[SimLease, AsyncRuleWrapper] | None
     ) -> ArmResult:
-        spec = ArmSpec(arm=arm, interval=peers.interval, **self._spec_kwargs())
+        spec = self._spec(case, arm, peers)
         lease, policy = held if held is not None else (None, None)
         try:
             if lease is None:
@@ -385,8 +389,7 @@ class Engine:
         # One answer per arm at q, whatever the number of its continuations: they share the call (DESIGN §13).
         advisors = {base: _once(self._advisor_for(base, peers, case))
                     for base in dict.fromkeys(base_arm(name) for name in names if name != "control")}
-        fractions = {p.name: p.fraction for p in self.config.query_points or []}
-        followers = [Follower(name, sim_at_q, connect, advisors.get(base_arm(name)), fractions.get(query_point_of(name)))
+        followers = [Follower(self._spec(case, name, peers), sim_at_q, connect, advisors.get(base_arm(name)))
                      for name in names if name != "control"]
         for arm in names:
             self.observer.arm_started(arm)
@@ -394,7 +397,7 @@ class Engine:
             # Without RNG control nothing can put a fresh connection where the prefix left the policy's RNG:
             # a stateless policy's followers continue at once (a study made before this was recorded replays).
             return await run_forked(
-                case, peers.interval, self._spec_kwargs(), (leases[0], policies[0]), followers,
+                case, self._spec(case, "control", peers), (leases[0], policies[0]), followers,
                 control_done=leases[0].release, replay=self.config.policy.rng_control is not False, on_result=self._keep,
             )
         except Exception as exc:

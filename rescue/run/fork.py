@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from rescue.core.actions import checked_chunk
-from rescue.core.arms import ArmName, continuation, continuation_seed
+from rescue.core.arms import continuation, continuation_seed
 from rescue.core.digest import digest_array
 from rescue.core.images import VLM_VIEWS, view_digests
 from rescue.core.manifest import Case
@@ -23,15 +23,14 @@ from rescue.run.arm import Advisor, ArmRun, ArmSpec, query_policy
 
 @dataclass
 class Follower:
-    """An arm that continues from the snapshot at q: its name, how it gets a simulator and its own policy
-    connection at q, and who answers it there (None: a continuation of the control arm)."""
+    """An arm that continues from the snapshot at q: how it runs (its spec, q included: it forks at its own q),
+    how it gets a simulator and its own policy connection at q, and who answers it there (None: a continuation
+    of the control arm)."""
 
-    arm: ArmName
+    spec: ArmSpec
     simulator: Callable[[], Awaitable[Simulator]]
     connect: Callable[[], Awaitable[PolicyConnection]]
     advisor: Advisor | None = None
-    # Where it forks and asks: a declared extra query point's fraction of the horizon; None: the pre-registered q.
-    query_fraction: float | None = None
 
 
 @dataclass
@@ -50,14 +49,13 @@ class Fork:
     when done (`control_done`), so forked cases never wait on each other for simulators.
     """
 
-    def __init__(self, case: Case, interval: int, spec_kwargs: dict, control: tuple[Simulator, PolicyConnection],
+    def __init__(self, case: Case, spec: ArmSpec, control: tuple[Simulator, PolicyConnection],
                  followers: list[Follower], control_done: Callable[[], None], replay: bool,
                  on_result: Callable[[ArmResult], None]):
-        self.case, self.interval, self.replay = case, interval, replay
+        self.case, self.replay = case, replay
         self.control_done, self.on_result = control_done, on_result
-        self.ctrl = ArmRun(case, ArmSpec(arm="control", interval=interval, **spec_kwargs), *control)
-        self.runs = [(ArmRun(case, ArmSpec(arm=f.arm, interval=interval, query_fraction=f.query_fraction, **spec_kwargs),
-                             None, None, f.advisor), f) for f in followers]
+        self.ctrl = ArmRun(case, spec, *control)
+        self.runs = [(ArmRun(case, f.spec, None, None, f.advisor), f) for f in followers]
         self.started: dict[ArmRun, asyncio.Task] = {}
 
     async def run(self) -> list[ArmResult]:
@@ -120,7 +118,7 @@ class Fork:
 
     async def replay_prefix(self, run: ArmRun, queries: list[tuple[int, dict]]) -> None:
         """Send the prefix's queries again on the follower's connection; each must give the leader's chunk."""
-        interval = self.interval
+        interval = run.interval
         for (step, policy_input), row in zip(queries, run.trace):
             reply = await query_policy(run.policy, policy_input, step, run.firings)
             chunk = checked_chunk(reply, interval=interval, due=min(interval, run.horizon - step),
@@ -194,15 +192,15 @@ class Fork:
 
 async def run_forked(
     case: Case,
-    interval: int,
-    spec_kwargs: dict,
+    spec: ArmSpec,
     control: tuple[Simulator, PolicyConnection],
     followers: list[Follower],
     control_done: Callable[[], None] = lambda: None,
     replay: bool = True,
     on_result: Callable[[ArmResult], None] = lambda result: None,
 ) -> list[ArmResult]:
-    """Fork at q: run the common prefix once, snapshot the simulator at q, finish every arm from it.
+    """Fork at q: run the common prefix once (the control arm, as `spec` says), snapshot the simulator at q, finish
+    every arm from it.
 
     The prefix's trace is every arm's prefix. Each follower (each assisted arm, the sham, every continuation)
     restores the snapshot on a simulator of its own (its state digest and first render must equal the leader's
@@ -215,4 +213,4 @@ async def run_forked(
     as it is taken. Results: the leader (control) first, then the followers in order; `on_result` hears each as
     soon as its arm ends.
     """
-    return await Fork(case, interval, spec_kwargs, control, followers, control_done, replay, on_result).run()
+    return await Fork(case, spec, control, followers, control_done, replay, on_result).run()

@@ -78,7 +78,8 @@ async def _connect(peers: Peers) -> WebsocketPolicyClient:
 async def _one_arm(case: Case, config: StudyConfig, peers: Peers) -> ArmResult:
     """A control arm as the engine runs it: own simulator, own connection, the configured rules."""
     spec = ArmSpec(
-        arm="control", interval=peers.interval, image_size=config.env.image_size, keepalive_s=config.keepalive_s,
+        arm="control", interval=peers.interval, query_step=config.query_step("control", case.horizon),
+        image_size=config.env.image_size, keepalive_s=config.keepalive_s,
         profile=get_profile(config.policy.observation or "privileged"), protocol=config.env.protocol(),
     )
     sim = await peers.pool.acquire()

@@ -20,8 +20,14 @@ from rescue.core.configuration.config import StudyConfig
 from rescue.service.queue import JobLayout
 from rescue.study.layout import StudyLayout
 
-EXIT_BAD_INPUT = 2
+# The job process's exit codes, which a job's state records: `rescue run`'s (rescue/cli/console.py names the
+# command's; the service stands below the command, so it names its own, and tests/test_exit_codes.py holds them equal).
+EXIT_OK = 0
 EXIT_INTERNAL = 1
+EXIT_BAD_INPUT = 2
+EXIT_STOPPED = 3
+EXIT_ALL_UNKNOWN = 4
+ENDED: dict[str, int] = {"finished": EXIT_OK, "stopped": EXIT_STOPPED, "all_unknown": EXIT_ALL_UNKNOWN}
 
 
 def run_job(job_dir: Path, config_json: str | None = None, verbose: bool = False) -> int:
@@ -30,9 +36,9 @@ def run_job(job_dir: Path, config_json: str | None = None, verbose: bool = False
     `config_json`: the resolved study configuration of a job whose study does not exist yet."""
     from rescue.core.configuration.config_files import ConfigError
     from rescue.run import commands
-    from rescue.study.folder import EXIT_ALL_UNKNOWN, EXIT_OK, study_outcome
+    from rescue.study.folder import study_outcome
 
-    # The worker's warm simulators, when it keeps some (`rescue serve --warm-simulators N`).
+    # The worker's warm simulators, when it keeps some (`rescue serve --keep-simulators N`).
     backend = commands.warm_backend()
     job = JobLayout(Path(job_dir))
     study = job.study.name
@@ -48,11 +54,11 @@ def run_job(job_dir: Path, config_json: str | None = None, verbose: bool = False
         print(f"ran {study}", flush=True)
     outcome = study_outcome(job.study)
     print(outcome.message, flush=True)
-    if outcome.code in (EXIT_OK, EXIT_ALL_UNKNOWN):
+    if outcome.ended in ("finished", "all_unknown"):
         from rescue.read.html.report import write_report
 
         print(f"report: {study}/{Path(write_report(job.study)).name}", flush=True)
-    return outcome.code
+    return ENDED[outcome.ended]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,14 +55,8 @@ from rescue.service.queue import (
     read_request,
     write_state,
 )
-from rescue.study.folder import (
-    EXIT_ALL_UNKNOWN,
-    EXIT_OK,
-    EXIT_STOPPED,
-    StudyError,
-    load_study_config,
-    open_journal,
-)
+from rescue.service.job import EXIT_ALL_UNKNOWN, EXIT_BAD_INPUT, EXIT_OK, EXIT_STOPPED
+from rescue.study.folder import StudyError, load_study_config, open_journal
 from rescue.study.layout import StudyLayout
 from rescue.study.owner import StudyBusy, alive, own_study
 
@@ -74,8 +68,6 @@ ORPHAN_DRAIN_S = 600.0
 SETTLE_WAIT_S = 60.0
 SERVE_INFO = "serve.json"
 SERVE_LOCK = ".serve.lock"
-# A job the service refuses at its start exits as bad input does.
-EXIT_REFUSED = 2
 
 
 class ServeError(RuntimeError):
@@ -222,7 +214,8 @@ class Worker:
             out.write(f"--- run {job.state.runs} refused at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
                       f"rescue: refused: {why}\n")
         with queue_lock(self.queue):
-            write_state(job, state="stopped", pid=None, exit_code=EXIT_REFUSED, message=f"refused: {why}"[:500],
+            # A job the service refuses at its start exits as bad input does.
+            write_state(job, state="stopped", pid=None, exit_code=EXIT_BAD_INPUT, message=f"refused: {why}"[:500],
                         finished_at=time.time())
         log.warning("serve.job_refused", job=job.spec.job_id, why=why)
 
@@ -420,10 +413,10 @@ async def serve_async(queue: Path, sock: socket.socket, api_key: str | None, ver
 
 def serve(queue: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 8765,
           api_key_env: str | None = None, verbose: bool = False, config: str | os.PathLike[str] | None = None,
-          warm_simulators: int = 0) -> int:
+          keep_simulators: int = 0) -> int:
     """`rescue serve`: refuse a bind beyond loopback without an API key, or a queue another worker serves,
     then run until stopped. `config`: the service's configuration file (default: RESCUE_SERVICE_CONFIG's;
-    none: the embedded defaults). `warm_simulators`: simulators the worker keeps between its jobs, which
+    none: the embedded defaults). `keep_simulators`: simulators the worker keeps between its jobs, which
     every job leases (rescue.env.warm); 0: each job starts its own."""
     from rescue.service.api import is_loopback
 
@@ -439,7 +432,7 @@ def serve(queue: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 87
     sock = _listen(host, port)  # first: a port that cannot be had leaves nothing behind
     try:
         Path(queue).mkdir(parents=True, exist_ok=True)
-        with own_queue(Path(queue)), _kept_warm(warm_simulators):
+        with own_queue(Path(queue)), _kept_warm(keep_simulators):
             return asyncio.run(serve_async(Path(queue), sock, api_key, verbose, service))
     finally:
         sock.close()

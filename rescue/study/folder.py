@@ -14,7 +14,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
@@ -23,7 +23,6 @@ from rescue.core.classify import classify
 from rescue.core.configuration.config import StudyConfig
 from rescue.core.figures.evaluation import classify_episode
 from rescue.core.manifest import Case, Manifest
-from rescue.core.querypoint import query_point
 from rescue.core.records import ArmResult, CaseRecord, Receipt
 from rescue.core.verdicts import Verdict
 from rescue.core.sham import sham_donors
@@ -167,7 +166,7 @@ def case_record(
         group=case.group,
         task=case.task,
         horizon=case.horizon,
-        query_step=query_point(case.horizon, config.interval),
+        query_step=config.query_step("control", case.horizon),
         query_steps={arm: config.query_step(arm, case.horizon) for arm in config.arms if query_point_of(arm)},
         historical_fingerprint=case.fingerprint,
         pilot=case.pilot,
@@ -317,21 +316,17 @@ def store_summary(study_dir: str | os.PathLike[str]) -> Summary:
     return summary
 
 
-# Exit codes of `rescue run`, `resume` and `eval` (docs/reference.md lists them).
-EXIT_OK = 0  # every case has a verdict
-EXIT_STOPPED = 3  # the study stopped with cases never run (drain, fail-fast, unreachable policy)
-EXIT_ALL_UNKNOWN = 4  # every case has a verdict, and every one is unknown
-
-
 class StudyOutcome(BaseModel):
-    """How a run left its study: the exit code and the line that explains it."""
+    """How a run left its study, and the line that explains it (the command turns `ended` into its exit code)."""
 
-    code: int
+    ended: Literal["finished", "stopped", "all_unknown"]
+    """finished: every case has a verdict; stopped: cases were never run (drain, fail-fast, an unreachable
+    policy); all_unknown: every case has a verdict, and every one is unknown."""
     message: str
 
 
 def study_outcome(study_dir: str | os.PathLike[str]) -> StudyOutcome:
-    """The exit code of a run from what the journal holds: finished, stopped early, or all unknown."""
+    """How a run ended, from what the journal holds: finished, stopped early, or all unknown."""
     with open_journal(study_dir) as journal:
         counts = journal.counts()
         labels = journal.label_counts()
@@ -341,12 +336,12 @@ def study_outcome(study_dir: str | os.PathLike[str]) -> StudyOutcome:
     if left or meta.get(STOPPED_NOW_KEY):
         why = meta.get(STOP_REASON_KEY) or ("a drain was requested" if meta.get("drain") else "it was interrupted")
         if not left:
-            return StudyOutcome(code=EXIT_STOPPED, message=f"the study stopped: {why}")
+            return StudyOutcome(ended="stopped", message=f"the study stopped: {why}")
         return StudyOutcome(
-            code=EXIT_STOPPED,
+            ended="stopped",
             message=f"the study stopped with {left} of {n} cases without a verdict: {why}",
         )
     unknown = sum(v for (_, label), v in labels.items() if label == "unknown")
     if n and unknown == n:
-        return StudyOutcome(code=EXIT_ALL_UNKNOWN, message=f"every one of the {n} cases is unknown (see their reasons: rescue export)")
-    return StudyOutcome(code=EXIT_OK, message=f"all {n} cases have a verdict")
+        return StudyOutcome(ended="all_unknown", message=f"every one of the {n} cases is unknown (see their reasons: rescue export)")
+    return StudyOutcome(ended="finished", message=f"all {n} cases have a verdict")
