@@ -136,17 +136,24 @@ def net_change(failure_scores: Sequence[float], failures: int, success_scores: S
     w_f, w_s = failures / n, successes / n
     out.change = w_f * (fail.mean or 0.0) - w_s * (succ.mean or 0.0)
 
-    these_f = _these(failure_scores, failures, exact_values, f"{seed}:failures")
-    these_s = _these(success_scores, successes, exact_values, f"{seed}:successes")
-    low, high = weighted_bounds((w_f, these_f), (-w_s, these_s), confidence)
-    exact = these_f.exact is not None and these_s.exact is not None
+    changes = [*failure_scores, *(-s for s in success_scores)]
+    census = fail.census and succ.census
+    if census and not exact_values:
+        # Every episode replayed, each score a noisy draw of its own: one mixture over the N changes (independent,
+        # their means averaging the net change) is tighter than the product of the strata's.
+        low, high = bounds(evidence(changes), confidence)
+        exact = False
+    else:
+        these_f = _these(failure_scores, failures, exact_values, f"{seed}:failures")
+        these_s = _these(success_scores, successes, exact_values, f"{seed}:successes")
+        low, high = weighted_bounds((w_f, these_f), (-w_s, these_s), confidence)
+        exact = these_f.exact is not None and these_s.exact is not None
     out.these_episodes = Interval(low=max(-1.0, low), high=min(1.0, high), exact=exact)
 
     if not benchmark:
         return out
     # The benchmark: every score is a draw of its stratum's distribution over the suite's initial states.
-    changes = [*failure_scores, *(-s for s in success_scores)]
-    if fail.census and succ.census or failures == 0 or successes == 0:
+    if census or failures == 0 or successes == 0:
         low, high = bounds(evidence(changes), confidence)
     else:
         low, high = mixed_bounds(share_evidence(failures, n), evidence(failure_scores),
