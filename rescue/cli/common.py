@@ -84,7 +84,9 @@ def outcome(study: Path) -> int:
     from rescue.study.folder import study_outcome
 
     outcome = study_outcome(study)
-    if outcome.ended != "finished":
+    if outcome.ended == "decided":
+        print(f"rescue: {outcome.message}")
+    elif outcome.ended != "finished":
         print(f"rescue: {outcome.message}", file=sys.stderr)
     return ENDED[outcome.ended]
 

@@ -28,4 +28,5 @@ EXIT_UNFINISHED = 5
 EXIT_INTERRUPTED = 130  # Ctrl-C outside a run's own signal handling, as a shell reports it (128 + SIGINT)
 
 # The exit code of `rescue run`, `resume`, `eval` and `ablate` by how the study ended (rescue.study.folder.StudyOutcome).
-ENDED: dict[str, int] = {"finished": EXIT_OK, "stopped": EXIT_STOPPED, "all_unknown": EXIT_ALL_UNKNOWN}
+ENDED: dict[str, int] = {"finished": EXIT_OK, "decided": EXIT_OK, "stopped": EXIT_STOPPED,
+                         "all_unknown": EXIT_ALL_UNKNOWN}

@@ -53,7 +53,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.continue_from:
             study = commands.continue_from(Path(args.continue_from), Path(args.target), live, args.verbose, backend(args))
         else:
-            study = commands.run_manifest(Path(args.target), args.study and Path(args.study), config(args), live,
+            settings = config(args)
+            if args.no_stop:
+                settings = settings.model_copy(update={"stopping": None})
+            study = commands.run_manifest(Path(args.target), args.study and Path(args.study), settings, live,
                                          args.verbose, backend(args), pilot_run=args.pilot_run)
     console.print(f"study: {study}")
     if args.continue_from:
@@ -130,6 +133,8 @@ def add_commands(sub) -> None:
     p.add_argument("--study", help="study folder (default: a new folder under studies/)")
     p.add_argument("--continue-from", metavar="STUDY", help="run the never-claimed complement of STUDY")
     p.add_argument("--pilot-run", action="store_true", help="the manifest's cases may all be pilot (a pilot run alone)")
+    p.add_argument("--no-stop", action="store_true", help="run every case even though the configuration declares a "
+                   "[stopping] rule (the study is created without it)")
     add_run_options(p)
     p.set_defaults(func=cmd_run)
 

@@ -30,6 +30,7 @@ from rescue.core.arms import advisor_arm, base_arm, continuation, query_point_of
 from rescue.core.figures.stats import Summary
 from rescue.read.legacy import upgrade_export
 from rescue.read.legacy_harm import is_old_harm, upgrade_harm
+from rescue.read.stopping_view import StopReport, stop_report
 from rescue.study.files import write_atomic
 from rescue.study.folder import (
     SUMMARIZED_STATES,
@@ -338,6 +339,9 @@ class StudyExport(BaseModel):
     """With declared extra query points (DESIGN §14): the calls each query point's arm applied, by arm (the
     pre-registered q's is the primary arm's), with the primary advisor's declared price; a call that batched two
     query points' cases counts under both. Absent without query points."""
+    stopping: StopReport | None = Field(default=None, exclude_if=lambda v: v is None)
+    """A study with a `[stopping]` rule (DESIGN §20): the rule, where it stopped, the interval at the stop; absent
+    for a study without one."""
     cases: list[CaseEntry]
     """Every manifest case, in manifest order."""
 
@@ -499,6 +503,7 @@ def export_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
         usage=usage,
         usage_by_advisor=by_advisor,
         usage_by_query_point=_usage_by_query_point(records, all_receipts),
+        stopping=None if evaluation else stop_report(records),
         cases=[_case_entry(records, case) for case in records.cases],
     )
 

@@ -12,6 +12,7 @@ from rescue.core.figures.evaluation import EvalSummary
 from rescue.core.arms import arm_advisor, is_assisted, query_point_of, shown
 from rescue.core.figures.stats import ArmFigures, Summary, ranked
 from rescue.read.harm_view import breakdown_table, evaluation_name, harm_table, net_sentence
+from rescue.read.stopping_view import stop_sentence
 
 LABEL_ORDER = ("rescued", "not_rescued", "unknown", "initial_state_deviation")
 
@@ -213,6 +214,8 @@ def render_summary(export: Any) -> Group:
     title = "rescue study"
     if arm_advisor(summary.arm):
         title += f" (the primary advisor's arm: {arm_advisor(summary.arm)})"
+    if export.stopping is not None:
+        parts.append(Text(stop_sentence(export.stopping)))
     if summary.harm is not None:
         what = evaluation_name(export.study.baseline, summary.harm)
         parts += [Text(net_sentence(f, what)) for f in summary.harm.arms]

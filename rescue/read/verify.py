@@ -30,9 +30,12 @@ from rescue.core.figures.stats import Summary, judged_arms
 from rescue.core.figures.success_sample import frame_disagreement, frame_of, task_frames
 from rescue.read.legacy import is_legacy_summary, legacy_summary
 from rescue.read.legacy_harm import is_old_harm, old_harm_summary
+from rescue.read.stopping_view import derived_decision, order_problem
+from rescue.core.figures.sequential import Decision
 from rescue.study import layout
 from rescue.study.folder import (
     MANIFEST_COPY_KEY,
+    STOPPING_DECISION_KEY,
     SUMMARIZED_STATES,
     SHAM_DONORS_KEY,
     StudyError,
@@ -595,6 +598,29 @@ class _Verifier:
             self.problem("summary", None, f"stored summary differs from the one recomputed over "
                          f"{summary.n} main-cohort cases: {shown}")
 
+    def check_stopping(self, records: StudyRecords, fresh: dict[str, Verdict]) -> None:
+        """A `[stopping]` rule: the order is the one its seed fixes, and the decision the journal keeps is the one
+        the e-process gives again case by case (or, kept none, that no boundary was crossed before the end)."""
+        if records.config.stopping is None:
+            return
+        self.checked["stopping rule"] = 1
+        problem = order_problem(records)
+        if problem is not None:
+            self.problem("stopping", None, problem)
+            return
+        again = derived_decision(records, fresh)
+        kept = records.meta.get(STOPPING_DECISION_KEY)
+        if kept is None:
+            if again is not None and again.outcome in ("efficacy", "futility"):
+                self.problem("stopping", again.case_id, f"the rule decides {again.outcome} at case {again.at} "
+                             f"({again.case_id}), and the study went on without stopping")
+            return
+        stored = Decision.model_validate(kept).model_dump(mode="json")
+        diffs = _diff(stored, again.model_dump(mode="json"))
+        if diffs:
+            shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
+            self.problem("stopping", None, f"the decision the journal keeps differs from the one derived again: {shown}")
+
     def check_invariant(self, records: StudyRecords, verdicts: dict[str, Verdict], which: str) -> None:
         main = [c for c in records.cases if not c.pilot]
         mine = [verdicts[c.case_id] for c in main if c.case_id in verdicts]
@@ -698,5 +724,6 @@ def verify_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
                 v.check_invariant(records, stored, "stored")
                 v.check_invariant(records, fresh, "recomputed")
                 v.check_summary(records, fresh)
+                v.check_stopping(records, fresh)
         v.report.checked = dict(v.checked)
         return v.report

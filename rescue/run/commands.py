@@ -29,6 +29,8 @@ from rescue.core.figures.success_sample import (
     DESIGN,
     SamplingFrame,
     frame_disagreement,
+    frame_of,
+    frame_refusal,
     frame_tags,
     sample_cases,
     sample_successes,
@@ -37,6 +39,7 @@ from rescue.env.backend import LOCAL, Backend
 from rescue.env.warm import WARM_ENV, kept_warm, warm_folder
 from rescue.run.engine import run_study
 from rescue.run.recovery import complement_manifest, recover
+from rescue.run.stopping import order_meta
 from rescue.run.observer import RunObserver
 from rescue.run.peers import check_live_identity, resolved_config, study_protocol
 from rescue.study import logs
@@ -72,7 +75,8 @@ def new_study(study_dir: Path | None, manifest: Manifest, config: StudyConfig, e
     """Fix the study's identity against its policy server, then create its folder (nothing on failure)."""
     study_dir = Path(study_dir) if study_dir else new_study_dir()
     horizons = [c.horizon for c in manifest.cases]
-    problem = config.sham.by_task_problem(c.task for c in manifest.cases) or config_work_problem(config, horizons)
+    problem = (config.sham.by_task_problem(c.task for c in manifest.cases) or config_work_problem(config, horizons)
+               or stopping_problem(config, manifest.cases))
     if problem is not None:
         raise ConfigError(problem)
     if config.vlm.lab_budget is not None:
@@ -81,8 +85,28 @@ def new_study(study_dir: Path | None, manifest: Manifest, config: StudyConfig, e
     problem = config_work_problem(resolved, horizons)  # C is known now: a query point that cannot fire
     if problem is not None:
         raise ConfigError(problem)
-    create_study(study_dir, manifest, resolved, extra_meta)
+    create_study(study_dir, manifest, resolved, {**order_meta(manifest.cases, resolved), **(extra_meta or {})})
     return study_dir
+
+
+def stopping_problem(config: StudyConfig, cases: list[Case]) -> str | None:
+    """Why the manifest cannot be tested by the configuration's `[stopping]` rule, in one line; None: it can."""
+    rule = config.stopping
+    if rule is None:
+        return None
+    main = [c for c in cases if not c.pilot]
+    wins = sum(c.historical_outcome == "success" for c in main)
+    if rule.test == "harm" and not wins:
+        return "stopping: test = 'harm' reads the historical successes; the manifest holds none (--successes)"
+    if rule.test in ("rescue", "sham", "arms") and wins == len(main):
+        return f"stopping: test = {rule.test!r} reads the failures; the manifest holds none"
+    if rule.test == "net":
+        frame = frame_of(main)
+        if frame is None or frame_refusal(frame, len(main) - wins, wins) is not None \
+                or frame.sampled is not None or frame.failures_sampled is not None:
+            return ("stopping: test = 'net' reads every episode of the evaluation (the net change over a census); "
+                    "write the manifest with --successes all and every failure")
+    return None
 
 
 # The tag `rescue manifest from-eval` writes on each case: the episode protocol its failure happened under.

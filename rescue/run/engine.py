@@ -34,6 +34,7 @@ from rescue.run.fork import Follower, run_forked
 from rescue.run.observer import RunObserver, as_observer
 from rescue.run.peers import Peers, start_peers
 from rescue.run.sham import ShamSource
+from rescue.run.stopping import StopRule
 from rescue.study.folder import SHAM_DONORS_KEY, classify_case, load_study_config, store_summary
 from rescue.study.journal import STOP_REASON_KEY, STOPPED_NOW_KEY, Journal
 from rescue.study.layout import StudyLayout
@@ -77,6 +78,8 @@ class Engine:
         self._workers: list[asyncio.Task] = []
         # The outcome lines the VLM client wrote, read back by the one receipts reader.
         self._outcomes = OutcomeIndex(self.layout.receipts)
+        # A `[stopping]` rule: cases claimed in the order fixed at creation, the rule checked after each.
+        self.rule = StopRule(self.journal, config) if config.stopping is not None else None
 
     def drain(self) -> None:
         """Stop claiming new cases; arms in flight finish."""
@@ -92,6 +95,8 @@ class Engine:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self._on_signal, sig)
         try:
+            if self.rule is not None and (self.rule.decided() is not None or self.rule.check() is not None):
+                self._decided()  # a resume of a study its rule stopped: nothing more to claim
             pending = set(self.journal.pending_ids())
             horizons = sum(c.horizon for c in self.journal.cases() if c.case_id in pending)
             arms = len(self.config.case_arms)
@@ -182,8 +187,10 @@ class Engine:
                 hold = await self._hold(peers)
                 if self._stopping():
                     return
-                # A case of a task this simulator loaded, when one is pending: its env is likely still built.
-                case = self.journal.claim_next(name, prefer=lease.sim.loaded_tasks() if lease.sim else ())
+                # A case of a task this simulator loaded, when one is pending: its env is likely still built
+                # (under a rule, the next in its fixed order: stopping never selects cases).
+                case = (self.rule.claim(name) if self.rule is not None
+                        else self.journal.claim_next(name, prefer=lease.sim.loaded_tasks() if lease.sim else ()))
                 if case is None:
                     return
                 if hold is not None:
@@ -302,6 +309,19 @@ class Engine:
             cause = sampling_without_control(list(arms))
         if cause is not None:
             self.stop_study(cause)
+        if self.rule is not None and self.rule.check() is not None:
+            self._decided()
+
+    def _decided(self) -> None:
+        """The rule decided: stop claiming; the cases in flight finish and count (DESIGN §20)."""
+        decision = self.rule.decided() if self.rule is not None else None
+        if decision is None or self._stop.is_set():
+            self.drain()
+            return
+        log.info("study.stopped_by_rule", outcome=decision["outcome"], at=decision["at"])
+        self.observer.stopping(f"the [stopping] rule decided at case {decision['at']} ({decision['outcome']}): no new "
+                               "case is claimed; the cases in flight finish and count")
+        self.drain()
 
     def _keep(self, result: ArmResult) -> ArmResult:
         """Record an arm in the journal as soon as it ends, so that a kill keeps its work (the case stays claimed

@@ -27,7 +27,8 @@ EXIT_INTERNAL = 1
 EXIT_BAD_INPUT = 2
 EXIT_STOPPED = 3
 EXIT_ALL_UNKNOWN = 4
-ENDED: dict[str, int] = {"finished": EXIT_OK, "stopped": EXIT_STOPPED, "all_unknown": EXIT_ALL_UNKNOWN}
+ENDED: dict[str, int] = {"finished": EXIT_OK, "decided": EXIT_OK, "stopped": EXIT_STOPPED,
+                         "all_unknown": EXIT_ALL_UNKNOWN}
 
 
 def run_job(job_dir: Path, config_json: str | None = None, verbose: bool = False) -> int:

@@ -38,6 +38,11 @@ SHAM_DONORS_KEY = "sham_donors"
 # How the study's manifest.jsonl was written: "verbatim" (the bytes read, so their sha256 is `manifest_sha256`) or
 # "rewritten" (the cases serialized again); absent in a study made before it was recorded.
 MANIFEST_COPY_KEY = "manifest_copy"
+# A study with a `[stopping]` rule (DESIGN §20): the order its cases run in, fixed at creation (pilot cases first,
+# then the main cohort's seeded permutation stratified by task), and the decision the rule reached, when it stopped
+# the study.
+STOPPING_ORDER_KEY = "stopping_order"
+STOPPING_DECISION_KEY = "stopping_decision"
 
 # The states whose cases carry a verdict and so enter the summary.
 SUMMARIZED_STATES: tuple[CaseState, ...] = ("finished", "interrupted")
@@ -319,9 +324,10 @@ def store_summary(study_dir: str | os.PathLike[str]) -> Summary:
 class StudyOutcome(BaseModel):
     """How a run left its study, and the line that explains it (the command turns `ended` into its exit code)."""
 
-    ended: Literal["finished", "stopped", "all_unknown"]
-    """finished: every case has a verdict; stopped: cases were never run (drain, fail-fast, an unreachable
-    policy); all_unknown: every case has a verdict, and every one is unknown."""
+    ended: Literal["finished", "decided", "stopped", "all_unknown"]
+    """finished: every case has a verdict; decided: the study's `[stopping]` rule stopped it, every case it ran
+    has a verdict and the rest were never run, by the rule; stopped: cases were never run (drain, fail-fast, an
+    unreachable policy); all_unknown: every case has a verdict, and every one is unknown."""
     message: str
 
 
@@ -333,6 +339,11 @@ def study_outcome(study_dir: str | os.PathLike[str]) -> StudyOutcome:
         meta = journal.meta()
     n = sum(counts.values())
     left = counts["pending"] + counts["claimed"]
+    decision = meta.get(STOPPING_DECISION_KEY)
+    if decision is not None and not counts["claimed"] and not meta.get(STOPPED_NOW_KEY) and not meta.get(STOP_REASON_KEY):
+        return StudyOutcome(ended="decided", message=(
+            f"the [stopping] rule decided at case {decision['at']} of the ordered main cohort ({decision['outcome']}); "
+            f"{counts['pending']} of {n} cases were never run, by the rule"))
     if left or meta.get(STOPPED_NOW_KEY):
         why = meta.get(STOP_REASON_KEY) or ("a drain was requested" if meta.get("drain") else "it was interrupted")
         if not left:

@@ -25,6 +25,7 @@ from rescue.core.arms import (
     query_point_of,
 )
 from rescue.core.sham import ShamConfig
+from rescue.core.configuration.stopping import StoppingConfig
 from wrappers.async_rules import RulesConfig
 from rescue.core.configuration.vlm_config import AdvisorConfig, VLMConfig, url_without_secrets
 
@@ -217,6 +218,10 @@ class StudyConfig(BaseModel):
     (its verdict is the case's label): one assisted arm each, `assisted:<name>`. None: the one advisor is
     `[vlm]`, whose arm is `assisted`."""
 
+    stopping: StoppingConfig | None = Field(default=None, exclude_if=lambda v: v is None)
+    """A rule that stops the study once its answer is decided (`[stopping]`, DESIGN §20): what is tested, the
+    error rate, the bounds; the cases then run in an order fixed at creation. None: every case runs."""
+
     @model_validator(mode="before")
     @classmethod
     def _advisor_tables(cls, data: Any) -> Any:
@@ -300,6 +305,18 @@ class StudyConfig(BaseModel):
             return query_point(horizon, self.interval)
         fraction = next(p.fraction for p in self.query_points or [] if p.name == point)
         return query_point(horizon, self.interval, fraction)
+
+    @model_validator(mode="after")
+    def _stopping_arms(self) -> "StudyConfig":
+        if self.stopping is None:
+            return self
+        if self.is_evaluation:
+            raise ValueError("stopping: an evaluation compares no arms; a rule stops a rescue study")
+        first, second = self.stopping.arms(self.primary_arm)
+        missing = [a for a in (first, second) if a not in self.arms]
+        if missing:
+            raise ValueError(f"stopping: the study has no arm {missing[0]!r} to test (its arms: {', '.join(self.arms)})")
+        return self
 
     @model_validator(mode="after")
     def _continuations_fork(self) -> "StudyConfig":
@@ -415,7 +432,7 @@ HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute
                    ("env", "max_simulator_rss_gb"), ("vlm", "price"), ("sham", "advisor"), (None, "advisors"),
                    ("vlm", "lab_budget"), ("vlm", "lab_ledger"), ("env", "instruction"), ("vlm", "require_model_match"),
                    ("policy", "stateless"), ("policy", "rng_control"), (None, "query_points"),
-                   ("policy", "processes"), ("policy", "connect_timeout_s"))
+                   ("policy", "processes"), ("policy", "connect_timeout_s"), (None, "stopping"))
 # The same for the keys of each `[[advisor]]` table added after advisors existed.
 ADVISOR_HASHED_WHEN_SET = ("lab_budget", "lab_ledger", "require_model_match")
 # (section, key, value) of settings added after studies existed whose absence meant that value: in the digest only

@@ -113,7 +113,7 @@ class HarmSummary(BaseModel):
         return next((f for f in self.arms if f.arm == arm), None)
 
 
-def _counts(rec: CaseRecord, v: Verdict, arm: str) -> tuple[int, int, int] | None:
+def pair_counts(rec: CaseRecord, v: Verdict, arm: str) -> tuple[int, int, int] | None:
     """(arm's successes, control's successes, K) of a pair in M (every continuation's, with K > 1); None otherwise."""
     k = rec.continuations
     if k > 1:
@@ -142,7 +142,7 @@ def _paired_scores(cases: Sequence[Judged], arm: str, harm: bool) -> tuple[list[
             if not is_exposed(verdict.label, verdict.rule):
                 scores.append(0.0)
                 continue
-        found = _counts(rec, v, arm)
+        found = pair_counts(rec, v, arm)
         if found is not None:
             a, c, k = found
             first, second = (c, a) if harm else (a, c)

@@ -30,6 +30,7 @@ from rescue.core.proofs import check_evidence, prefix_match
 from rescue.core.figures.exact_stats import wilson_interval
 from rescue.read.export import StudyExport, export_study
 from rescue.read.harm_view import evaluation_name, net_sentence
+from rescue.read.stopping_view import stop_sentence
 from rescue.read.html import plots
 from rescue.read.html.app import index_script, panel_script
 from rescue.read.html.cases import AdvisorView, CaseView, case_index, case_panel, keyframe_order
@@ -370,6 +371,7 @@ def _render(study: Path, export: StudyExport, records: StudyRecords, assets: Ass
     answer = r_ci = None
     asking = 0
     net_lines = []
+    stop_line = stop_sentence(export.stopping) if export.stopping is not None else None
     if s is not None and s.harm is not None:
         net_lines = [net_sentence(f, evaluation_name(info.baseline, s.harm)) for f in s.harm.arms]
     if s is not None:
@@ -380,7 +382,7 @@ def _render(study: Path, export: StudyExport, records: StudyRecords, assets: Ass
         asking = sum(is_assisted(f.arm) for f in s.figures())
     return render(
         "study.html", title=f"{name} · {info.kind} study report", export=export, name=name, answer=answer, r_ci=r_ci,
-        net_lines=net_lines,
+        net_lines=net_lines, stop_line=stop_line,
         asking=asking,
         created=created_text(info.created_at), protocol=episode_protocol(records.config, protocols), baseline=baseline,
         provenance=provenance_rows(records.config, records.meta, records.receipts.values(), protocols),
