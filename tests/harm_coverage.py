@@ -199,3 +199,27 @@ def benchmark(regime: Regime, studies: int, seed: int = 0) -> Tally:
         tally.zero_width += ci.high - ci.low < 1e-12
         tally.width += ci.high - ci.low
     return tally
+
+
+def old_estimator(regime: Regime, studies: int, seed: int = 0) -> Tally:
+    """The interval of `rescue-export/6` (normal, two-stage variance; rescue/read/legacy_harm.py) on the same
+    kind of draws: how often it covered and how often it was a point."""
+    from rescue.read.legacy_harm import _old_net
+
+    rng = np.random.default_rng(seed)
+    tally = Tally()
+    for i in range(studies):
+        picked_f, picked_s, fails, wins = _picked(regime.episodes, regime, seed * 100_003 + i)
+        f = _scores(picked_f, regime.k, False, rng)
+        s = _scores(picked_s, regime.k, True, rng)
+        def with_var(xs):  # the old within-case variance needs each case's two rates; K = 1 has none
+            return [(x, 0.0) for x in xs] if regime.k == 1 else [(x, 0.5 / (regime.k - 1) if x not in (-1.0, 1.0) else 0.0) for x in xs]
+        got = _old_net(with_var(f), fails, with_var(s), wins, 0.95)
+        tally.studies += 1
+        ci = got["change_ci"]
+        if ci is None:
+            continue
+        tally.covered += ci[0] - 1e-12 <= regime.truth <= ci[1] + 1e-12
+        tally.zero_width += ci[1] - ci[0] < 1e-12
+        tally.width += ci[1] - ci[0]
+    return tally
