@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's rescue, not an installed one
 
 from rescue.core.figures.stats import Summary
+from rescue.read.harm_view import interval_text
 
 PORTS = {"wrong": "8041", "continue": "8042"}
 ANSWERS = {"wrong": ("wrong-object", "wrong-object"), "continue": ("fixed:Continue with the task.", "content-free")}
@@ -86,18 +87,22 @@ def pct(x: float | None) -> str:
 
 
 def table(summaries: dict[str, Summary]) -> None:
-    print("| study | arm (asks at) | successes: exposed / broken / kept / not reproduced | harm over the exposed, 95% CI"
-          " | paired exact p | rescue over the failures | net change, 95% CI |")
-    print("|---|---|---|---|---|---|---|")
+    print("| study | arm (asks at) | successes: reached / broken / kept (reached) / not reproduced / unreached "
+          "| harm over the reached, 95% CI | paired exact p | rescue over the failures | net change: these episodes "
+          "| net change: the benchmark |")
+    print("|---|---|---|---|---|---|---|---|")
     for study, s in summaries.items():
         for f in s.harm.arms:
             c, h, net = f.counts, f.harm, f.net
             ci = "" if h.diff_ci is None else f" [{pct(h.diff_ci[0])}, {pct(h.diff_ci[1])}]"
-            change = "n/a" if net is None or net.change is None else (
-                f"{100 * net.change:+.1f} pp" + ("" if net.change_ci is None else
-                                                 f" [{100 * net.change_ci[0]:+.1f}, {100 * net.change_ci[1]:+.1f}]"))
+            if net is None or net.change is None:
+                these = bench = "n/a" if net is None else net.refused
+            else:
+                these = f"{100 * net.change:+.1f} pp {interval_text(net.these_episodes)}"
+                bench = interval_text(net.benchmark)
             print(f"| {study} | {f.arm.removeprefix('assisted:')} | {f.n}: {f.exposed} / {c['broken']} / {c['kept']} / "
-                  f"{c['not_reproduced']} | {pct(h.diff)}{ci} ({f.m} pairs) | {h.p:.2g} | {pct(f.rescue.diff)} | {change} |")
+                  f"{c['not_reproduced']} / {f.unreached} | {pct(h.diff)}{ci} ({f.m} pairs) | {h.p:.2g} | "
+                  f"{pct(f.rescue.diff)} | {these} | {bench} |")
 
 
 def main() -> None:
