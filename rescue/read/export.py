@@ -33,6 +33,7 @@ from rescue.read.legacy_harm import is_old_harm, upgrade_harm
 from rescue.read.stopping_view import StopReport, stop_report
 from rescue.study.files import write_atomic
 from rescue.study.folder import (
+    STOPPING_DECISION_KEY,
     SUMMARIZED_STATES,
     StudyError,
     StudyRecords,
@@ -306,8 +307,10 @@ class Coverage(BaseModel):
     """Finished or interrupted but not yet classified."""
     n_summarized: int = 0
     """The summary's n: finished and interrupted cases with a verdict."""
+    n_not_run: int = 0
+    """Of the never started, those the study's `[stopping]` rule left unrun once it decided (DESIGN §20)."""
     complete: bool = False
-    """Whether the summary's n equals n_manifest."""
+    """Whether the summary's n equals n_manifest, the cases the rule left unrun aside."""
 
 
 class StudyExport(BaseModel):
@@ -363,7 +366,9 @@ def coverage(records: StudyRecords, pilot: bool) -> Coverage:
                 out.n_summarized += 1
             else:
                 out.n_without_verdict += 1
-    out.complete = out.n_summarized == out.n_manifest
+    if STOPPING_DECISION_KEY in records.meta and not pilot:
+        out.n_not_run = out.n_pending
+    out.complete = out.n_summarized + out.n_not_run == out.n_manifest
     return out
 
 
