@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rescue import cli
+from rescue.core.configuration.config import StudyConfig
 from rescue.core.configuration.config_files import ConfigError, load_config
 from rescue.service.api import make_app
 from rescue.service.settings import load_service_config
@@ -186,8 +187,8 @@ def test_the_three_surfaces_give_every_configuration_the_same_verdict(data):
     ({"vlm": {"batch_size": 1000000}}, "vlm.batch_size: 1000000 is out of range"),
     ({"env": {"max_simulator_rss_gb": 1e300}}, "env.max_simulator_rss_gb: 1e+300 is out of range"),
     ({"env": {"simulators": 1}, "env.simulators": 2}, "env.simulators: given both as a dotted key and in the table env"),
-    ({"continuations": 100, "query_point": [{"name": f"p{i}", "fraction": 0.5} for i in range(50)]},
-     "control, 1 advisor, 50 query points = 52 arms × 100 continuations = 5,200 arms per case; the limit is 64"),
+    ({"continuations": 100, "query_point": [{"name": f"p{i}", "fraction": (i + 1) / 100} for i in range(49)]},
+     "control, 1 advisor, 49 query points = 51 arms × 100 continuations = 5,100 arms per case; the limit is 1,024"),
 ])
 def test_what_the_campaign_found_is_refused_in_one_line_on_every_surface(tmp_path, data, words):
     assert verdicts(tmp_path, data) == {"run": False, "submit": False, "api": False}
@@ -219,7 +220,7 @@ def test_rescue_submit_takes_the_query_point_tables_rescue_run_takes(tmp_path):
 def test_the_service_limits_lower_the_work_a_job_may_ask_and_a_refusal_names_the_product(tmp_path):
     manifest = write_cases(tmp_path / "m.jsonl", 3, horizon=64)
     service = tmp_path / "service.toml"
-    service.write_text("[limits]\narms_per_case = 4\narm_steps = 500\n")
+    service.write_text("[limits]\narms_per_case = 4\narm_steps = 400\n")
     config = tmp_path / "study.toml"
     config.write_text("continuations = 3\n")
     code, err = _cli("submit", str(manifest), "--queue", str(tmp_path / "q"), "--config", str(config),
@@ -229,11 +230,13 @@ def test_the_service_limits_lower_the_work_a_job_may_ask_and_a_refusal_names_the
     config.write_text("continuations = 2\n")
     code, err = _cli("submit", str(manifest), "--queue", str(tmp_path / "q"), "--config", str(config),
                      "--service-config", str(service))
-    assert code == 2 and err == ["rescue: config: 3 cases × 4 arms per case, 192 horizon steps in all = 768 arm-steps; "
-                                 "the limit is 500"]
+    # Two continuations fork at q = 32: 64 + 3 x 32 = 160 steps a case, not 4 x 64.
+    assert code == 2 and err == ["rescue: config: 3 cases × 4 arms per case = 480 arm-steps (forked arms share each "
+                                 "case's prefix), about 0.0 h on 2 simulators and 0.0 GB of disk; the limit is 400 "
+                                 "arm-steps"], err
     assert not _jobs(tmp_path / "q")
-    with pytest.raises(ConfigError, match="arms_per_case: Input should be less than or equal to 64"):
-        load_service_config(_write(tmp_path / "s2.toml", "[limits]\narms_per_case = 65\n"))
+    with pytest.raises(ConfigError, match="arms_per_case: Input should be less than or equal to 1024"):
+        load_service_config(_write(tmp_path / "s2.toml", "[limits]\narms_per_case = 1025\n"))
 
 
 def _write(path: Path, text: str) -> Path:
@@ -321,13 +324,34 @@ def _slow_client(port: int) -> bytes:
             time.sleep(0)
 
 
-def test_rescue_run_refuses_more_arm_steps_than_a_study_may_ask_for_before_anything_exists(tmp_path):
+def test_rescue_run_refuses_more_work_than_the_machine_gives_with_the_estimate_before_anything_exists(tmp_path):
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("".join(
         json.dumps({"case_id": f"c{t}-{i}", "suite": "libero_object", "task_id": t, "init_state_index": i,
                     "env_seed": i, "horizon": 2800}) + "\n" for t in range(10) for i in range(12)))
-    config = _write(tmp_path / "study.toml", "continuations = 32\n")
+    config = _write(tmp_path / "study.toml", "continuations = 100\n")
     code, err = _cli("run", str(manifest), "--study", str(tmp_path / "s"), "--config", str(config))
-    assert code == 2 and err == ["rescue: 120 cases × 64 arms per case, 336,000 horizon steps in all = 21,504,000 "
-                                 "arm-steps; the limit is 20,000,000"], err
+    # Forked continuations share each case's prefix: 2,800 + 199 x 1,400 steps a case, not 200 x 2,800.
+    assert code == 2 and err == ["rescue: 120 cases × 200 arms per case = 33,768,000 arm-steps (forked arms share each "
+                                 "case's prefix), about 173.5 h on 2 simulators and 3.8 GB of disk; the limit is 168 h "
+                                 "(rescue run --max-hours raises it)"], err
     assert not (tmp_path / "s").exists()
+
+def test_the_large_studies_users_run_are_accepted_with_their_estimate():
+    """The full-size set-up of benchmarks/ (10 query points, K = 5, a sham and a second advisor) on 1,004 cases, and
+    1,004 libero_10 cases at their official horizon with 10 query points and K = 5: refused before, by a count of
+    arms (65 > 64) or of unshared arm-steps (24.6 M > 20 M), accepted now with what they will cost."""
+    from rescue.core.configuration.work_limit import config_arms_problem, config_work_problem, work_estimate
+
+    points = [{"name": f"p{i}", "fraction": f} for i, f in enumerate((0.1, 0.2, 0.3, 0.4, 0.45, 0.55, 0.6, 0.7, 0.8, 0.9))]
+    full = StudyConfig.model_validate({"query_point": points, "continuations": 5, "sham": {"source": "fixed"},
+                                       "advisor": [{"name": "a"}, {"name": "b"}], "policy": {"replan_interval": 8}})
+    assert len(full.case_arms) == 70 and config_arms_problem(full) is None
+    assert config_work_problem(full, [280] * 1004, free_disk=80 * 10**9) is None
+    long = StudyConfig.model_validate({"query_point": points, "continuations": 5, "policy": {"replan_interval": 5}})
+    assert config_work_problem(long, [520] * 1004, free_disk=80 * 10**9) is None
+    estimate = work_estimate(long, [520] * 1004)
+    assert estimate.arm_steps < 24_600_000 and estimate.hours < 168
+    assert estimate.text().startswith("1,004 cases × 60 arms per case = ")
+    # The same study on a disk that cannot hold it is refused, saying how much it needs and has.
+    assert "GB of disk; the study's file system has 1.0 GB free" in config_work_problem(long, [520] * 1004, free_disk=10**9)

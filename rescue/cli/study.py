@@ -46,6 +46,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
+def hours(value: float) -> float:
+    """--max-hours: a finite positive number of hours, or bad input in one line."""
+    import math
+
+    from rescue.core.configuration.config_files import ConfigError
+
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"--max-hours {value:g}: a finite positive number of hours")
+    return value
+
+
+def print_estimate(manifest: Path, settings) -> None:
+    """What the study will cost on this machine, in a line, before it runs (a manifest that does not load is the
+    run's to refuse, with its lines)."""
+    from rescue.core.configuration.work_limit import work_estimate
+    from rescue.core.manifest import ManifestError, load_manifest
+
+    try:
+        cases = load_manifest(manifest, catalog=None).cases
+    except ManifestError:
+        return
+    console.print(f"estimate: {work_estimate(settings, [c.horizon for c in cases]).text()}")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from rescue.run import commands
 
@@ -56,8 +80,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             settings = config(args)
             if args.no_stop:
                 settings = settings.model_copy(update={"stopping": None})
+            limits = {} if args.max_hours is None else {"max_hours": hours(args.max_hours)}
+            print_estimate(Path(args.target), settings)
             study = commands.run_manifest(Path(args.target), args.study and Path(args.study), settings, live,
-                                         args.verbose, backend(args), pilot_run=args.pilot_run)
+                                         args.verbose, backend(args), pilot_run=args.pilot_run, **limits)
     console.print(f"study: {study}")
     if args.continue_from:
         console.print(f"[bold]prior part[/bold] ({args.continue_from}):")
@@ -133,6 +159,8 @@ def add_commands(sub) -> None:
     p.add_argument("--study", help="study folder (default: a new folder under studies/)")
     p.add_argument("--continue-from", metavar="STUDY", help="run the never-claimed complement of STUDY")
     p.add_argument("--pilot-run", action="store_true", help="the manifest's cases may all be pilot (a pilot run alone)")
+    p.add_argument("--max-hours", type=float, default=None, metavar="H", help="the longest a study may be estimated "
+                   "to take on its simulators before it is refused (default 168: a week; the refusal gives the estimate)")
     p.add_argument("--no-stop", action="store_true", help="run every case even though the configuration declares a "
                    "[stopping] rule (the study is created without it)")
     add_run_options(p)

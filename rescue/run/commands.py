@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Callable, Iterator, Literal
@@ -17,7 +18,8 @@ from pydantic import BaseModel, ConfigDict
 from rescue.core.catalog import format_ids
 from rescue.core.configuration.config import StudyConfig
 from rescue.core.configuration.config_files import ConfigError
-from rescue.core.configuration.work_limit import config_work_problem
+from rescue.core.configuration.schema import RANGES
+from rescue.core.configuration.work_limit import MAX_HOURS, config_work_problem
 from rescue.core.digest import digest_json, digest_text
 from rescue.core.episode_protocol import get_protocol
 from rescue.core.figures.evaluation import EvalSummary, case_id_of, episode_cases, failure_cases, mark_pilot, summarize_eval
@@ -71,18 +73,31 @@ def _run(
         backend.disconnect()
 
 
-def new_study(study_dir: Path | None, manifest: Manifest, config: StudyConfig, extra_meta: dict | None = None) -> Path:
+def _free_disk(study_dir: Path) -> int | None:
+    """The bytes free on the file system a study folder would be made on (None when that cannot be read)."""
+    folder = study_dir.resolve()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def new_study(study_dir: Path | None, manifest: Manifest, config: StudyConfig, extra_meta: dict | None = None,
+              max_hours: float = MAX_HOURS) -> Path:
     """Fix the study's identity against its policy server, then create its folder (nothing on failure)."""
     study_dir = Path(study_dir) if study_dir else new_study_dir()
     horizons = [c.horizon for c in manifest.cases]
-    problem = (config.sham.by_task_problem(c.task for c in manifest.cases) or config_work_problem(config, horizons)
-               or stopping_problem(config, manifest.cases))
+    limits = {"max_hours": max_hours, "free_disk": _free_disk(study_dir)}
+    problem = (config.sham.by_task_problem(c.task for c in manifest.cases)
+               or config_work_problem(config, horizons, **limits) or stopping_problem(config, manifest.cases))
     if problem is not None:
         raise ConfigError(problem)
     if config.vlm.lab_budget is not None:
         check_ledger(config.vlm.lab_ledger)  # a ledger that cannot be used is named before the study exists
     resolved = asyncio.run(resolved_config(config))
-    problem = config_work_problem(resolved, horizons)  # C is known now: a query point that cannot fire
+    problem = config_work_problem(resolved, horizons, **limits)  # C is known now: a query point that cannot fire
     if problem is not None:
         raise ConfigError(problem)
     create_study(study_dir, manifest, resolved, {**order_meta(manifest.cases, resolved), **(extra_meta or {})})
@@ -132,17 +147,19 @@ def run_manifest(
     verbose: bool = False,
     backend: Backend = LOCAL,
     pilot_run: bool = False,
+    max_hours: float = MAX_HOURS,
 ) -> Path:
     """Create a study from a manifest and run every case (on `backend`'s simulators).
 
-    `pilot_run`: the manifest may hold pilot cases only (otherwise an empty main cohort is refused)."""
+    `pilot_run`: the manifest may hold pilot cases only (otherwise an empty main cohort is refused); `max_hours`:
+    the longest it may be estimated to take (a study estimated longer is refused, with the estimate)."""
     manifest = load_manifest(manifest_path)
     if not pilot_run:
         manifest.require_main_cohort()
     check_protocol_tags(manifest, study_protocol(config).name)
     check_outcomes(manifest, read_manifest_bytes(manifest_path))
     backend.connect(config.env.simulators)  # a backend that cannot be used is refused before the study exists
-    study_dir = new_study(study_dir, manifest, config)
+    study_dir = new_study(study_dir, manifest, config, max_hours=max_hours)
     _run(study_dir, on_case, verbose, config, backend)
     return study_dir
 
@@ -158,8 +175,8 @@ def resume(
     `lab_budget`: a new cap for the lab budget the study declared (its `[vlm] lab_budget` otherwise).
     """
     study_dir = Path(study_dir)
-    if lab_budget is not None and not (math.isfinite(lab_budget) and lab_budget > 0):
-        raise ConfigError(f"--lab-budget {lab_budget:g}: a cap is a finite positive amount")
+    if lab_budget is not None and not (math.isfinite(lab_budget) and RANGES["vlm.lab_budget"].holds(lab_budget)):
+        raise ConfigError(f"--lab-budget {lab_budget:g}: a cap is {RANGES['vlm.lab_budget'].text()}, as [vlm] lab_budget is")
     config = _ready_to_go_on(study_dir, "resume that study instead")
     if lab_budget is not None and config.vlm.lab_budget is None:
         raise ConfigError(f"{study_dir} declares no lab budget ([vlm] lab_budget); --lab-budget changes the cap of one")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from rescue.core.configuration.schema import RANGES, number
-from rescue.core.configuration.work_limit import MAX_ARM_STEPS, MAX_ARMS_PER_CASE
+from rescue.core.configuration.work_limit import MAX_ARM_STEPS, MAX_ARMS_PER_CASE, MAX_HOURS, SECONDS_PER_ARM_STEP
 from rescue.service.job_request import JOB_KEYS, _SECTIONS
 
 COMMAND = "python -m rescue.service.keydocs"
@@ -42,7 +42,10 @@ def ranges_markdown() -> str:
         rows.append(f"| `{key.replace('advisors.', '[[advisor]] ').replace('query_points.', '[[query_point]] ')}` "
                     f"| {low}, {high} |")
     rows.append(f"| arms per case (arms × continuations) | <= {MAX_ARMS_PER_CASE:,} |")
-    rows.append(f"| arm-steps of a study (cases' horizons × arms per case) | <= {MAX_ARM_STEPS:,} |")
+    rows.append(f"| arm-steps of a study (forked arms share each case's prefix up to q) | <= {MAX_ARM_STEPS:,} |")
+    rows.append(f"| estimated time of a study on its simulators ({SECONDS_PER_ARM_STEP} CPU-s an arm-step) "
+                f"| <= {MAX_HOURS:g} h (`rescue run --max-hours`) |")
+    rows.append("| estimated disk of a study | <= the free space of its file system |")
     return "\n".join(rows)
 
 
