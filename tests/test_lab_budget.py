@@ -211,8 +211,9 @@ def test_the_unknown_holds_of_the_first_case_count_at_the_estimate_its_first_cal
     assert ledger.try_hold("/b", [ARM, ARM], cap=5.0) is not None
 
 
-@pytest.mark.parametrize("cap", ["nan", "inf", "-1", "0"])
+@pytest.mark.parametrize("cap", ["nan", "inf", "-1", "0", "1e16"])
 def test_resume_refuses_a_cap_that_is_not_a_finite_positive_amount(tmp_path, cap):
+    """The flag takes what [vlm] lab_budget takes (above 0, at most 1e15), in one line."""
     manifest = parse_manifest(b'{"case_id": "a", "suite": "s", "task_id": 0, "init_state_index": 0, "env_seed": 0, '
                               b'"horizon": 64}\n', "m.jsonl", catalog=None)
     config = resolved_config(16, vlm={"lab_budget": 5.0, "price": {"input": 1.0, "output": 1.0},
@@ -224,6 +225,7 @@ def test_resume_refuses_a_cap_that_is_not_a_finite_positive_amount(tmp_path, cap
                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
                          timeout=HANG_S)
     assert out.returncode == 2, out
-    assert out.stderr.strip().splitlines() == [f"rescue: --lab-budget {float(cap):g}: a cap is a finite positive amount"]
+    assert out.stderr.strip().splitlines() == [f"rescue: --lab-budget {float(cap):g}: a cap is above 0 and at most "
+                                               "1,000,000,000,000,000, as [vlm] lab_budget is"]
     assert sorted((p.name, p.stat().st_size) for p in study.rglob("*")) == before
     assert not (tmp_path / "receipts").exists()

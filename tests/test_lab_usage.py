@@ -134,6 +134,12 @@ def test_usage_counts_a_copied_study_once_and_skips_naming_what_it_cannot_read(t
     shutil.copytree(lab / "studies" / "a", lab / "studies" / "a-backup")  # the same calls, the same ids
     build_report_study(lab / "studies" / "budgeted", 4, sham="off", seed=6,
                        vlm={"price": {"input": 2.0, "output": 8.0}, "lab_budget": 5.0, "lab_ledger": str(garbage)})
+    # A ledger that is a FIFO is named as a corrupt one is, never left out silently.
+    piped = lab / "piped-ledger"
+    piped.mkdir()
+    os.mkfifo(piped / "ledger.sqlite")
+    build_report_study(lab / "studies" / "piped", 2, sham="off", seed=8,
+                       vlm={"price": {"input": 2.0, "output": 8.0}, "lab_budget": 5.0, "lab_ledger": str(piped)})
     fifo = lab / "studies" / "fifo"
     build_report_study(fifo, 4, sham="off", seed=7)
     (fifo / "receipts" / "receipts.jsonl").unlink()
@@ -146,8 +152,10 @@ def test_usage_counts_a_copied_study_once_and_skips_naming_what_it_cannot_read(t
     seen = {s["path"]: s for s in usage["studies"]}
     assert seen["studies/a"]["counted_elsewhere"] == 0 and seen["studies/a-backup"]["counted_elsewhere"] == own
     budgeted = export_study(lab / "studies" / "budgeted").usage.calls
-    assert usage["total"]["calls"] == own + budgeted  # the copy's calls once
+    piped_calls = export_study(lab / "studies" / "piped").usage.calls
+    assert usage["total"]["calls"] == own + budgeted + piped_calls  # the copy's calls once
     skipped = usage["skipped"]
     assert any(s.startswith(f"studies/fifo: {fifo / 'receipts' / 'receipts.jsonl'}: not a regular file") or
                s.startswith("studies/fifo: studies/fifo/receipts/receipts.jsonl: not a regular file") for s in skipped), skipped
     assert any(s.startswith(f"{garbage / 'ledger.sqlite'}: the lab's ledger cannot be used") for s in skipped), skipped
+    assert any(s == f"{piped / 'ledger.sqlite'}: the lab budget's ledger is not a regular file" for s in skipped), skipped

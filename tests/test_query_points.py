@@ -46,10 +46,25 @@ def test_query_points_are_arms_of_the_primary_part_of_the_identity_and_need_the_
     for data, words in (({"query_point": POINTS, "fork_at_q": False}, "need fork_at_q"),
                         ({"query_point": [POINTS[0], POINTS[0]]}, "declare each [[query_point]] once"),
                         ({"query_point": [{"name": "x", "fraction": 1.5}]}, "query_points.0.fraction"),
-                        ({"arms": ["control", "assisted@x"]}, "no [[query_point]] is declared")):
+                        ({"arms": ["control", "assisted@x"]}, "no [[query_point]] is declared"),
+                        # Two arms that would ask at one q are one arm twice; a name that names an arm confuses them.
+                        ({"query_point": [{"name": "a", "fraction": 0.25}, {"name": "b", "fraction": 0.25}]},
+                         "'a' and 'b' both ask at fraction 0.25"),
+                        ({"query_point": [{"name": "half", "fraction": 0.5}]}, "the pre-registered q's"),
+                        ({"query_point": [{"name": "assisted", "fraction": 0.25}]}, "'assisted' names an arm")):
         with pytest.raises(ConfigError) as exc:
             validate_config(data, "study.toml")
         assert words in str(exc.value), str(exc.value)
+
+
+def test_two_fractions_the_replan_grid_rounds_to_one_step_are_refused_for_the_cases_they_meet():
+    from rescue.core.configuration.work_limit import config_work_problem
+
+    config = StudyConfig.model_validate({"query_point": [{"name": "near", "fraction": 0.49}],
+                                         "policy": {"replan_interval": 16}})
+    problem = config_work_problem(config, [280])  # ceil(0.49 * 280 / 16) * 16 = 144 = the pre-registered q
+    assert "'assisted' and 'assisted@near' both ask at step 144 of a case of horizon 280" in problem
+    assert config_work_problem(config, [1000]) is None  # at H = 1000 they are apart: 496 and 512
 
 
 def _point_arm(rec, name: str, q: int, success: bool, state_at_q: str) -> tuple[ArmResult, Receipt]:

@@ -229,6 +229,8 @@ def test_a_post_is_json_bounded_and_for_a_loopback_host_and_log_and_cancel_are_h
              "nests deeper"),
             (json.dumps({"manifest": manifest, "extra": 1}), "extra"),
             ("not json", "not JSON"),
+            # A key given twice (json keeps the last silently): the one a reader sees may not be the one that runs.
+            ('{"manifest": %s, "config": {"vlm": {"model": "a", "model": "b"}}}' % json.dumps(manifest), "'model' twice"),
         ]:
             status, text = call(port, "POST", "/jobs", body, {"Content-Type": "application/json"})
             assert status == 400 and words in text, (body[:80], status, text)

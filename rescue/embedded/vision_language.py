@@ -36,6 +36,9 @@ def parse_image(image) -> np.ndarray:
     """An image as uint8 HxWx3: float images in [0, 1] are scaled and CHW is transposed, as openpi's LIBERO policy does."""
     img = np.asarray(image)
     if np.issubdtype(img.dtype, np.floating):
+        # A NaN would cast to some byte and the policy would answer it: an image it cannot read is refused.
+        if not np.all(np.isfinite(img)) or img.min(initial=0.0) < 0.0 or img.max(initial=0.0) > 1.0:
+            raise ValueError("a float image must hold finite values in [0, 1]")
         img = (255 * img).astype(np.uint8)
     if img.shape[0] == 3:
         img = np.transpose(img, (1, 2, 0))
@@ -105,6 +108,8 @@ class VisionLanguagePolicy:
         state = np.asarray(obs[STATE_KEY], dtype=np.float32).reshape(-1)
         if state.shape != (8,):
             raise ValueError(f"{STATE_KEY} has shape {state.shape}, expected (8,)")
+        if not np.all(np.isfinite(state)):
+            raise ValueError(f"{STATE_KEY} holds a value that is not finite")
         return image, state, str(obs[PROMPT_KEY])
 
     def infer(self, obs: dict) -> dict:

@@ -413,8 +413,10 @@ def check_ledger(folder: str | os.PathLike[str] | None) -> None:
 def read_ledger(folder: str | os.PathLike[str] | None = None) -> LedgerTotals | None:
     """The totals of a lab's ledger (read-only); None when there is none."""
     path = ledger_path(folder)
-    if not path.is_file():
+    if not path.exists():
         return None
+    if not path.is_file():  # a FIFO, a folder, a device: named, as a corrupt ledger is, never left out silently
+        raise LedgerError(f"{path}: the lab budget's ledger is not a regular file")
     ledger = Ledger(path, readonly=True)
     try:
         return ledger.totals()

@@ -284,6 +284,18 @@ class StudyConfig(BaseModel):
         names = [p.name for p in self.query_points]
         if not names or len(set(names)) != len(names):
             raise ValueError("query_points: declare each [[query_point]] once, by a name of its own")
+        taken = [n for n in names if n in ("assisted", "control", "sham")]
+        if taken:
+            raise ValueError(f"query_points: {taken[0]!r} names an arm; give the query point a name of its own")
+        fractions: dict[float, str] = {}
+        for point in self.query_points:
+            if point.fraction == 0.5:
+                raise ValueError(f"query_points: {point.name!r} asks at fraction 0.5, the pre-registered q's (1/2 of H): "
+                                 "that arm is the primary's already")
+            if point.fraction in fractions:
+                raise ValueError(f"query_points: {fractions[point.fraction]!r} and {point.name!r} both ask at fraction "
+                                 f"{point.fraction:g}")
+            fractions[point.fraction] = point.name
         if self.is_evaluation or not any(is_assisted(a) for a in self.arms):
             raise ValueError("query_points: an evaluation asks nothing; a query point is an arm that asks")
         if self.fork_at_q is False:
