@@ -310,9 +310,9 @@ def test_every_exit_code_is_named_in_the_console():
     assert job.ENDED == console.ENDED
 
 
-# The serving distribution (serve/rescue_serve, linked as rescue_serve/): it installs into a policy's own venv, so it
-# imports nothing of the package, and at module level nothing beyond the standard library, numpy, msgpack, websockets;
-# torch, lerobot and openpi only inside the function that loads a policy.
+# The serving distribution (serve/, package rescue_serve, which the project depends on): it installs into a policy's
+# own venv, so it imports nothing of the package, and at module level nothing beyond the standard library, numpy,
+# msgpack, websockets; torch, lerobot and openpi only inside the function that loads a policy.
 SERVING = ROOT / "serve" / "rescue_serve"
 SERVING_TOP_LEVEL = {"numpy", "msgpack", "websockets", "rescue_serve"}
 
