@@ -11,8 +11,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from helpers.study_builder import C, FP, H, Driver, applied, arm_result, receipt
 from rich.console import Console
-from test_export_verify import C, FP, H, RECEIPTS_FILE, Driver, applied, arm_result, receipt
 
 from rescue.core.manifest import parse_manifest
 from rescue.core.records import Assistance
@@ -24,6 +24,7 @@ from rescue.run.recovery import recover
 from rescue.study.folder import create_study, store_summary
 from rescue.study.journal import Journal
 from rescue.study.receipts import ReceiptLog
+from rescue.study.layout import RECEIPTS as RECEIPTS_FILE
 from conftest import resolved_config
 
 pytestmark = pytest.mark.fast

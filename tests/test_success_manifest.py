@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import pytest
 from conftest import rescue_cli
-from test_baseline import _eval_study
+from helpers.evaluation_study import evaluation_study
 
 from rescue.core.manifest import ManifestError, load_manifest, read_manifest_bytes
 from rescue.core.figures.success_sample import SamplingFrame, frame_of
@@ -22,7 +22,7 @@ WON = {"object-3-ep0", "object-3-ep1", "object-3-ep4", "object-4-ep0", "object-4
 def test_all_successes_or_a_seeded_stratified_sample_with_its_frame(tmp_path):
     from rescue.run.commands import manifest_from_eval
 
-    study = _eval_study(tmp_path / "eval", WON)
+    study = evaluation_study(tmp_path / "eval", WON)
     everything = manifest_from_eval(study, tmp_path / "all.jsonl", successes="all")
     assert [c.historical_outcome for c in everything].count("success") == 6
     assert frame_of(load_manifest(tmp_path / "all.jsonl").cases) == SamplingFrame(failures=4, successes=6)
@@ -44,7 +44,7 @@ def test_all_successes_or_a_seeded_stratified_sample_with_its_frame(tmp_path):
 def test_failures_only_manifests_are_written_as_before(tmp_path):
     from rescue.run.commands import manifest_from_eval
 
-    study = _eval_study(tmp_path / "eval", WON)
+    study = evaluation_study(tmp_path / "eval", WON)
     manifest_from_eval(study, tmp_path / "f.jsonl")
     assert all("outcome" not in json.loads(line) and "frame_failures" not in json.loads(line)["tags"]
                for line in (tmp_path / "f.jsonl").read_text().splitlines())
@@ -53,7 +53,7 @@ def test_failures_only_manifests_are_written_as_before(tmp_path):
 def test_a_row_that_contradicts_its_evaluation_is_refused_with_line_and_field(tmp_path):
     from rescue.run.commands import check_outcomes
 
-    study = _eval_study(tmp_path / "eval", WON)
+    study = evaluation_study(tmp_path / "eval", WON)
     from rescue.run.commands import manifest_from_eval
 
     manifest_from_eval(study, tmp_path / "m.jsonl", successes="all")
@@ -74,7 +74,7 @@ def test_a_row_that_contradicts_its_evaluation_is_refused_with_line_and_field(tm
 
 
 def test_a_bad_sample_size_is_bad_input_with_nothing_written(tmp_path):
-    study = _eval_study(tmp_path / "eval", WON)
+    study = evaluation_study(tmp_path / "eval", WON)
     run = rescue_cli("manifest", "from-eval", str(study), "--out", str(tmp_path / "m.jsonl"), "--successes", "some",
                      check=False)
     assert run.returncode == 2 and "--successes 'some'" in run.stdout + run.stderr and "Traceback" not in run.stderr
