@@ -26,15 +26,24 @@ def run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_wheel_installed_elsewhere_finds_its_prompt_and_models(tmp_path):
-    # Build from a copy, so the build leaves nothing in the checkout; links stay links.
-    src = tmp_path / "src"
-    src.mkdir()
+def copy_project(dest: Path) -> Path:
+    """A copy of what the project's distribution is built from (links stay links), so a build leaves nothing here."""
+    dest.mkdir()
     for name in SOURCES:
         if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(ROOT / name, dest / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
         else:
-            shutil.copy2(ROOT / name, src / name)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
+def copy_serving(dest: Path) -> Path:
+    """A copy of the serving distribution (serve/), without what an earlier build left there."""
+    return Path(shutil.copytree(ROOT / "serve", dest, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build")))
+
+
+def test_wheel_installed_elsewhere_finds_its_prompt_and_models(tmp_path):
+    src = copy_project(tmp_path / "src")
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(src)])
     (wheel,) = (tmp_path / "dist").glob("vlm_rescue-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -52,7 +61,7 @@ def test_wheel_installed_elsewhere_finds_its_prompt_and_models(tmp_path):
     templates = {f"rescue/read/html/templates/{p.name}" for p in (ROOT / "rescue/read/html/templates").iterdir()}
     assert "rescue/read/html/templates/study.html" in templates and templates <= names
 
-    serve = shutil.copytree(ROOT / "serve", tmp_path / "serve", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    serve = copy_serving(tmp_path / "serve")
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(serve)])
     (serving,) = (tmp_path / "dist").glob("rescue_serve-*.whl")
     site = tmp_path / "site"
@@ -84,7 +93,7 @@ def test_wheel_installed_elsewhere_finds_its_prompt_and_models(tmp_path):
 
 def test_the_serving_distribution_builds_alone_and_asks_for_three_packages(tmp_path):
     # serve/ as a user installs it into a policy's venv: a wheel of rescue_serve alone, numpy, msgpack, websockets.
-    src = shutil.copytree(ROOT / "serve", tmp_path / "serve", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    src = copy_serving(tmp_path / "serve")
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(src)])
     (wheel,) = (tmp_path / "dist").glob("rescue_serve-*.whl")
     archive = zipfile.ZipFile(wheel)
@@ -106,14 +115,7 @@ def test_each_distribution_uninstalls_without_taking_the_others_files(tmp_path):
     purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     site = Path(run([str(python), "-c", purelib]).stdout.strip())
     (site / "project_dependencies.pth").write_text(run([sys.executable, "-c", purelib]).stdout.strip() + "\n")
-    project = tmp_path / "project"
-    project.mkdir()
-    for name in SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, project / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(ROOT / name, project / name)
-    serving = shutil.copytree(ROOT / "serve", tmp_path / "serve", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    project, serving = copy_project(tmp_path / "project"), copy_serving(tmp_path / "serve")
     pip = [sys.executable, "-m", "pip", "--python", str(python)]
 
     def install(source: Path) -> None:
