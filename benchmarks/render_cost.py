@@ -32,9 +32,8 @@ from rescue.core.observation import get_profile  # noqa: E402
 from rescue.embedded.scripted import make_policy  # noqa: E402
 from rescue.env.libero import LiberoAdapter  # noqa: E402
 from rescue.env.pool import Simulator  # noqa: E402
-from rescue.policy.bundled import policy_metadata  # noqa: E402
 from rescue.policy.client import WebsocketPolicyClient  # noqa: E402
-from rescue.policy.server import PolicyServer  # noqa: E402
+from rescue_serve.server import PolicyServer, policy_metadata  # noqa: E402
 from rescue.run.arm import ArmSpec, run_arm  # noqa: E402
 from rescue.study import logs  # noqa: E402
 

@@ -15,7 +15,8 @@ import re
 import sys
 from pathlib import Path
 
-# The last recorded wall time of each tier, with its command, commit and date (docs/benchmarks.md).
+# The last recorded wall time of each tier, with its command, commit and date (docs/benchmarks.md, and earlier rounds in
+# docs/benchmarks-history.md).
 RECORDED = {
     "slow": {"seconds": 1465.1, "tests": 304, "commit": "7090cdd", "date": "2026-12-05",
              "command": "SKIP_SETUP=1 bash scripts/test.sh slow -q"},

@@ -28,10 +28,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 # A re-run on a set-up machine skips the Python packages when nothing they come from changed since
-# the last complete install here (the stamp: pyproject.toml, this script, the interpreter and this
+# the last complete install here (the stamp: both pyproject.toml files, this script, the interpreter and this
 # checkout's path) and pip finds what is installed consistent. SETUP_FORCE=1 installs again.
 STAMP=.venv/.setup-stamp
-stamp() { { cat pyproject.toml scripts/setup.sh; .venv/bin/python -VV; pwd -P; } | sha256sum | cut -d" " -f1; }
+stamp() { { cat pyproject.toml serve/pyproject.toml scripts/setup.sh; .venv/bin/python -VV; pwd -P; } | sha256sum | cut -d" " -f1; }
 if [ "${SETUP_FORCE:-0}" != 1 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(stamp)" ] \
     && .venv/bin/python -m pip check >/dev/null 2>&1; then
   echo "setup: .venv is in place (installed from this pyproject.toml; SETUP_FORCE=1 installs again)"
@@ -41,6 +41,12 @@ rm -f "$STAMP"
 # torch first and pinned: its CPU build; a looser requirement resolved later
 # would pull a multi-GB CUDA build.
 .venv/bin/python -m pip install -q "torch==2.13.0"
-# The project's pins; --upgrade-strategy only-if-needed keeps this fast on a re-run.
-.venv/bin/python -m pip install -q -e ".[libero,test,learned,video,ray]"
+# A project installed before it depended on the serving distribution shipped rescue_serve and the rescue-serve
+# script itself: remove that install first, or replacing it would take the serving distribution's files along.
+if .venv/bin/python -m pip show -f vlm-rescue 2>/dev/null | grep "bin/rescue-serve$" >/dev/null; then
+  .venv/bin/python -m pip uninstall -q -y vlm-rescue
+fi
+# The serving distribution (serve/: the project depends on it, and it is on no package index) and the project with
+# its pins, both editable, in one resolve: pip installs the serving distribution first.
+.venv/bin/python -m pip install -q -e ./serve -e ".[libero,test,learned,video,ray]"
 stamp > "$STAMP"

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_core import ORIGINAL, injected, make_case, make_trace, with_arms
+from helpers.case_records import ORIGINAL, injected, make_case, make_trace, with_arms
 
 from rescue.core.classify import classify
 from rescue.core.configuration.config import StudyConfig

@@ -292,6 +292,34 @@ def test_only_the_layout_module_spells_study_file_names():
     assert offenders == []
 
 
+# Tests share their helpers through helper modules (tests/helpers/, conftest.py and the modules beside them, each
+# named for what it holds), never by importing a test module: no module of the tests imports one.
+TESTS = ROOT / "tests"
+
+
+def imports_of_test_modules(sources: dict[str, str]) -> list[str]:
+    """`module -> test module` for each import of a test module (`test_*`) by a module of the tests."""
+    bad = []
+    for name, source in sorted(sources.items()):
+        for module in sorted(top_level_imports(source)):
+            if module.startswith("test_"):
+                bad.append(f"{name} -> {module}")
+    return bad
+
+
+def test_no_module_of_the_tests_imports_a_test_module():
+    sources = {".".join(p.relative_to(TESTS).with_suffix("").parts): p.read_text(encoding="utf-8")
+               for p in TESTS.rglob("*.py") if "data" not in p.relative_to(TESTS).parts}
+    assert len([m for m in sources if m.startswith("test_")]) > 80  # the walker sees the tests
+    assert imports_of_test_modules(sources) == []
+
+
+def test_the_test_import_rule_would_see_a_test_importing_another():
+    sources = {"test_a": "from test_b import make_case\n", "test_c": "def f():\n    import test_d\n",
+               "helpers.records": "from conftest import ROOT\n", "test_e": "from helpers.records import make_case\n"}
+    assert imports_of_test_modules(sources) == ["test_a -> test_b", "test_c -> test_d"]
+
+
 # Where an exit code may be named: the command's console, and the service's job process (the service stands below the
 # command, so it names the codes of its child, which are the command's).
 EXIT_CODE_HOMES = ("rescue/cli/console.py", "rescue/service/job.py")
@@ -310,9 +338,9 @@ def test_every_exit_code_is_named_in_the_console():
     assert job.ENDED == console.ENDED
 
 
-# The serving distribution (serve/rescue_serve, linked as rescue_serve/): it installs into a policy's own venv, so it
-# imports nothing of the package, and at module level nothing beyond the standard library, numpy, msgpack, websockets;
-# torch, lerobot and openpi only inside the function that loads a policy.
+# The serving distribution (serve/, package rescue_serve, which the project depends on): it installs into a policy's
+# own venv, so it imports nothing of the package, and at module level nothing beyond the standard library, numpy,
+# msgpack, websockets; torch, lerobot and openpi only inside the function that loads a policy.
 SERVING = ROOT / "serve" / "rescue_serve"
 SERVING_TOP_LEVEL = {"numpy", "msgpack", "websockets", "rescue_serve"}
 

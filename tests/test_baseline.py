@@ -7,44 +7,24 @@ and finish, the one classification dispatch); no simulator runs.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from conftest import resolved_config
+from helpers.evaluation_study import evaluation_study
 
 from rescue.core.figures.baseline import Baseline, BaselineSource, baseline_of
 from rescue.core.catalog import format_ids, parse_ids
-from rescue.core.digest import digest_text
-from rescue.core.figures.evaluation import episode_cases
-from rescue.core.manifest import Case, load_manifest, parse_manifest
-from rescue.core.records import ArmResult, Assistance
-from rescue.study.folder import classify_case, create_study
+from rescue.core.manifest import Case, load_manifest
+from rescue.study.folder import create_study
 from rescue.study.journal import Journal
 
 pytestmark = pytest.mark.fast
 
 
-def _eval_study(folder: Path, succeed: set[str]) -> Path:
-    """An evaluation of libero_object tasks 3 and 4, initial states 0-4, by the embedded policy's factory."""
-    cases = episode_cases("libero_object", [3, 4], 5, 280)
-    data = "".join(c.model_dump_json(exclude_none=True) + "\n" for c in cases).encode()
-    config = resolved_config(8, arms=("control",), policy={"factory": "my_lab.policies:pi05_libero"})
-    create_study(folder, parse_manifest(data, "episodes.jsonl"), config)
-    with Journal.open(folder) as journal:
-        for case in cases:
-            assert journal.claim(case.case_id, "w0")
-            ok = case.case_id in succeed
-            arm = ArmResult(case_id=case.case_id, arm="control", status="complete", success=ok, steps=120 if ok else 280,
-                            fingerprint=digest_text(case.case_id), assistance=Assistance(status="control"))
-            verdict = classify_case(config, case, {"control": arm}, {}, interrupted=False)
-            journal.finish_case(case.case_id, [arm], verdict, None)
-    return folder
-
-
 def test_from_eval_names_its_evaluation_policy_success_protocol_and_split(tmp_path):
     from rescue.run.commands import manifest_from_eval
 
-    study = _eval_study(tmp_path / "eval", {"object-3-ep0", "object-4-ep2", "object-4-ep3"})
+    study = evaluation_study(tmp_path / "eval", {"object-3-ep0", "object-4-ep2", "object-4-ep3"})
     out = tmp_path / "failures.jsonl"
     manifest_from_eval(study, out, inits=parse_ids("1-4"), limit=5)
     cases = load_manifest(out).cases
@@ -93,7 +73,7 @@ def test_the_report_names_the_baseline_and_says_when_there_is_none(tmp_path):
     from rescue.read.html.report import write_report
     from rescue.run.commands import manifest_from_eval
 
-    study = _eval_study(tmp_path / "eval", {"object-3-ep0", "object-4-ep2", "object-4-ep3"})
+    study = evaluation_study(tmp_path / "eval", {"object-3-ep0", "object-4-ep2", "object-4-ep3"})
     manifest_from_eval(study, tmp_path / "failures.jsonl", inits=[1, 2, 3, 4])
     rescue = tmp_path / "rescue"
     create_study(rescue, load_manifest(tmp_path / "failures.jsonl"), resolved_config(8))

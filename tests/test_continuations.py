@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_core import make_case, make_trace, with_arms
+from helpers.case_records import make_case, make_trace, with_arms
 
 from rescue.core.arms import base_arm, continuation, continuation_arm, continuation_seed
 from rescue.core.classify import classify

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from test_core import build_seed_cohort, make_case, with_arms
+from helpers.case_records import build_seed_cohort, make_case, with_arms
 
 from rescue.core.classify import classify
 from rescue.core.figures.evalues import bounds, evidence

@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
-import time
 
 import pytest
-from conftest import ROOT, cli_env, free_port, rescue_cli, write_cases
+from conftest import rescue_cli, write_cases
+from helpers.policy_server import serve_policy
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 
@@ -22,28 +20,10 @@ EXIT_STOPPED = 3
 HORIZON, Q = 48, 24
 
 
-def _serve(factory: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = cli_env()
-    env["PYTHONPATH"] = str(ROOT / "tests") + os.pathsep + env["PYTHONPATH"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rescue.cli", "serve-policy", "--policy", factory, "--port", str(port)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    deadline = time.time() + 120  # bounds a server that never comes up, not its speed
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc, f"ws://127.0.0.1:{port}"
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise AssertionError(f"{factory} never listened on {port}")
-
-
 def _run_against(factory: str, tmp_path, cases: int = 3) -> tuple[subprocess.CompletedProcess, list[dict], str]:
     manifest = write_cases(tmp_path / "m.jsonl", cases, horizon=HORIZON)
     study = tmp_path / "study"
-    server, url = _serve(factory)
+    server, url = serve_policy(factory)
     try:
         proc = rescue_cli("run", str(manifest), "--study", str(study), "--policy-url", url, "--simulators", "1",
                           "--cases-in-flight", "1", check=False)

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import socket
 import sqlite3
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import HANG_S, ROOT, cli_env, free_port, rescue_cli, write_cases
+from conftest import rescue_cli, write_cases
+from helpers.policy_server import serve_policy
 from pydantic import ValidationError
 
 from rescue.core.configuration.config import StudyConfig
@@ -24,25 +20,6 @@ from rescue.run.peers import config_with_identity
 from rescue.study.folder import load_study_config
 
 pytestmark = pytest.mark.fast
-
-
-def _serve(factory: str) -> tuple[subprocess.Popen, str]:
-    """A real policy server in its own process, announcing the factory's action horizon."""
-    port = free_port()
-    env = cli_env()
-    env["PYTHONPATH"] = str(ROOT / "tests") + os.pathsep + env["PYTHONPATH"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rescue.cli", "serve-policy", "--policy", factory, "--port", str(port)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + HANG_S
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc, f"ws://127.0.0.1:{port}"
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"{factory} did not start serving")
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
@@ -97,7 +74,7 @@ def test_the_episode_protocol_is_resolved_into_the_identity_and_a_changed_one_is
 @pytest.mark.e2e
 def test_resume_and_continuation_refuse_a_server_announcing_another_horizon(tmp_path):
     manifest = load_manifest(write_cases(tmp_path / "m.jsonl", 2))
-    first, url_a = _serve("rescue.embedded.scripted:make_policy")  # announces action_horizon 8
+    first, url_a = serve_policy("rescue.embedded.scripted:make_policy")  # announces action_horizon 8
     try:
         study = new_study(tmp_path / "study", manifest, load_config(None, {"policy.url": url_a}))
     finally:
@@ -108,19 +85,8 @@ def test_resume_and_continuation_refuse_a_server_announcing_another_horizon(tmp_
 
     # The same port now serves a policy that plans 10 actions per chunk.
     port = url_a.rsplit(":", 1)[1]
-    env = cli_env()
-    env["PYTHONPATH"] = str(ROOT / "tests") + os.pathsep + env["PYTHONPATH"]
-    second = subprocess.Popen(
-        [sys.executable, "-m", "rescue.cli", "serve-policy", "--policy", "identity_policies:make_ten_step_policy", "--port", port],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    second, _ = serve_policy("identity_policies:make_ten_step_policy", int(port))
     try:
-        deadline = time.time() + HANG_S
-        while time.time() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", int(port))) == 0:
-                    break
-            time.sleep(0.1)
         before = _snapshot(study)
         proc = rescue_cli("resume", str(study), check=False)
         assert proc.returncode != 0

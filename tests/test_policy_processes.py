@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from conftest import ROOT, arm_rows, case_states, cli_env, events_of, rescue_cli, write_cases
-from test_interrupt import ctrl_c_mid_arm, group_members, start_foreground
+from helpers.foreground import ctrl_c_mid_arm, group_members, start_foreground
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
 

@@ -20,11 +20,12 @@ from conftest import HANG_S, free_port
 from openpi_client import msgpack_numpy as openpi_msgpack
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from openpi_server import WebsocketPolicyServer
+from rescue_serve import msgpack_numpy
+from rescue_serve.server import PolicyServer, policy_metadata
+from rescue_serve.wire import EPISODE_EXTENSION, Policy, SeededPolicy
 
-from rescue.policy import msgpack_numpy
+from rescue.policy.bundled import load_factory
 from rescue.policy.client import PolicyConnectionClosed, PolicyServerError, WebsocketPolicyClient
-from rescue.policy.protocol import EPISODE_EXTENSION, Policy, SeededPolicy
-from rescue.policy.server import PolicyServer, load_factory, policy_metadata
 
 pytestmark = pytest.mark.fast
 

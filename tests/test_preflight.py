@@ -12,6 +12,7 @@ import sys
 import pytest
 from conftest import ROOT, cli_env, free_port, rescue_cli, write_cases
 from openpi_libero_policy import openpi_server
+from rescue_serve.server import PolicyServer, policy_metadata
 
 from rescue.core.configuration.config_files import load_config
 from rescue.core.manifest import load_manifest
@@ -20,8 +21,6 @@ from rescue.core.trace import TraceRow
 from rescue.embedded.endpoint import STATE as ENDPOINT_STATE
 from rescue.embedded.endpoint import EndpointOptions, start_endpoint
 from rescue.embedded.scripted import make_policy
-from rescue.policy.bundled import policy_metadata
-from rescue.policy.server import PolicyServer
 from rescue.run.peers import resolved_config, start_peers
 from rescue.run.preflight import agreement, run_preflight
 from rescue.run.idle_hold import check_idle_hold

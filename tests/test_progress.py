@@ -45,7 +45,7 @@ def test_small_p_values_keep_their_magnitude():
 
 
 def test_the_summary_tables_print_a_tiny_p_value_as_such():
-    from test_core import make_case
+    from helpers.case_records import make_case
 
     from rescue.core.classify import classify
     from rescue.core.figures.stats import summarize

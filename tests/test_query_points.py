@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_core import C, FP, H, ORIGINAL, Q, injected, make_case, make_trace, with_arms
+from helpers.case_records import C, FP, H, ORIGINAL, Q, injected, make_case, make_trace, with_arms
 
 from rescue.core.classify import classify
 from rescue.core.configuration.config import StudyConfig

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 from conftest import HANG_S, ROOT, arms_started, assert_cluster_stopped, case_states, cli_env, descendants, ensure_stopped
+from helpers.foreground import claimed, ctrl_c, group_members, start_foreground
 from conftest import events_of, rescue_cli, wait_until, write_cases
 from ray.cluster_utils import Cluster
-from test_interrupt import claimed, ctrl_c, group_members, start_foreground
 
 # One worker at a time: the tests count the machine's Ray processes.
 pytestmark = [pytest.mark.sim, pytest.mark.e2e, pytest.mark.xdist_group("ray")]

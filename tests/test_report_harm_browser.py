@@ -3,7 +3,7 @@ evaluation, gives both intervals of the net change each with the population it s
 extrapolated, counts only reached successes as kept, and shows one interval per comparison.
 
 Debian's Chromium runs headless, driven over the DevTools protocol on a pipe (tests/report_browser.py); the
-study is built by the library's own writers (tests/test_harm_study.py)."""
+study is built by the library's own writers (tests/helpers/harm_study.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from report_browser import Browser
-from test_harm_study import build
+from helpers.harm_study import build
 
 from rescue.read.html.report import write_report
 

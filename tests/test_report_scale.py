@@ -16,9 +16,9 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from helpers.report_pages import check_figures, parse
 from report_browser import Browser
 from report_studies import build_report_study
-from test_report_html import check_figures, parse
 
 from rescue.read.export import CaseEntry, StudyExport, export_study
 from rescue.read.html.report import write_report

@@ -10,8 +10,8 @@ import json
 import pytest
 from aiohttp import web
 from conftest import ROOT
+from helpers.vlm_requests import FAST, make_request
 from structlog.testing import capture_logs
-from test_vlm import FAST, make_request
 
 from rescue.core.configuration.config import StudyConfig
 from rescue.core.configuration.vlm_config import VLMConfig

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import rescue_cli, write_cases
+from rescue_serve.server import PolicyServer
 
 from rescue.core.configuration.config_files import load_config
 from rescue.core.digest import digest_array
@@ -16,7 +17,6 @@ from rescue.core.manifest import load_manifest
 from rescue.env.pool import SimPool
 from rescue.policy.bundled import serve_factory
 from rescue.policy.client import WebsocketPolicyClient
-from rescue.policy.server import PolicyServer
 from rescue.run.arm import ArmSpec, run_arm
 from rescue.study.journal import Journal
 from wrappers.async_rules import AsyncRuleWrapper, RulesConfig, rule_inputs_problems

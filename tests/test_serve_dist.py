@@ -18,13 +18,12 @@ import aiohttp
 import numpy as np
 import pytest
 from conftest import HANG_S, free_port
+from rescue_serve import msgpack_numpy, wire
+from rescue_serve.openpi import OpenpiServed
+from rescue_serve.server import PolicyServer
 
 from rescue.core.configuration.identity import STATELESS_KEY
-from rescue.policy import msgpack_numpy
 from rescue.policy.client import WebsocketPolicyClient
-from rescue.policy.server import PolicyServer
-from rescue_serve import wire
-from rescue_serve.openpi import OpenpiServed
 
 pytestmark = pytest.mark.fast
 
@@ -51,14 +50,16 @@ def test_the_distribution_depends_on_numpy_msgpack_and_websockets_only():
 
 
 def test_one_source_for_both_distributions():
-    # The main distribution ships the serving package through the link; the codec and the wire names are its.
-    assert (ROOT / "rescue_serve").resolve() == (SERVE / "rescue_serve").resolve()
-    from rescue.policy import msgpack_numpy as ours
-    from rescue.policy import protocol
-    from rescue_serve import msgpack_numpy as theirs
+    # The main distribution depends on the serving one instead of shipping its files (no link or copy of the
+    # package beside its own, no second `rescue-serve` script); its client takes the codec and the wire names there.
+    assert not (ROOT / "rescue_serve").exists()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "rescue-serve" in [dep.split(">")[0].split("=")[0].strip() for dep in project["dependencies"]]
+    assert "rescue-serve" not in project["scripts"]
+    from rescue.policy import client
 
-    assert ours.packb is theirs.packb and ours.unpackb is theirs.unpackb
-    assert protocol.CONTROL_KEY is wire.CONTROL_KEY and protocol.SeededPolicy is wire.SeededPolicy
+    assert client.msgpack_numpy.packb is msgpack_numpy.packb and client.msgpack_numpy.unpackb is msgpack_numpy.unpackb
+    assert client.CONTROL_KEY is wire.CONTROL_KEY and client.RNG_EXTENSION is wire.RNG_EXTENSION
     assert wire.STATELESS_KEY == STATELESS_KEY
 
 

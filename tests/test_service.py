@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,31 +25,9 @@ from conftest import (
     states_before_resume,
     write_cases,
 )
+from helpers.service_jobs import get_json, job_study, start_worker, submit_small, wait_healthy
 
 pytestmark = [pytest.mark.sim, pytest.mark.e2e]
-
-# The scripted policy reads the simulator's state and renders no camera: these tests' subject is the queue,
-# its worker and signals, not what a policy sees.
-SMALL = ("--cases-in-flight", "1", "--simulators", "1", "--policy", "scripted")
-
-
-def _serve(queue: Path, port: int, *extra: str, env: dict | None = None) -> subprocess.Popen:
-    # Its own process group: the SIGKILL below takes the worker, its job child and simulators, as a crash would.
-    return subprocess.Popen(
-        [sys.executable, "-m", "rescue.cli", "serve", "--queue", str(queue), "--port", str(port), *extra],
-        cwd=ROOT, env=env or cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-
-
-def _get(port: int, path: str, key: str | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
 
 
 def _post(port: int, path: str, body: dict | None = None) -> tuple[int, dict]:
@@ -64,34 +41,12 @@ def _post(port: int, path: str, body: dict | None = None) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read() or b"{}")
 
 
-def _wait_up(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        assert proc.poll() is None, f"rescue serve exited {proc.returncode}"
-        try:
-            if _get(port, "/healthz")[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("rescue serve never answered /healthz")
-
-
 def _jobs(queue: Path) -> list[str]:
     folder = queue / "jobs"
     return sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) if folder.is_dir() else []
 
 
-def _study(queue: Path, job_id: str) -> Path:
-    return queue / "jobs" / job_id / f"study-{job_id.removeprefix('job-')}"
-
-
 _arms = arm_rows
-
-
-def _submit(manifest: Path, name: str, queue: Path) -> str:
-    out = rescue_cli("submit", str(manifest), "--queue", str(queue), "--name", name, *SMALL)
-    return out.stdout.split()[1]
 
 
 def _crash(proc: subprocess.Popen, queue: Path) -> None:
@@ -107,8 +62,8 @@ def _crash(proc: subprocess.Popen, queue: Path) -> None:
 
 def test_serve_survives_sigkill_mid_job_and_resumes_as_rescue_resume(tmp_path):
     queue = tmp_path / "queue"
-    first = _submit(write_cases(tmp_path / "a.jsonl", 2, horizon=48), "first", queue)
-    second = _submit(write_cases(tmp_path / "b.jsonl", 3, horizon=48), "second", queue)
+    first = submit_small(write_cases(tmp_path / "a.jsonl", 2, horizon=48), "first", queue)
+    second = submit_small(write_cases(tmp_path / "b.jsonl", 3, horizon=48), "second", queue)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"case_id": "x", "suite": "libero_nowhere", "task_id": 3}\nnot json\n')
     refused = rescue_cli("submit", str(bad), "--queue", str(queue), check=False)
@@ -118,9 +73,9 @@ def test_serve_survives_sigkill_mid_job_and_resumes_as_rescue_resume(tmp_path):
     assert _jobs(queue) == sorted([first, second])  # nothing queued for the malformed manifest
 
     port = free_port()
-    proc = _serve(queue, port)
+    proc = start_worker(queue, port)
     try:
-        _wait_up(port, proc)
+        wait_healthy(port, proc)
         # The API refuses a malformed manifest the same way, and queues a good one after the others.
         status, body = _post(port, "/jobs", {"manifest": bad.read_text(), "name": "bad"})
         assert status == 400 and any("libero_nowhere" in p for p in body["problems"])
@@ -132,7 +87,7 @@ def test_serve_survives_sigkill_mid_job_and_resumes_as_rescue_resume(tmp_path):
         assert status == 201
         third = body["job_id"]
         # Kill the whole service once the second job's study has a finished case and one in flight.
-        study_b = _study(queue, second)
+        study_b = job_study(queue, second)
         deadline = time.time() + 400
         while time.time() < deadline:
             if (study_b / "journal.sqlite").exists():
@@ -147,33 +102,33 @@ def test_serve_survives_sigkill_mid_job_and_resumes_as_rescue_resume(tmp_path):
 
     before_arms, finished, in_flight, never = states_before_resume(study_b)
     assert finished and in_flight
-    assert not _study(queue, third).exists()  # submission order: the third had not started
+    assert not job_study(queue, third).exists()  # submission order: the third had not started
     listed = {row["job_id"]: row["state"] for row in json.loads(rescue_cli("queue", "--queue", str(queue), "--json").stdout)}
     assert listed == {first: "finished", second: "running", third: "queued"}
 
-    proc = _serve(queue, port)
+    proc = start_worker(queue, port)
     try:
-        _wait_up(port, proc)
+        wait_healthy(port, proc)
         deadline = time.time() + 600
         while time.time() < deadline:
-            jobs = _get(port, "/jobs")[1]["jobs"]
+            jobs = get_json(port, "/jobs")[1]["jobs"]
             if all(j["state"] not in ("queued", "running") for j in jobs):
                 break
             time.sleep(0.5)
         assert [j["job_id"] for j in jobs] == [first, second, third]
         assert {j["job_id"]: j["state"] for j in jobs} == {first: "finished", second: "finished", third: "finished"}
 
-        status, view = _get(port, f"/jobs/{second}")
+        status, view = get_json(port, f"/jobs/{second}")
         assert status == 200 and view["runs"] == 2 and view["done"] == 3 and view["report"]
-        status, body = _get(port, f"/jobs/{second}/export")
+        status, body = get_json(port, f"/jobs/{second}/export")
         assert status == 200 and body["partial"] is False
         by_id = {c["case_id"]: c for c in body["export"]["cases"]}
         assert_resumed_without_rerun(by_id, before_arms, _arms(study_b), finished, in_flight, never)
         for job_id in (first, third):
-            status, body = _get(port, f"/jobs/{job_id}/export")
+            status, body = get_json(port, f"/jobs/{job_id}/export")
             assert body["partial"] is False
             assert {c["state"] for c in body["export"]["cases"]} == {"finished"}
-        assert _get(port, "/jobs/job-nope")[0] == 404
+        assert get_json(port, "/jobs/job-nope")[0] == 404
 
         dom = subprocess.run(
             ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -195,7 +150,7 @@ def test_serve_survives_sigkill_mid_job_and_resumes_as_rescue_resume(tmp_path):
     finally:
         ensure_stopped(proc)
     for job_id in (first, second, third):
-        assert rescue_cli("verify", str(_study(queue, job_id))).returncode == 0
+        assert rescue_cli("verify", str(job_study(queue, job_id))).returncode == 0
 
 
 def test_serve_beyond_loopback_needs_an_api_key_and_asks_for_it(tmp_path):
@@ -205,13 +160,13 @@ def test_serve_beyond_loopback_needs_an_api_key_and_asks_for_it(tmp_path):
     port = free_port()
     env = {**cli_env(), "RESCUE_TEST_KEY": "s3cret"}
     # A key given on loopback is asked for too (the test binds nothing beyond loopback).
-    proc = _serve(queue, port, "--api-key-env", "RESCUE_TEST_KEY", env=env)
+    proc = start_worker(queue, port, "--api-key-env", "RESCUE_TEST_KEY", env=env)
     try:
-        _wait_up(port, proc)
-        assert _get(port, "/jobs")[0] == 401
-        assert _get(port, "/jobs", key="wrong")[0] == 401
-        assert _get(port, "/jobs", key="s3cret") == (200, {"jobs": []})
-        assert _get(port, "/healthz")[0] == 200  # a health probe needs no key
+        wait_healthy(port, proc)
+        assert get_json(port, "/jobs")[0] == 401
+        assert get_json(port, "/jobs", key="wrong")[0] == 401
+        assert get_json(port, "/jobs", key="s3cret") == (200, {"jobs": []})
+        assert get_json(port, "/healthz")[0] == 200  # a health probe needs no key
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
@@ -231,10 +186,10 @@ def _alive(pid: int) -> bool:
 
 def test_restart_after_only_the_worker_was_killed_drains_the_orphan_then_resumes(tmp_path):
     queue = tmp_path / "queue"
-    job_id = _submit(write_cases(tmp_path / "a.jsonl", 3, horizon=48), "orphaned", queue)
-    study = _study(queue, job_id)
+    job_id = submit_small(write_cases(tmp_path / "a.jsonl", 3, horizon=48), "orphaned", queue)
+    study = job_study(queue, job_id)
     port = free_port()
-    proc = _serve(queue, port)
+    proc = start_worker(queue, port)
     deadline = time.time() + 400
     try:
         while time.time() < deadline:
@@ -249,10 +204,10 @@ def test_restart_after_only_the_worker_was_killed_drains_the_orphan_then_resumes
         assert child and _alive(child)
         assert int((study / ".owner.lock").read_text()) == child  # the orphan still owns the study
 
-        proc = _serve(queue, port)
-        _wait_up(port, proc, timeout=400)  # the API starts once the orphan is handled
+        proc = start_worker(queue, port)
+        wait_healthy(port, proc, timeout=400)  # the API starts once the orphan is handled
         while time.time() < deadline + 300:
-            view = _get(port, f"/jobs/{job_id}")[1]
+            view = get_json(port, f"/jobs/{job_id}")[1]
             if view["state"] not in ("queued", "running"):
                 break
             time.sleep(0.5)
@@ -284,26 +239,26 @@ def _wait_claimed(study: Path, timeout: float = 400) -> None:
 
 def test_cancel_drains_a_running_job_and_sigterm_puts_the_job_back_in_the_queue(tmp_path):
     queue = tmp_path / "queue"
-    first = _submit(write_cases(tmp_path / "a.jsonl", 3, horizon=48), "cancelled", queue)
-    second = _submit(write_cases(tmp_path / "b.jsonl", 3, horizon=48), "drained", queue)
+    first = submit_small(write_cases(tmp_path / "a.jsonl", 3, horizon=48), "cancelled", queue)
+    second = submit_small(write_cases(tmp_path / "b.jsonl", 3, horizon=48), "drained", queue)
     port = free_port()
-    proc = _serve(queue, port)
+    proc = start_worker(queue, port)
     try:
-        _wait_claimed(_study(queue, first))
+        _wait_claimed(job_study(queue, first))
         out = rescue_cli("cancel", first, "--queue", str(queue))
         assert "draining" in out.stdout
-        _wait_claimed(_study(queue, second))
-        view = _get(port, f"/jobs/{first}")[1]
+        _wait_claimed(job_study(queue, second))
+        view = get_json(port, f"/jobs/{first}")[1]
         assert view["state"] == "stopped" and view["message"] == "cancelled"
         # Drained: the case in flight finished, nothing new was claimed, and it is never resumed.
-        assert set(case_states(_study(queue, first)).values()) == {"finished", "pending"}
-        status, body = _get(port, f"/jobs/{first}/export")
+        assert set(case_states(job_study(queue, first)).values()) == {"finished", "pending"}
+        status, body = get_json(port, f"/jobs/{first}/export")
         assert status == 200 and body["partial"] is True
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=300) == 0
     finally:
         ensure_stopped(proc)
-    states = case_states(_study(queue, second))
+    states = case_states(job_study(queue, second))
     assert "claimed" not in states.values() and "pending" in states.values()
     listed = {row["job_id"]: row["state"] for row in json.loads(rescue_cli("queue", "--queue", str(queue), "--json").stdout)}
     assert listed == {first: "stopped", second: "queued"}
@@ -312,7 +267,7 @@ def test_cancel_drains_a_running_job_and_sigterm_puts_the_job_back_in_the_queue(
 def test_a_job_names_the_services_endpoint_a_second_serve_is_refused_and_log_and_cancel_work_over_http(tmp_path):
     """The one real job of the security tests: the operator's endpoint with its key, nothing else, and the
     running job untouched by a second `rescue serve` on its queue."""
-    from test_service_security import SECRET, Recorder, call, serve, stop, wait_up
+    from helpers.service_peer import SECRET, Recorder, call, serve, stop, wait_up
 
     from rescue.embedded.endpoint import EndpointOptions, make_app
 
@@ -332,7 +287,7 @@ def test_a_job_names_the_services_endpoint_a_second_serve_is_refused_and_log_and
                 "vlm": {"endpoint": "lab"}, "policy": {"name": "scripted"}, "cases_in_flight": 1, "env": {"simulators": 1}}})
             assert status == 201, text
             job_id = json.loads(text)["job_id"]
-            study = _study(queue, job_id)
+            study = job_study(queue, job_id)
             _wait_claimed(study)
             state_file = queue / "jobs" / job_id / "state.json"
             before = json.loads(state_file.read_text())

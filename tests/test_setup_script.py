@@ -30,6 +30,8 @@ def checkout(tmp_path: Path) -> Path:
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "serve").mkdir()
+    shutil.copy(ROOT / "serve" / "pyproject.toml", tmp_path / "serve" / "pyproject.toml")
     python = tmp_path / ".venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.write_text(FAKE_PYTHON)
@@ -53,7 +55,7 @@ def _setup(checkout: Path, **env: str) -> list[str]:
 
 
 def test_a_rerun_on_a_set_up_checkout_installs_nothing(checkout):
-    assert len(_setup(checkout)) == 2  # torch, then the project with its extras
+    assert len(_setup(checkout)) == 2  # torch, then the serving distribution and the project with its extras
     assert _setup(checkout) == []
     assert _setup(checkout) == []
 
@@ -65,6 +67,10 @@ def test_a_change_to_what_the_packages_come_from_installs_again(checkout):
     assert len(_setup(checkout)) == 2
     assert _setup(checkout) == []
     assert len(_setup(checkout, SETUP_FORCE="1")) == 2  # asked for
+    with open(checkout / "serve" / "pyproject.toml", "a") as f:
+        f.write("\n# a new pin of the serving distribution\n")
+    assert len(_setup(checkout)) == 2
+    assert _setup(checkout) == []
 
 
 def test_inconsistent_packages_or_a_failed_install_install_again(checkout):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import SCRIPTED_POLICY
-from test_core import ORIGINAL, Q, injected, make_case, make_trace, sham_of, with_arms
+from helpers.case_records import ORIGINAL, Q, injected, make_case, make_trace, sham_of, with_arms
 
 from rescue.core.classify import classify
 from rescue.core.digest import digest_text

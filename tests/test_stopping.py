@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import resolved_config
-from test_core import make_case
-from test_export_verify import FP, H, RECEIPTS_FILE, applied, arm_result, receipt
+from helpers.case_records import make_case
+from helpers.study_builder import FP, H, RECEIPTS_FILE, applied, arm_result, receipt
 
 from rescue.core.classify import classify
 from rescue.core.configuration.stopping import StoppingConfig
@@ -183,7 +183,7 @@ def test_no_effect_runs_to_the_maximum_and_a_study_without_a_rule_has_no_report(
     report = export_study(capped).stopping
     assert report.stopped and report.decision.outcome == "maximum" and report.ran == 12
     assert verify_study(capped).ok
-    from test_harm_study import build
+    from helpers.harm_study import build
 
     plain = build(tmp_path / "plain")
     assert export_study(plain).stopping is None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import pytest
 from conftest import rescue_cli
-from test_baseline import _eval_study
+from helpers.evaluation_study import evaluation_study
 
 from rescue.core.manifest import ManifestError, load_manifest, read_manifest_bytes
 from rescue.core.figures.success_sample import DESIGN, SamplingFrame, frame_of, frame_refusal
@@ -22,7 +22,7 @@ WON = {"object-3-ep0", "object-3-ep1", "object-3-ep4", "object-4-ep0", "object-4
 def test_all_successes_or_a_seeded_stratified_sample_with_its_frame(tmp_path):
     from rescue.run.commands import manifest_from_eval
 
-    study = _eval_study(tmp_path / "eval", WON)
+    study = evaluation_study(tmp_path / "eval", WON)
     everything = manifest_from_eval(study, tmp_path / "all.jsonl", successes="all")
     assert [c.historical_outcome for c in everything].count("success") == 6
     assert frame_of(load_manifest(tmp_path / "all.jsonl").cases) == SamplingFrame(failures=4, successes=6, design=DESIGN)
@@ -45,7 +45,7 @@ def test_all_successes_or_a_seeded_stratified_sample_with_its_frame(tmp_path):
 def test_failures_only_manifests_are_written_as_before(tmp_path):
     from rescue.run.commands import manifest_from_eval
 
-    study = _eval_study(tmp_path / "eval", WON)
+    study = evaluation_study(tmp_path / "eval", WON)
     manifest_from_eval(study, tmp_path / "f.jsonl")
     assert all("outcome" not in json.loads(line) and "frame_failures" not in json.loads(line)["tags"]
                for line in (tmp_path / "f.jsonl").read_text().splitlines())
@@ -54,7 +54,7 @@ def test_failures_only_manifests_are_written_as_before(tmp_path):
 def test_a_row_that_contradicts_its_evaluation_is_refused_with_line_and_field(tmp_path):
     from rescue.run.commands import check_outcomes
 
-    study = _eval_study(tmp_path / "eval", WON)
+    study = evaluation_study(tmp_path / "eval", WON)
     from rescue.run.commands import manifest_from_eval
 
     manifest_from_eval(study, tmp_path / "m.jsonl", successes="all")
@@ -75,7 +75,7 @@ def test_a_row_that_contradicts_its_evaluation_is_refused_with_line_and_field(tm
 
 
 def test_a_bad_sample_size_is_bad_input_with_nothing_written(tmp_path):
-    study = _eval_study(tmp_path / "eval", WON)
+    study = evaluation_study(tmp_path / "eval", WON)
     for value in ("some", "²", "-3"):  # a superscript is a digit to str.isdigit, not a count
         run = rescue_cli("manifest", "from-eval", str(study), "--out", str(tmp_path / "m.jsonl"), "--successes", value,
                          check=False)
@@ -88,7 +88,7 @@ def test_a_bad_sample_size_is_bad_input_with_nothing_written(tmp_path):
 
 
 def test_what_was_asked_and_could_not_be_is_said_in_a_line(tmp_path):
-    study = _eval_study(tmp_path / "eval", WON)
+    study = evaluation_study(tmp_path / "eval", WON)
     run = rescue_cli("manifest", "from-eval", str(study), "--out", str(tmp_path / "m.jsonl"), "--successes", "50")
     assert "notice: --successes 50: the evaluation has 6 successes; all are taken" in run.stdout
     run = rescue_cli("manifest", "from-eval", str(study), "--out", str(tmp_path / "n.jsonl"), "--seed", "3")
@@ -98,7 +98,7 @@ def test_what_was_asked_and_could_not_be_is_said_in_a_line(tmp_path):
 def test_a_seeded_sample_of_failures_after_the_pilot_and_a_limit_that_is_not_one(tmp_path):
     from rescue.run.commands import manifest_from_eval
 
-    study = _eval_study(tmp_path / "eval", WON)
+    study = evaluation_study(tmp_path / "eval", WON)
     everything = manifest_from_eval(study, tmp_path / "all.jsonl", successes="all")
     failures = [c for c in everything if c.outcome != "success"]
     sampled = manifest_from_eval(study, tmp_path / "f.jsonl", pilot_tasks=1, failures=2, successes="all", seed=5)
@@ -122,7 +122,7 @@ def test_a_seeded_sample_of_failures_after_the_pilot_and_a_limit_that_is_not_one
 def test_rows_that_disagree_on_the_frame_are_refused_and_an_unchecked_outcome_is_said(tmp_path):
     from rescue.run.commands import manifest_from_eval
 
-    study = _eval_study(tmp_path / "eval", WON)
+    study = evaluation_study(tmp_path / "eval", WON)
     manifest_from_eval(study, tmp_path / "m.jsonl", successes=4, seed=2)
     rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     rows[3]["tags"]["frame_successes"] = 60  # one row edited: the net change would silently lose its frame

@@ -23,6 +23,7 @@ def pytest_in(folder: Path, files: dict[str, str], *args: str) -> subprocess.Com
     for name in ("conftest.py", "tiers_plugin.py"):
         shutil.copy(ROOT / "tests" / name, folder / name)
     for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text("import pytest\n\n" + textwrap.dedent(text))
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning", *args],
@@ -57,6 +58,20 @@ def test_a_module_without_a_tier_fails_collection_even_when_deselected(tmp_path)
     assert "test_b.py: declares no tier" in proc.stderr
     assert "test_c.py: declares fast together with ['sim']" in proc.stderr
     assert "test_a.py" not in proc.stderr
+
+
+def test_a_helper_module_needs_no_tier_and_a_test_module_importing_it_still_does(tmp_path):
+    files = {
+        "helpers/__init__.py": "",
+        "helpers/cases.py": "def a_case():\n    return 'case-1'\n",
+        "test_h.py": "from helpers.cases import a_case\npytestmark = pytest.mark.fast\ndef test_h():\n    assert a_case() == 'case-1'\n",
+    }
+    proc = pytest_in(tmp_path / "t", files, "-q")
+    assert proc.returncode == pytest.ExitCode.OK, proc.stdout + proc.stderr
+    untiered = {**files, "test_i.py": "from helpers.cases import a_case\ndef test_i():\n    assert a_case()\n"}
+    proc = pytest_in(tmp_path / "u", untiered, "-q")
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout + proc.stderr
+    assert "test_i.py: declares no tier" in proc.stderr and "cases.py" not in proc.stderr
 
 
 def test_a_fast_test_or_fixture_that_loads_mujoco_fails(tmp_path):

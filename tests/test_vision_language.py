@@ -142,7 +142,9 @@ def test_a_subgoal_naming_another_object_redirects_the_gripper(adapter, policy):
 
 def test_bundled_server_announces_the_contract():
     from rescue.core.configuration.names import EMBEDDED_POLICY
-    from rescue.policy.server import load_factory, policy_metadata
+    from rescue_serve.server import policy_metadata
+
+    from rescue.policy.bundled import load_factory
 
     spec = EMBEDDED_POLICY
     meta = policy_metadata(load_factory(spec), spec)

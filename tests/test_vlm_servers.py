@@ -38,7 +38,7 @@ from rescue.study.receipts import ReceiptLog, read_receipts
 from rescue.vlm.answers import SubgoalRequest
 from rescue.vlm.client import VLMClient
 from rescue.vlm.servers import WIRE_FIELDS, config_warnings, generation_fields, openai_family
-from rescue.vlm.wire import probe_kwargs
+from rescue.vlm.exchange import probe_kwargs
 
 pytestmark = pytest.mark.fast
 

@@ -172,23 +172,23 @@ def test_serve_simulators_refuses_what_it_cannot_do_in_one_line(tmp_path):
 
 def test_a_worker_keeps_its_simulators_between_jobs_and_they_end_with_it(tmp_path):
     from conftest import ensure_stopped, free_port
-    from test_service import _get, _serve, _study, _submit, _wait_up
+    from helpers.service_jobs import get_json, job_study, start_worker, submit_small, wait_healthy
 
     queue, port = tmp_path / "queue", free_port()
-    jobs = [_submit(write_cases(tmp_path / f"{name}.jsonl", 1, horizon=48), name, queue) for name in ("a", "b")]
-    proc = _serve(queue, port, "--warm-simulators", "1", env=cli_env(own_simulators=True))
+    jobs = [submit_small(write_cases(tmp_path / f"{name}.jsonl", 1, horizon=48), name, queue) for name in ("a", "b")]
+    proc = start_worker(queue, port, "--warm-simulators", "1", env=cli_env(own_simulators=True))
     try:
-        _wait_up(port, proc, timeout=300)
+        wait_healthy(port, proc, timeout=300)
         deadline = time.monotonic() + HANG_S
         while time.monotonic() < deadline:  # the worker's own view, over HTTP: no command process per look
-            states = _get(port, "/jobs")[1]["jobs"]
+            states = get_json(port, "/jobs")[1]["jobs"]
             if all(row["state"] == "finished" for row in states):
                 break
             assert all(row["state"] in ("queued", "running", "finished") for row in states), states
             time.sleep(0.5)
         listed = json.loads(rescue_cli("queue", "--queue", str(queue), "--json").stdout)
         assert {row["job_id"]: row["state"] for row in listed} == dict.fromkeys(jobs, "finished")
-        studies = [_study(queue, job) for job in jobs]
+        studies = [job_study(queue, job) for job in jobs]
         leased = [_leased(study) for study in studies]
         assert len(leased[0]) == 1 and leased[0] == leased[1]  # one simulator, the same for both jobs
         assert BUILT in (studies[0] / "simulator.log").read_text()

@@ -21,8 +21,8 @@ TIERS = ("fast", "sim", "e2e", "interop")
 # Modules only the simulator brings in: loading one means the test runs LIBERO.
 SIM_MODULES = ("mujoco", "robosuite", "libero")
 # What each of the longest test groups (a module, or an `xdist_group`) took in its tier, in seconds: the sum of
-# `--durations=0` over its tests in one run of its tier (docs/benchmarks.md, "The test tiers"). Only an order: the
-# tier hands out the longest first.
+# `--durations=0` over its tests in one run of its tier (docs/benchmarks-history.md, "The test tiers"). Only an
+# order: the tier hands out the longest first.
 GROUP_SECONDS = {
     # the slow tier, `SKIP_SETUP=1 bash scripts/test.sh slow -q --durations=0`, 2026-12-05, ab265a1, AMD EPYC, 2 cores
     "test_openpi_episodes.py": 212,

@@ -1,10 +1,20 @@
-"""Serve an in-process policy factory on loopback, as the embedded default does."""
+"""Serve an in-process policy factory on loopback, as the embedded default does, with the serving distribution's
+server (rescue_serve) and rescue's name resolution (old module names still load)."""
 
 from __future__ import annotations
 
-from rescue.policy.server import PolicyServer, load_factory, policy_metadata
+from collections.abc import Callable
 
-__all__ = ["load_factory", "policy_metadata", "serve_factory"]
+from rescue_serve.server import PolicyServer, policy_metadata
+from rescue_serve.server import load_factory as _load_factory
+from rescue_serve.wire import Policy
+
+from rescue.core.configuration.names import resolve
+
+
+def load_factory(spec: str) -> Callable[[], Policy]:
+    """Import "package.module:attr" (old module names resolve too) and return the policy factory it names."""
+    return _load_factory(spec, resolve)
 
 
 async def serve_factory(spec: str, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None) -> PolicyServer:

@@ -16,16 +16,10 @@ from typing import Any
 import aiohttp
 import structlog
 from aiohttp import WSMsgType
+from rescue_serve import msgpack_numpy
+from rescue_serve.wire import CONTROL_EXTENSION, CONTROL_KEY, EPISODE_CONTROL_KEY, EPISODE_EXTENSION, RNG_EXTENSION
 
-from rescue.policy import msgpack_numpy
-from rescue.policy.protocol import (
-    CONTROL_EXTENSION,
-    CONTROL_KEY,
-    EPISODE_CONTROL_KEY,
-    EPISODE_EXTENSION,
-    RNG_EXTENSION,
-    RngState,
-)
+from rescue.policy.protocol import RngState
 
 log = structlog.get_logger(__name__)
 

@@ -11,31 +11,6 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-# The wire's names and what a policy is live in the serving distribution (rescue_serve.wire), shared by both sides.
-from rescue_serve.wire import (
-    CONTROL_EXTENSION,
-    CONTROL_KEY,
-    EPISODE_CONTROL_KEY,
-    EPISODE_EXTENSION,
-    EPISODE_OPS,
-    RNG_EXTENSION,
-    Policy,
-    SeededPolicy,
-)
-
-__all__ = [
-    "CONTROL_EXTENSION",
-    "CONTROL_KEY",
-    "EPISODE_CONTROL_KEY",
-    "EPISODE_EXTENSION",
-    "EPISODE_OPS",
-    "RNG_EXTENSION",
-    "Policy",
-    "PolicyConnection",
-    "RngState",
-    "SeededPolicy",
-]
-
 
 class RngState(BaseModel):
     """A server's answer to an RNG-state probe."""

@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 import structlog
+from rescue_serve.wire import RNG_EXTENSION
 
 from rescue.core.configuration.config import POLICY_CONNECT_S, PolicyConfig, StudyConfig
 from rescue.core.configuration.config_files import ConfigError
@@ -41,7 +42,6 @@ from rescue.env.backend import LOCAL, Backend
 from rescue.env.memory import simulator_budget
 from rescue.env.pool import SimPool
 from rescue.policy.client import PolicyServerError, WebsocketPolicyClient
-from rescue.policy.protocol import RNG_EXTENSION
 from rescue.study.layout import RECEIPTS, StudyLayout
 from rescue.study.ledger import LabBudget
 from rescue.study.receipts import ReceiptLog
@@ -69,7 +69,9 @@ def policy_api_key(policy: PolicyConfig) -> str | None:
 async def probe_policy(policy: PolicyConfig) -> dict[str, Any]:
     """The metadata frame of the configured policy server (the bundled one is asked in process)."""
     if policy.url is None:
-        from rescue.policy.bundled import load_factory, policy_metadata
+        from rescue_serve.server import policy_metadata
+
+        from rescue.policy.bundled import load_factory
 
         try:
             factory = load_factory(policy.factory)
@@ -120,7 +122,7 @@ async def _check_one_vlm(vlm: VLMConfig, advisor: str | None) -> None:
                             listed=listed[:10], detail="another server on that port? its answers will be refused"
                             if vlm.refuses_other_models else "another server on that port?")
         else:
-            from rescue.vlm.wire import probe_kwargs
+            from rescue.vlm.exchange import probe_kwargs
 
             reply = await client.chat.completions.create(**probe_kwargs(vlm))
             other = mismatch(vlm.model, reply.model)

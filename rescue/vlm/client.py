@@ -1,7 +1,7 @@
 """The VLM client: one bounded subgoal per case, with a receipt for every attempt.
 
 It speaks to any OpenAI-compatible endpoint through the `openai` SDK (Chat
-Completions or Responses; the request and reply formats are `rescue.vlm.wire`).
+Completions or Responses; the request and reply formats are `rescue.vlm.exchange`).
 Infrastructure failures are retried by `tenacity` with the SDK's own retries
 switched off; a response that arrived but is unusable is never asked again
 (DESIGN §4). Answers are parsed and matched to their requests by
@@ -49,7 +49,7 @@ from rescue.study.receipts import ReceiptLog, artifact_path
 from rescue.vlm.answers import InvalidResponse, SubgoalAnswer, SubgoalRequest, check_answers, parse_answers
 from rescue.vlm.limits import RequestLimiter
 from rescue.vlm.servers import config_warnings
-from rescue.vlm.wire import AttemptError, Reply, classify_error, read_usage, reply_text, request_kwargs, sent_generation
+from rescue.vlm.exchange import AttemptError, Reply, classify_error, read_usage, reply_text, request_kwargs, sent_generation
 
 log = structlog.get_logger(__name__)
 

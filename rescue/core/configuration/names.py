@@ -61,7 +61,9 @@ MOVED: dict[str, str] = {
     "rescue.compare": "rescue.run.compare",
     "rescue.diagnose": "rescue.run.diagnose",
     "rescue.policy.ws_client": "rescue.policy.client",
-    "rescue.policy.ws_server": "rescue.policy.server",
+    "rescue.policy.ws_server": "rescue_serve.server",
+    "rescue.policy.server": "rescue_serve.server",
+    "rescue.policy.msgpack_numpy": "rescue_serve.msgpack_numpy",
     "rescue.policy.expert": "rescue.embedded.expert",
     "rescue.policy.learned": "rescue.embedded.learned",
     "rescue.policy.locator": "rescue.embedded.locator",
@@ -81,6 +83,8 @@ MOVED: dict[str, str] = {
     # Renamed beside a namesake on another floor (core/configuration/config.py, run/compare.py).
     "rescue.service.config": "rescue.service.settings",
     "rescue.read.html.compare": "rescue.read.html.side_by_side",
+    # "wire" is the policy's protocol (rescue_serve.wire); a VLM call's request and reply are an exchange.
+    "rescue.vlm.wire": "rescue.vlm.exchange",
 }
 
 

@@ -1,4 +1,4 @@
-"""The wire format of a VLM call: the request as the `openai` SDK sends it, and the reply body read back.
+"""One exchange with a VLM's API: the request as the `openai` SDK sends it, the reply body read back.
 
 Chat Completions and Responses differ in where images, the schema, the generation settings,
 the text and the token counts go; this module is the one place that knows both (which field each

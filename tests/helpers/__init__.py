@@ -1,0 +1,1 @@
+"""What several test modules share, each helper module named for what it holds; no test module imports another."""
