@@ -201,6 +201,18 @@ def benchmark(regime: Regime, studies: int, seed: int = 0) -> Tally:
     return tally
 
 
+def _old_scores(episodes: list[Episode], k: int, harm: bool, rng: np.random.Generator) -> list[tuple[float, float]]:
+    """(score, within-case variance) of each case as `rescue-export/6` computed them from its arms' successes of K:
+    [p_a (1 - p_a) + p_c (1 - p_c)] / (K - 1), 0 with K = 1."""
+    out = []
+    for e in episodes:
+        u = rng.random(k)
+        a, c = float(np.mean(u < e.assisted)), float(np.mean(u < e.control))
+        variance = (a * (1 - a) + c * (1 - c)) / (k - 1) if k > 1 else 0.0
+        out.append((c - a if harm else a - c, variance))
+    return out
+
+
 def old_estimator(regime: Regime, studies: int, seed: int = 0) -> Tally:
     """The interval of `rescue-export/6` (normal, two-stage variance; rescue/read/legacy_harm.py) on the same
     kind of draws: how often it covered and how often it was a point."""
@@ -210,11 +222,8 @@ def old_estimator(regime: Regime, studies: int, seed: int = 0) -> Tally:
     tally = Tally()
     for i in range(studies):
         picked_f, picked_s, fails, wins = _picked(regime.episodes, regime, seed * 100_003 + i)
-        f = _scores(picked_f, regime.k, False, rng)
-        s = _scores(picked_s, regime.k, True, rng)
-        def with_var(xs):  # the old within-case variance needs each case's two rates; K = 1 has none
-            return [(x, 0.0) for x in xs] if regime.k == 1 else [(x, 0.5 / (regime.k - 1) if x not in (-1.0, 1.0) else 0.0) for x in xs]
-        got = _old_net(with_var(f), fails, with_var(s), wins, 0.95)
+        got = _old_net(_old_scores(picked_f, regime.k, False, rng), fails, _old_scores(picked_s, regime.k, True, rng),
+                       wins, 0.95)
         tally.studies += 1
         ci = got["change_ci"]
         if ci is None:
