@@ -307,8 +307,9 @@ class Coverage(BaseModel):
     """Finished or interrupted but not yet classified."""
     n_summarized: int = 0
     """The summary's n: finished and interrupted cases with a verdict."""
-    n_not_run: int = 0
-    """Of the never started, those the study's `[stopping]` rule left unrun once it decided (DESIGN §20)."""
+    n_not_run: int = Field(default=0, exclude_if=lambda v: v == 0)
+    """Of the never started, those the study's `[stopping]` rule left unrun once it decided (DESIGN §20); absent
+    when none."""
     complete: bool = False
     """Whether the summary's n equals n_manifest, the cases the rule left unrun aside."""
 
