@@ -65,7 +65,8 @@ class StoppingConfig(BaseModel):
     def describe(self, primary: str) -> str:
         """The rule in a line: `rescue (assisted against control), alpha 0.05, both, 10 to 200 cases`."""
         first, second = self.arms(primary)
-        bounds = f"{self.minimum} to {self.maximum if self.maximum is not None else 'every'} cases"
+        bounds = (f"{self.minimum} to {self.maximum} cases" if self.maximum is not None
+                  else f"at least {self.minimum} cases")
         goal = {"efficacy": "stop for efficacy", "futility": f"stop for futility (effect < {self.effect:g})",
                 "both": f"stop for efficacy or futility (effect < {self.effect:g})"}[self.stop_for]
         return f"{self.test} ({first} against {second}), alpha {self.alpha:g}, {goal}, {bounds}"
