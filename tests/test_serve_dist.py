@@ -302,11 +302,17 @@ class _Stepper:
 def test_the_lerobot_mode_follows_the_observation_history():
     from rescue_serve.lerobot import _choose_mode
 
-    assert _choose_mode("act", 1, "auto", _Chunker) == "chunk"
-    assert _choose_mode("diffusion", 2, "auto", _Chunker) == "step"
-    assert _choose_mode("act", 1, "step", _Chunker) == "step"
+    assert _choose_mode("act", 1, "auto", _Chunker) == _choose_mode("act", 1, "auto", _Chunker, []) == ("chunk", "")
+    assert _choose_mode("diffusion", 2, "auto", _Chunker) == ("step", "n_obs_steps = 2: an observation history")
+    assert _choose_mode("act", 1, "step", _Chunker) == ("step", "asked with --mode step")
+    # State beyond the action queue (ACT's temporal ensembler): served as select_action serves it.
+    assert _choose_mode("act", 1, "auto", _Chunker, ["temporal_ensembler"]) == (
+        "step", "select_action keeps temporal_ensembler between calls")
     with pytest.raises(wire.BadInput, match="n_obs_steps = 2 needs every step's observation"):
         _choose_mode("diffusion", 2, "chunk", _Chunker)
+    with pytest.raises(wire.BadInput, match="select_action keeps temporal_ensembler between calls, so its chunks are "
+                                            "other actions: it is served at C = 1 with --mode step"):
+        _choose_mode("act", 1, "chunk", _Chunker, ["temporal_ensembler"])
     with pytest.raises(wire.BadInput, match="cannot be served in chunk mode: it has no predict_action_chunk"):
         _choose_mode("vqbet", 1, "auto", _Stepper)
 

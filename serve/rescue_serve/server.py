@@ -259,8 +259,12 @@ class PolicyServer:
         if isinstance(request, dict) and CONTROL_KEY in request:
             return await self._control(conn, request)
         if isinstance(request, dict) and EPISODE_CONTROL_KEY in request:
-            # An episode marker is never an observation: the policy does not see it.
-            return self._episode(conn, request)
+            # An episode marker is never an observation; an episode's start resets the policy's episode state,
+            # as LeRobot's and openpi's loops reset their policy at each episode.
+            reply = self._episode(conn, request)
+            if reply["ctrl"] == "episode_start":
+                await self._call(conn.policy.reset)
+            return reply
         start = time.monotonic()
         result = await self._call(conn.policy.infer, request)
         conn.requests += 1
@@ -273,7 +277,7 @@ class PolicyServer:
         return reply
 
     def _episode(self, conn: _Connection, request: dict) -> dict[str, Any]:
-        """Answer openpi's episode_start / episode_end frames (logged, not passed to the policy)."""
+        """Answer openpi's episode_start / episode_end frames (logged, never passed to the policy as an observation)."""
         op = request[EPISODE_CONTROL_KEY]
         if op not in EPISODE_OPS:
             raise ValueError(f"unknown {EPISODE_CONTROL_KEY} message {op!r} (known: {', '.join(EPISODE_OPS)})")
