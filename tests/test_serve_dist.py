@@ -328,3 +328,56 @@ def test_rescue_serve_lerobot_bad_input_is_one_line(tmp_path, make, expected):
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and expected in out.stderr
 
+
+
+class _Base:
+    def reset(self):
+        self._queues = {}
+
+
+class _Streaming(_Base):
+    """reset() through super(), a helper of its own, an attribute reset in place and one only read."""
+
+    def reset(self):
+        super().reset()
+        self._clear()
+        self.ensembler.reset()
+        self._queue = [] * self.config.n_action_steps
+
+    def _clear(self):
+        self._cache[0] = None
+
+
+def test_the_episode_state_is_what_reset_resets():
+    from rescue_serve.lerobot_state import _reset_names, beyond_action_queue
+
+    assert _reset_names(_Streaming) == {"_queues", "_cache", "ensembler", "_queue"}
+    assert beyond_action_queue(["_action_queue", "_queues", "temporal_ensembler"]) == ["temporal_ensembler"]
+
+
+def test_an_episode_start_resets_the_connections_policy():
+    resets = []
+
+    class Counted:
+        action_horizon = CHUNK
+
+        def infer(self, obs: dict) -> dict:
+            return {"actions": np.zeros((CHUNK, DIM), dtype=np.float32)}
+
+        def reset(self) -> None:
+            resets.append(1)
+
+    async def main():
+        server = PolicyServer(Counted, {})
+        url = await server.start()
+        try:
+            async with await WebsocketPolicyClient.connect(url) as client:
+                await client.episode_start("e", "t", "1")
+                await client.infer(_obs())
+                await client.episode_end(True)
+                await client.episode_start("e", "t", "2")
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+    assert len(resets) == 2  # at each episode_start, never at an episode's end
