@@ -92,7 +92,7 @@ class LeRobotServed:
         self.device = torch.device(config.device or "cpu")
         # One episode's state as reset() leaves it, copied for every connection and every episode.
         policy.reset()
-        self._pristine = {name: getattr(policy, name) for name in (episode or [])}
+        self._pristine = copy.deepcopy({name: getattr(policy, name) for name in (episode or [])})
 
     @classmethod
     def load(cls, path: str, *, rename_map: dict[str, str] | None = None, mode: str = "auto",
@@ -107,12 +107,14 @@ class LeRobotServed:
             import torch
             from lerobot.configs.policies import PreTrainedConfig
             from lerobot.policies.factory import get_policy_class, make_pre_post_processors
-            from lerobot.processor.pipeline import ProcessorMigrationError
+            from lerobot.processor import pipeline
         except ImportError as exc:
             raise BadInput(f"lerobot is not importable in this environment ({exc}); install rescue-serve into the "
                            "venv your LeRobot policy runs in") from None
         torch.set_num_threads(threads)
         serving_device = _device(torch, device)
+        # What LeRobot raises for a policy saved before its processor files (LeRobot 0.6), when it has it.
+        needs_migration = getattr(pipeline, "ProcessorMigrationError", ())
         # LeRobot prints while loading; stdout is the server's (its first line is the url it serves at). What it
         # printed goes to stderr once the policy is loaded; a refusal is one line.
         printed = io.StringIO()
@@ -140,7 +142,7 @@ class LeRobotServed:
                         "rename_observations_processor": {"rename_map": rename_map},
                     },
                 )
-            except ProcessorMigrationError:
+            except needs_migration:
                 raise BadInput(f"{path} was saved before LeRobot's processor files (policy_preprocessor.json, "
                                f"policy_postprocessor.json): migrate it with LeRobot's own script, `{MIGRATION} "
                                f"{path}`, and serve the folder it writes") from None
