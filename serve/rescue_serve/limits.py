@@ -5,14 +5,16 @@
 - **A frame's time.** Once the first byte of a frame (of a fragmented message: of its first fragment) has come,
   the whole must come within `frame_timeout_s`; else the connection is closed with code 1008 and the reason, and
   what it had sent is let go. A client that sends most of a frame and stops, or trickles one, holds nothing for
-  long. The library reads at most one message ahead (`max_queue`), so a client sending many frames holds little.
+  long. The library stops reading a client once more than one frame waits for the server (`max_queue`), so a
+  client that sends many frames without waiting for the answers holds a few at most.
 - **Connections.** At most `max_connections` at once; one more is closed with code 1013 ("try again later") and
   the reason, before its policy is built.
 - **Idleness.** `idle_timeout_s` counts complete frames only (a ping is one), from when the server last waited
   on the client: bytes of an unfinished frame are not activity.
 
-Worst case, the server holds about `max_connections` x 3 x `max_frame` of its clients' frames, each partial frame
-for at most `frame_timeout_s` (docs/own-vla.md).
+Worst case, the server holds a few times `max_connections` x `max_frame` of its clients' frames (per connection:
+the message being answered and its decoded copy, two waiting, part of the next), a partial one for at most
+`frame_timeout_s` (docs/own-vla.md).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 DEFAULT_FRAME_TIMEOUT_S = 30.0
 # A study opens a connection per arm of each case in flight (4 cases x up to 64 arms by default).
 DEFAULT_MAX_CONNECTIONS = 256
-# Messages the library reads ahead of the one being answered: a client sends one request at a time (openpi's
-# protocol), and each message read ahead may hold `max_frame`.
+# The library pauses reading a client once more than this many frames wait for the server: a client sends one
+# request at a time (openpi's protocol), and each frame waiting may hold `max_frame`.
 READ_AHEAD = 1
 
 
