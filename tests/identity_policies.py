@@ -50,3 +50,22 @@ def make_inf_from_fifth_query() -> TurnsHostile:
 def make_six_dims_from_fifth_query() -> TurnsHostile:
     """Six-dimensional actions (LIBERO's are seven) from an episode's fifth query on."""
     return TurnsHostile(start=5, dims=6)
+
+
+class Echo:
+    """The observation's `state` (its first 7 floats) as every action of a chunk of 10: a reply that shows
+    which request it answers."""
+
+    action_horizon = 10
+
+    def infer(self, obs: dict) -> dict:
+        """A chunk of 10 copies of the state's first 7 floats."""
+        return {"actions": np.tile(np.asarray(obs["state"], dtype=np.float32)[:7], (10, 1))}
+
+    def reset(self) -> None:
+        """Nothing to forget."""
+
+
+def make_echo_policy() -> Echo:
+    """The echo policy (for tests of the wire, where what the policy computes is beside the point)."""
+    return Echo()

@@ -303,11 +303,17 @@ class _Stepper:
 def test_the_lerobot_mode_follows_the_observation_history():
     from rescue_serve.lerobot import _choose_mode
 
-    assert _choose_mode("act", 1, "auto", _Chunker) == "chunk"
-    assert _choose_mode("diffusion", 2, "auto", _Chunker) == "step"
-    assert _choose_mode("act", 1, "step", _Chunker) == "step"
+    assert _choose_mode("act", 1, "auto", _Chunker) == _choose_mode("act", 1, "auto", _Chunker, []) == ("chunk", "")
+    assert _choose_mode("diffusion", 2, "auto", _Chunker) == ("step", "n_obs_steps = 2: an observation history")
+    assert _choose_mode("act", 1, "step", _Chunker) == ("step", "asked with --mode step")
+    # State beyond the action queue (ACT's temporal ensembler): served as select_action serves it.
+    assert _choose_mode("act", 1, "auto", _Chunker, ["temporal_ensembler"]) == (
+        "step", "select_action keeps temporal_ensembler between calls")
     with pytest.raises(wire.BadInput, match="n_obs_steps = 2 needs every step's observation"):
         _choose_mode("diffusion", 2, "chunk", _Chunker)
+    with pytest.raises(wire.BadInput, match="select_action keeps temporal_ensembler between calls, so its chunks are "
+                                            "other actions: it is served at C = 1 with --mode step"):
+        _choose_mode("act", 1, "chunk", _Chunker, ["temporal_ensembler"])
     with pytest.raises(wire.BadInput, match="cannot be served in chunk mode: it has no predict_action_chunk"):
         _choose_mode("vqbet", 1, "auto", _Stepper)
 
@@ -323,3 +329,56 @@ def test_rescue_serve_lerobot_bad_input_is_one_line(tmp_path, make, expected):
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and expected in out.stderr
 
+
+
+class _Base:
+    def reset(self):
+        self._queues = {}
+
+
+class _Streaming(_Base):
+    """reset() through super(), a helper of its own, an attribute reset in place and one only read."""
+
+    def reset(self):
+        super().reset()
+        self._clear()
+        self.ensembler.reset()
+        self._queue = [] * self.config.n_action_steps
+
+    def _clear(self):
+        self._cache[0] = None
+
+
+def test_the_episode_state_is_what_reset_resets():
+    from rescue_serve.lerobot_state import _reset_names, beyond_action_queue
+
+    assert _reset_names(_Streaming) == {"_queues", "_cache", "ensembler", "_queue"}
+    assert beyond_action_queue(["_action_queue", "_queues", "temporal_ensembler"]) == ["temporal_ensembler"]
+
+
+def test_an_episode_start_resets_the_connections_policy():
+    resets = []
+
+    class Counted:
+        action_horizon = CHUNK
+
+        def infer(self, obs: dict) -> dict:
+            return {"actions": np.zeros((CHUNK, DIM), dtype=np.float32)}
+
+        def reset(self) -> None:
+            resets.append(1)
+
+    async def main():
+        server = PolicyServer(Counted, {})
+        url = await server.start()
+        try:
+            async with await WebsocketPolicyClient.connect(url) as client:
+                await client.episode_start("e", "t", "1")
+                await client.infer(_obs())
+                await client.episode_end(True)
+                await client.episode_start("e", "t", "2")
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+    assert len(resets) == 2  # at each episode_start, never at an episode's end

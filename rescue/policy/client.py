@@ -243,7 +243,9 @@ class WebsocketPolicyClient:
                         self._pong.set_result(None)
                 else:
                     if msg.type in _CLOSED_TYPES:
-                        self._closed_reason = f"{msg.type.name.lower()} (code {self._ws.close_code})"
+                        # The server's reason, when it gave one (a limit it holds clients to says which).
+                        why = f": {msg.extra}" if msg.type is WSMsgType.CLOSE and msg.extra else ""
+                        self._closed_reason = f"{msg.type.name.lower()} (code {self._ws.close_code}{why})"
                         self._fail_pong()
                     self._inbox.put_nowait(msg)
                     if msg.type in _CLOSED_TYPES:

@@ -172,13 +172,15 @@ async def check_policy_query(case: Case, config: StudyConfig, peers: Peers) -> C
             await client.close()
         actions = np.asarray(reply["actions"])
     except PolicyServerError as exc:
-        return Check(
-            name=name,
-            verdict="fail",
-            detail=f"the policy server refused an observation of profile {profile!r} ({_last_line(exc)}); "
-            f"it sent keys {sorted(obs)}: set [policy] observation to the profile the policy reads "
-            "(openpi-libero, lerobot-libero, privileged)",
-        )
+        line = _last_line(exc)
+        # Another profile is a fix only for a key the observation lacks (a KeyError, or one of its kind, as
+        # openpi's servers and rescue-serve raise it); a server's other refusals (the action dimensions, a camera
+        # no profile sends) carry their own fix.
+        lacks_key = line.split(":", 1)[0].endswith("KeyError")
+        fix = (f"; it sent keys {sorted(obs)}: set [policy] observation to the profile the policy reads "
+               "(openpi-libero, lerobot-libero, privileged)") if lacks_key else ""
+        return Check(name=name, verdict="fail",
+                     detail=f"the policy server refused an observation of profile {profile!r} ({line}){fix}")
     except Exception as exc:
         return Check(name=name, verdict="fail", detail=f"{type(exc).__name__}: {_last_line(exc)}")
     interval = peers.interval

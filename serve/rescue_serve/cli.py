@@ -4,9 +4,10 @@
     rescue-serve lerobot PATH [--rename-map JSON] [--mode auto|chunk|step]
     rescue-serve openpi --config NAME --dir CHECKPOINT
 
-Every form takes --host, --port, --api-key-env and --idle-timeout. Bad input
-is one line on stderr and exit status 2; the server prints
-`serving policy at ws://HOST:PORT/` on stdout once it listens.
+Every form takes --host, --port, --api-key-env, and the limits a client is
+held to: --max-connections, --max-frame-mb, --frame-timeout, --idle-timeout
+(rescue_serve/limits.py). Bad input is one line on stderr and exit status 2;
+the server prints `serving policy at ws://HOST:PORT/` on stdout once it listens.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from rescue_serve.limits import DEFAULT_FRAME_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_FRAME
 from rescue_serve.server import DEFAULT_PORT, PolicyServer, import_attr, load_factory, policy_metadata
 from rescue_serve.wire import BadInput
 
@@ -29,7 +31,32 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to bind (0: any free port)")
     parser.add_argument("--api-key-env", help="name of the environment variable holding the api key")
-    parser.add_argument("--idle-timeout", type=float, default=None, help="close connections idle this many seconds")
+    parser.add_argument("--max-connections", type=_positive(int), default=DEFAULT_MAX_CONNECTIONS,
+                        help="connections served at once; one more is closed with code 1013 and the reason (a study "
+                             "opens one per arm of each case in flight)")
+    parser.add_argument("--max-frame-mb", type=_positive(float), default=DEFAULT_MAX_FRAME / 2**20,
+                        help="MiB of one message at most; a larger declared size is refused before it is read "
+                             "(close code 1009)")
+    parser.add_argument("--frame-timeout", type=_positive(float), default=DEFAULT_FRAME_TIMEOUT_S,
+                        help="seconds from a frame's first byte to its last; a client slower than that is closed "
+                             "with code 1008 and what it sent is let go")
+    parser.add_argument("--idle-timeout", type=_positive(float), default=None,
+                        help="close connections that complete no frame (a ping is one) for this many seconds while "
+                             "the server waits on them")
+
+
+def _positive(kind: type) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` above 0."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text!r}")
+        return value
+
+    return parse
 
 
 def run_server(prog: str, args: argparse.Namespace, factory: Callable[[], Any], metadata: dict) -> int:
@@ -49,6 +76,9 @@ def run_server(prog: str, args: argparse.Namespace, factory: Callable[[], Any], 
         port=args.port,
         api_key=api_key,
         idle_timeout_s=args.idle_timeout,
+        max_msg_size=int(args.max_frame_mb * 2**20),
+        frame_timeout_s=args.frame_timeout,
+        max_connections=args.max_connections,
     )
     try:
         asyncio.run(server.serve_until_signalled())

@@ -9,15 +9,22 @@ go through the policy directory's own preprocessor (rename, batch, device,
 normaliser), the policy, and its own postprocessor. `LiberoProcessorStep` is
 never applied here: it would rotate the images a second time.
 
-- **Mode from the policy.** A policy with an observation history
-  (`n_obs_steps > 1`: Diffusion) is served at C = 1 through `select_action`
+- **Mode from the policy, as its `select_action` runs.** A policy whose
+  `select_action` keeps state beyond its action queue (an observation history,
+  `n_obs_steps > 1`: Diffusion; ACT's temporal ensembler; any other state its
+  `reset()` resets: lerobot_state.py) is served at C = 1 through `select_action`
   and announces itself stateful (replayed, never forked); any other answers
-  `predict_action_chunk` (its first `n_action_steps`) and is stateless.
+  `predict_action_chunk` (its first `n_action_steps`: what its `select_action`
+  would pop) and is stateless.
 - **One model, one stream per connection.** The policy is loaded once. Each
-  connection keeps its own torch RNG state and its own per-episode state (the
-  policy's queues), swapped in for its calls; the server's lock serialises
-  the calls. `reset_rng(seed)` sets the connection's generator state, and
-  `rng_state()` reports its digest.
+  connection keeps its own torch RNG state (the CPU generator's and, on CUDA,
+  the device's) and its own per-episode state (a copy of what `reset()` leaves),
+  swapped in for its calls; the server's lock serialises the calls; an
+  episode's start resets it. `reset_rng(seed)` sets the connection's generator
+  states, and `rng_state()` reports their digest.
+- **Bad input is one line** (exit 2 at load; at a request, the error frame's
+  last line): a checkpoint LeRobot must migrate names LeRobot's migration, and
+  advice names only a fix that can work.
 - **Threads pinned.** torch's thread count is set at load and announced
   (`torch_threads`): a sampling policy's outputs differ across thread counts.
 
@@ -28,7 +35,9 @@ runs in LeRobot's environment.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
+import io
 import json
 import sys
 from pathlib import Path
@@ -36,22 +45,31 @@ from typing import Any
 
 import numpy as np
 
+from rescue_serve.lerobot_state import beyond_action_queue, episode_state
 from rescue_serve.wire import ACTION_HORIZON_KEY, OBSERVATION_KEY, STATELESS_KEY, TORCH_THREADS_KEY, BadInput
 
-# Per-episode state a LeRobot policy keeps between select_action calls (Diffusion's observation and action
-# queues, ACT's action queue); each connection has its own, swapped in around its calls.
-EPISODE_ATTRS = ("_queues", "_action_queue")
+# LeRobot's own script that gives a policy saved before its processor files those files, run as installed.
+MIGRATION = "python -m lerobot.processor.migrate_policy_normalization --pretrained-path"
 # Policy types that do not map one observation to robot actions (reinforcement-learning critics, reward models).
 UNSERVABLE_TYPES = ("sac", "gaussian_actor", "reward_classifier", "tdmpc")
 IMAGES_PREFIX = "observation.images."
 INSTRUCTION_KEYS = ("task", "prompt")  # the lerobot-libero profile sends `task`
 
 
+class ObservationKeyError(KeyError):
+    """A key the policy reads that the observation lacks (a KeyError, as a server that indexes the observation
+    raises it: another observation profile may be the fix); its line as it is, unquoted."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class LeRobotServed:
     """A LeRobot policy loaded once, with its processors and the mode it is served in."""
 
     def __init__(self, policy: Any, preprocessor: Any, postprocessor: Any, *, mode: str, policy_type: str,
-                 observation: str, threads: int, action_dim: int, rename_map: dict[str, str]) -> None:
+                 observation: str, threads: int, action_dim: int, rename_map: dict[str, str],
+                 episode: list[str] | None = None, why_step: str = "") -> None:
         import torch
 
         self.torch = torch
@@ -64,9 +82,17 @@ class LeRobotServed:
         self.threads = threads
         self.action_dim = action_dim
         self.rename_map = dict(rename_map)
+        self.why_step = why_step
         config = policy.config
         self.reads = sorted(config.input_features)  # what the policy's preprocessor must find, after renaming
+        # The flat sizes of the non-image features it reads (LIBERO's state: 8 floats).
+        self.sizes = {key: int(np.prod(feature.shape)) for key, feature in config.input_features.items()
+                      if not key.startswith(IMAGES_PREFIX) and getattr(feature, "shape", None)}
         self.action_horizon = 1 if mode == "step" else int(config.n_action_steps)
+        self.device = torch.device(config.device or "cpu")
+        # One episode's state as reset() leaves it, copied for every connection and every episode.
+        policy.reset()
+        self._pristine = copy.deepcopy({name: getattr(policy, name) for name in (episode or [])})
 
     @classmethod
     def load(cls, path: str, *, rename_map: dict[str, str] | None = None, mode: str = "auto",
@@ -81,42 +107,68 @@ class LeRobotServed:
             import torch
             from lerobot.configs.policies import PreTrainedConfig
             from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+            from lerobot.processor import pipeline
         except ImportError as exc:
             raise BadInput(f"lerobot is not importable in this environment ({exc}); install rescue-serve into the "
                            "venv your LeRobot policy runs in") from None
         torch.set_num_threads(threads)
-        # LeRobot prints while loading; stdout is the server's (its first line is the url it serves at).
-        with contextlib.redirect_stdout(sys.stderr):
-            config = PreTrainedConfig.from_pretrained(folder)
+        serving_device = _device(torch, device)
+        # What LeRobot raises for a policy saved before its processor files (LeRobot 0.6), when it has it.
+        needs_migration = getattr(pipeline, "ProcessorMigrationError", ())
+        # LeRobot prints while loading; stdout is the server's (its first line is the url it serves at). What it
+        # printed goes to stderr once the policy is loaded; a refusal is one line.
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            try:
+                config = PreTrainedConfig.from_pretrained(folder)
+            except Exception as exc:
+                raise BadInput(f"{folder / 'config.json'} is not a LeRobot policy configuration: "
+                               f"{_line(exc)}") from None
             policy_type = str(config.type)
             if policy_type in UNSERVABLE_TYPES:
                 raise BadInput(f"policy type {policy_type!r} cannot be served: it does not map an observation to "
                                "robot actions")
-            config.device = device
+            config.device = serving_device
             try:
                 policy_class = get_policy_class(policy_type)
             except (ValueError, ImportError, KeyError) as exc:
-                raise BadInput(f"policy type {policy_type!r} cannot be served: {' '.join(str(exc).split())}") from None
-            history = int(getattr(config, "n_obs_steps", 1) or 1)
-            chosen = _choose_mode(policy_type, history, mode, policy_class)
-            policy = policy_class.from_pretrained(folder, config=config)
+                raise BadInput(f"policy type {policy_type!r} cannot be served: {_line(exc)}") from None
+            try:
+                preprocessor, postprocessor = make_pre_post_processors(
+                    config,
+                    pretrained_path=str(folder),
+                    preprocessor_overrides={
+                        "device_processor": {"device": serving_device},
+                        "rename_observations_processor": {"rename_map": rename_map},
+                    },
+                )
+            except needs_migration:
+                raise BadInput(f"{path} was saved before LeRobot's processor files (policy_preprocessor.json, "
+                               f"policy_postprocessor.json): migrate it with LeRobot's own script, `{MIGRATION} "
+                               f"{path}`, and serve the folder it writes") from None
+            except Exception as exc:
+                raise BadInput(f"the processors saved in {path} cannot be loaded: {_line(exc)}") from None
+            try:
+                policy = policy_class.from_pretrained(folder, config=config)
+            except Exception as exc:
+                raise BadInput(f"the {policy_type} weights in {path} cannot be loaded: {_line(exc)}") from None
             policy.eval()
-            preprocessor, postprocessor = make_pre_post_processors(
-                config,
-                pretrained_path=str(folder),
-                preprocessor_overrides={
-                    "device_processor": {"device": device},
-                    "rename_observations_processor": {"rename_map": rename_map},
-                },
-            )
+            policy.reset()
+            episode, inside = episode_state(policy)
+            if inside:
+                raise BadInput(f"a {policy_type} policy keeps per-episode state inside its module "
+                               f"{', '.join(inside)} (its reset() resets it): one loaded model cannot keep it per "
+                               "connection")
+            history = int(getattr(config, "n_obs_steps", 1) or 1)
+            chosen, why = _choose_mode(policy_type, history, mode, policy_class, beyond_action_queue(episode))
+        sys.stderr.write(printed.getvalue())
         return cls(policy, preprocessor, postprocessor, mode=chosen, policy_type=policy_type, observation=observation,
-                   threads=threads, action_dim=action_dim, rename_map=rename_map)
+                   threads=threads, action_dim=action_dim, rename_map=rename_map, episode=episode, why_step=why)
 
     def describe(self) -> str:
         """One line: what is served, how, and why."""
         if self.mode == "step":
-            how = (f"step mode: select_action at C = 1, stateful (n_obs_steps = {self.policy.config.n_obs_steps}: "
-                   "an observation history), replayed, never forked")
+            how = f"step mode: select_action at C = 1, stateful ({self.why_step}), replayed, never forked"
         else:
             how = f"chunk mode: predict_action_chunk, C = {self.action_horizon}, stateless (forks at q)"
         return f"{self.policy_type} policy, {how}; torch threads {self.threads}"
@@ -137,9 +189,36 @@ class LeRobotServed:
         return LeRobotSession(self)
 
     def fresh_episode(self) -> dict[str, Any]:
-        """The policy's per-episode state right after `reset()` (new objects each time)."""
-        self.policy.reset()
-        return {name: getattr(self.policy, name) for name in EPISODE_ATTRS if hasattr(self.policy, name)}
+        """The policy's per-episode state as `reset()` leaves it, a copy of its own (an ensembler's reset works in
+        place: resetting the shared policy would reset another connection's)."""
+        return copy.deepcopy(self._pristine)
+
+    def seeded(self, seed: int) -> dict[str, Any]:
+        """Generator states for `seed`: the CPU's and, on an accelerator, the device's."""
+        torch = self.torch
+        states = {"cpu": torch.Generator().manual_seed(int(seed)).get_state()}
+        if self.device.type != "cpu":
+            states[self.device.type] = torch.Generator(device=self.device).manual_seed(int(seed)).get_state()
+        return states
+
+    @contextlib.contextmanager
+    def generators(self, states: dict[str, Any]) -> Any:
+        """Run with the generators in `states` (updated in place as they draw), the outer ones kept."""
+        torch = self.torch
+        device = self.device
+        outer = {"cpu": torch.get_rng_state()}
+        torch.set_rng_state(states["cpu"])
+        if device.type == "cuda":
+            outer["cuda"] = torch.cuda.get_rng_state(device)
+            torch.cuda.set_rng_state(states["cuda"], device)
+        try:
+            yield
+        finally:
+            states["cpu"] = torch.get_rng_state()
+            torch.set_rng_state(outer["cpu"])
+            if device.type == "cuda":
+                states["cuda"] = torch.cuda.get_rng_state(device)
+                torch.cuda.set_rng_state(outer["cuda"], device)
 
     def batch(self, obs: dict) -> dict[str, Any]:
         """The observation as LeRobot's `preprocess_observation` makes it, before the policy's preprocessor."""
@@ -155,18 +234,37 @@ class LeRobotServed:
                 out[key] = image.type(torch.float32) / 255
             elif isinstance(value, np.ndarray):
                 out[key] = torch.from_numpy(np.asarray(value)).float().reshape(1, -1)
-        renamed = {self.rename_map.get(key, key) for key in out}
+        renamed = {self.rename_map.get(key, key): key for key in out}
         missing = [key for key in self.reads if key not in renamed]
         if missing:
-            raise ValueError(self._missing_line(missing[0], sorted(out)))
+            self._refuse_missing(missing, sorted(out))
+        for key, size in self.sizes.items():
+            got = out[renamed[key]].shape[-1]
+            if got != size:
+                sent = "" if renamed[key] == key else f" (sent as {renamed[key]!r})"
+                raise ValueError(f"{key}{sent} has {got} floats; the policy reads {size} (its input_features): "
+                                 "the client sends another robot's state")
         return out
 
-    def _missing_line(self, key: str, sent: list[str]) -> str:
-        spare = [k for k in sent if k not in self.rename_map and k not in self.reads
-                 and k.startswith(IMAGES_PREFIX) == key.startswith(IMAGES_PREFIX)]
-        fix = {**self.rename_map, (spare[0] if spare else "<key the client sends>"): key}
-        return (f"the policy reads {key!r}, which the observation lacks (it sent {', '.join(sent)}); "
-                f"serve it with --rename-map '{json.dumps(fix)}'")
+    def _refuse_missing(self, missing: list[str], sent: list[str]) -> None:
+        """Raise for the first key the policy reads that the observation lacks, with a fix only where one can work:
+        a camera or array the client sends that the policy does not read may be renamed to it; no rename adds a
+        camera, and an instruction never becomes a state. KeyError: a key the observation lacks (a client may
+        send another profile); ValueError: what no profile of this client can give."""
+        key = missing[0]
+        camera = key.startswith(IMAGES_PREFIX)
+        cameras = [k for k in self.reads if k.startswith(IMAGES_PREFIX)]
+        sent_cameras = [k for k in sent if k.startswith(IMAGES_PREFIX)]
+        if camera and len(cameras) > len(sent_cameras) and sent_cameras:
+            raise ValueError(f"the policy reads {len(cameras)} cameras ({', '.join(cameras)}); the observation has "
+                             f"{len(sent_cameras)} ({', '.join(sent_cameras)}): no rename adds a camera, this "
+                             "policy needs one the client does not send")
+        spare = [k for k in sent if k not in self.rename_map and k not in self.reads and k not in INSTRUCTION_KEYS
+                 and k.startswith(IMAGES_PREFIX) == camera]
+        line = f"the policy reads {key!r}, which the observation lacks (it sent {', '.join(sent)})"
+        if spare:
+            line += f"; serve it with --rename-map '{json.dumps({**self.rename_map, spare[0]: key})}'"
+        raise ObservationKeyError(line)
 
     def act(self, batch: dict[str, Any]) -> np.ndarray:
         """The actions for one preprocessed batch, (C, action_dim) float32; ValueError on the wrong dimension."""
@@ -199,38 +297,68 @@ class LeRobotSession:
 
     def infer(self, obs: dict) -> dict:
         served = self._served
-        torch = served.torch
         batch = served.batch(obs)
-        outer = torch.get_rng_state()
-        torch.set_rng_state(self._rng)
         for name, value in self._episode.items():
             setattr(served.policy, name, value)
         try:
-            actions = served.act(batch)
+            with served.generators(self._rng):
+                actions = served.act(batch)
         finally:
-            self._rng = torch.get_rng_state()
             self._episode = {name: getattr(served.policy, name) for name in self._episode}
-            torch.set_rng_state(outer)
         return {"actions": actions}
 
     def reset(self) -> None:
         self._episode = self._served.fresh_episode()
 
     def reset_rng(self, seed: int) -> None:
-        self._rng = self._served.torch.Generator().manual_seed(int(seed)).get_state()
+        self._rng = self._served.seeded(seed)
 
     def rng_state(self) -> str:
-        return hashlib.sha256(self._rng.numpy().tobytes()).hexdigest()
+        digest = hashlib.sha256(self._rng["cpu"].numpy().tobytes())
+        for device in sorted(set(self._rng) - {"cpu"}):  # the device's generator, where the policy draws on one
+            digest.update(self._rng[device].numpy().tobytes())
+        return digest.hexdigest()
 
 
-def _choose_mode(policy_type: str, history: int, mode: str, policy_class: type) -> str:
-    """chunk or step for a policy of this type and observation history; BadInput when the asked mode cannot work."""
+def _choose_mode(policy_type: str, history: int, mode: str, policy_class: type,
+                 kept: list[str] | None = None) -> tuple[str, str]:
+    """(chunk or step, why step) for a policy of this type, observation history and episode state beyond its
+    action queue (`kept`); BadInput when the asked mode cannot serve it as its select_action does."""
+    why = ""
+    if history > 1:
+        why = f"n_obs_steps = {history}: an observation history"
+    elif kept:
+        why = f"select_action keeps {', '.join(kept)} between calls"
     if mode == "chunk" and history > 1:
         raise BadInput(f"a {policy_type} policy with n_obs_steps = {history} needs every step's observation: "
                        "it is served at C = 1 with --mode step (or --mode auto)")
+    if mode == "chunk" and kept:
+        raise BadInput(f"this {policy_type} policy's select_action keeps {', '.join(kept)} between calls, so its "
+                       "chunks are other actions: it is served at C = 1 with --mode step (or --mode auto)")
     if mode == "auto":
-        mode = "step" if history > 1 else "chunk"
+        mode = "step" if why else "chunk"
     needed = "select_action" if mode == "step" else "predict_action_chunk"
     if not callable(getattr(policy_class, needed, None)):
         raise BadInput(f"policy type {policy_type!r} cannot be served in {mode} mode: it has no {needed}")
-    return mode
+    return mode, (why or "asked with --mode step") if mode == "step" else ""
+
+
+def _device(torch: Any, device: str) -> str:
+    """The torch device to serve on, when its generator can be kept per connection; BadInput otherwise."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise BadInput(f"--device {device!r} is not a torch device: {_line(exc)}") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise BadInput(f"--device {device}: torch finds no CUDA device here (torch.cuda.is_available() is False); "
+                       "serve on --device cpu or where a GPU is")
+    if parsed.type not in ("cpu", "cuda"):
+        raise BadInput(f"--device {device}: each connection's seed is kept for cpu and cuda generators only; a "
+                       f"{parsed.type} device would draw from one stream shared by every connection")
+    return device
+
+
+def _line(exc: BaseException) -> str:
+    """An exception as one line: its kind and its first line."""
+    text = " ".join(str(exc).split("\n\n")[0].split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

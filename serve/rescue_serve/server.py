@@ -6,12 +6,14 @@ connection a light session on it. Every call into a policy, the factory's
 included, holds one lock of the server, so connections never run the shared
 model at once. Wire behaviour follows openpi: metadata frame first, one
 msgpack reply per request, a server error is a text frame with the traceback
-followed by a close; `GET /healthz` answers without a key.
+followed by a close; `GET /healthz` answers without a key. What a client may
+hold of the server (a frame's size and time, connections, idleness): limits.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import importlib
 import logging
@@ -27,8 +29,16 @@ from typing import Any
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
+from websockets.protocol import State
 
 from rescue_serve import msgpack_numpy
+from rescue_serve.limits import (
+    DEFAULT_FRAME_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_FRAME,
+    BoundedSocket,
+    Limits,
+)
 from rescue_serve.wire import (
     ACTION_HORIZON_KEY,
     CONTROL_EXTENSION,
@@ -48,25 +58,13 @@ log = logging.getLogger("rescue_serve")
 _wire_log = logging.getLogger("rescue_serve.websockets")
 _wire_log.setLevel(logging.WARNING)
 
-DEFAULT_MAX_MSG_SIZE = 64 * 1024 * 1024
+DEFAULT_MAX_MSG_SIZE = DEFAULT_MAX_FRAME
 # openpi's servers listen on 8000; rescue's local VLM endpoint's default is 8001.
 DEFAULT_PORT = 8000
 
 
 def _event(name: str, **fields: Any) -> None:
     log.info("%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
-
-
-class _Socket(ServerConnection):
-    """A server connection that notes when its peer last sent anything (a ping counts as activity)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.last_heard = time.monotonic()
-
-    def data_received(self, data: bytes) -> None:
-        self.last_heard = time.monotonic()
-        super().data_received(data)
 
 
 class _IdleTimeout(Exception):
@@ -106,14 +104,16 @@ class PolicyServer:
         api_key: str | None = None,
         idle_timeout_s: float | None = None,
         max_msg_size: int = DEFAULT_MAX_MSG_SIZE,
+        frame_timeout_s: float | None = DEFAULT_FRAME_TIMEOUT_S,
+        max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         self._factory = policy_factory
         self._metadata = dict(metadata)
         self._host = host
         self._port = port
         self._api_key = api_key
-        self._idle_timeout_s = idle_timeout_s
-        self._max_msg_size = max_msg_size
+        self.limits = Limits(max_frame=max_msg_size, frame_timeout_s=frame_timeout_s,
+                             max_connections=max_connections, idle_timeout_s=idle_timeout_s)
         self._lock = threading.Lock()  # one call into the policies at a time, whatever the connection
         self.instance_id = uuid.uuid4().hex
         self._server: Any = None
@@ -129,12 +129,12 @@ class PolicyServer:
             self._handle,
             self._host,
             self._port,
-            create_connection=_Socket,
+            create_connection=functools.partial(BoundedSocket, frame_timeout_s=self.limits.frame_timeout_s),
             process_request=self._process_request,
             compression=None,
-            max_size=self._max_msg_size,
             ping_interval=None,  # the server never pings; clients keep the connection alive
             logger=_wire_log,
+            **self.limits.serve_options(),
         )
         host, port = self._server.sockets[0].getsockname()[:2]
         self.url = f"ws://{host}:{port}/"
@@ -183,7 +183,14 @@ class PolicyServer:
 
         return await asyncio.to_thread(locked)
 
-    async def _handle(self, ws: ServerConnection) -> None:
+    async def _handle(self, ws: BoundedSocket) -> None:
+        cap = self.limits.max_connections
+        # Open ones only: a connection the server cut (closing, waiting for its peer) holds no slot.
+        served = sum(1 for other in self._sockets if other.state is State.OPEN)
+        if cap is not None and served >= cap:
+            _event("policy_server.refused", reason="server full", connections=served)
+            await ws.close(CloseCode.TRY_AGAIN_LATER, self.limits.full_reason())
+            return
         self._sockets.add(ws)
         self.connections += 1
         try:
@@ -207,12 +214,15 @@ class PolicyServer:
             meta[RNG_EXTENSION] = 1
         return meta
 
-    async def _receive(self, ws: _Socket) -> Any:
-        """The next data frame; _IdleTimeout when the peer sent nothing (not even a ping) for the idle timeout."""
-        if self._idle_timeout_s is None:
+    async def _receive(self, ws: BoundedSocket) -> Any:
+        """The next data frame; _IdleTimeout when the peer completed no frame (not even a ping) for the idle
+        timeout since the server began waiting on it (bytes of an unfinished frame are no activity)."""
+        idle = self.limits.idle_timeout_s
+        if idle is None:
             return await ws.recv()
+        waiting_since = time.monotonic()
         while True:
-            left = ws.last_heard + self._idle_timeout_s - time.monotonic()
+            left = max(ws.last_frame, waiting_since) + idle - time.monotonic()
             if left <= 0:
                 raise _IdleTimeout
             try:
@@ -220,15 +230,17 @@ class PolicyServer:
             except asyncio.TimeoutError:
                 continue
 
-    async def _serve(self, ws: _Socket, conn: _Connection) -> None:
+    async def _serve(self, ws: BoundedSocket, conn: _Connection) -> None:
         while True:
             try:
                 data = await self._receive(ws)
             except _IdleTimeout:
                 _event("policy_server.idle_closed", connection_id=conn.connection_id)
-                await ws.close(CloseCode.GOING_AWAY, "idle timeout")
+                ws.cut(CloseCode.GOING_AWAY, "idle timeout")
                 return
             except ConnectionClosed:
+                if ws.cut_reason is not None:
+                    _event("policy_server.frame_timeout", connection_id=conn.connection_id)
                 return
             start = time.monotonic()
             try:
@@ -247,8 +259,12 @@ class PolicyServer:
         if isinstance(request, dict) and CONTROL_KEY in request:
             return await self._control(conn, request)
         if isinstance(request, dict) and EPISODE_CONTROL_KEY in request:
-            # An episode marker is never an observation: the policy does not see it.
-            return self._episode(conn, request)
+            # An episode marker is never an observation; an episode's start resets the policy's episode state,
+            # as LeRobot's and openpi's loops reset their policy at each episode.
+            reply = self._episode(conn, request)
+            if reply["ctrl"] == "episode_start":
+                await self._call(conn.policy.reset)
+            return reply
         start = time.monotonic()
         result = await self._call(conn.policy.infer, request)
         conn.requests += 1
@@ -261,7 +277,7 @@ class PolicyServer:
         return reply
 
     def _episode(self, conn: _Connection, request: dict) -> dict[str, Any]:
-        """Answer openpi's episode_start / episode_end frames (logged, not passed to the policy)."""
+        """Answer openpi's episode_start / episode_end frames (logged, never passed to the policy as an observation)."""
         op = request[EPISODE_CONTROL_KEY]
         if op not in EPISODE_OPS:
             raise ValueError(f"unknown {EPISODE_CONTROL_KEY} message {op!r} (known: {', '.join(EPISODE_OPS)})")
