@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from identity_policies import make_echo_policy
 from raw_websocket import BINARY, PING, closed_with, frame, frame_header, open_websocket, read_frame
 
-from rescue.policy import msgpack_numpy
-from rescue.policy.server import PolicyServer
+from rescue_serve import msgpack_numpy
+from rescue_serve.server import PolicyServer
 
 pytestmark = pytest.mark.fast
 
