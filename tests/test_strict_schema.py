@@ -355,3 +355,15 @@ def test_the_large_studies_users_run_are_accepted_with_their_estimate():
     assert estimate.text().startswith("1,004 cases × 60 arms per case = ")
     # The same study on a disk that cannot hold it is refused, saying how much it needs and has.
     assert "GB of disk; the study's file system has 1.0 GB free" in config_work_problem(long, [520] * 1004, free_disk=10**9)
+
+
+def test_a_studys_own_policy_server_takes_every_arm_its_cases_in_flight_open():
+    """The serving distribution caps connections (256 by default); a study of 70 arms a case, 4 cases in flight,
+    opens up to 280 at once, so the server it starts for itself takes them."""
+    from rescue.run.peers import policy_connections
+
+    points = [{"name": f"p{i}", "fraction": (i + 1) / 11} for i in range(10)]
+    big = StudyConfig.model_validate({"query_point": points, "continuations": 5, "sham": {"source": "fixed"},
+                                      "advisor": [{"name": "a"}, {"name": "b"}]})
+    assert len(big.case_arms) * big.cases_in_flight == 280 and policy_connections(big) == 296
+    assert policy_connections(StudyConfig()) == 256

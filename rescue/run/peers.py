@@ -327,21 +327,32 @@ async def start_peers(
                 await result
 
 
+def policy_connections(config: StudyConfig) -> int:
+    """The connections a study's own policy server takes at once: every arm (and continuation) of every case in
+    flight may hold one (a fork's followers open theirs at q), and a few more for probes; never fewer than the
+    serving distribution's default."""
+    from rescue_serve.limits import DEFAULT_MAX_CONNECTIONS
+
+    return max(DEFAULT_MAX_CONNECTIONS, config.cases_in_flight * len(config.case_arms) + 16)
+
+
 async def _serve_policy(config: StudyConfig, layout: StudyLayout, closers: list[Callable[[], Any]]) -> list[str]:
     """The policy URLs of a run: the configured server's; else the in-process policy served from processes of
     its own (`[policy] processes`, by default one per 8 simulators from 4 on), or in this process."""
     if config.policy.url is not None:
         return [config.policy.url]
     processes = config.policy.served_processes(config.env.simulators)
+    connections = policy_connections(config)
     if processes > 0:
         from rescue.run.policy_processes import serve_in_processes, stop_processes
 
         # Started and waited for here, in the main thread: a child dies with it (see env.pool.die_with).
-        served = serve_in_processes(config.policy.factory, processes, str(layout.policy_log))
+        served = serve_in_processes(config.policy.factory, processes, str(layout.policy_log),
+                                    max_connections=connections)
         closers.append(lambda: stop_processes(served))
         return [p.url for p in served]
     from rescue.policy.bundled import serve_factory
 
-    server = await serve_factory(config.policy.factory)
+    server = await serve_factory(config.policy.factory, max_connections=connections)
     closers.append(server.stop)
     return [server.url]

@@ -19,6 +19,7 @@ import structlog
 
 from rescue.core.failfast import PeerUnreachable, one_line
 from rescue.env.pool import die_with, ignore_driver_signals, quiet, shield_args, start_shielded
+from rescue_serve.limits import DEFAULT_MAX_CONNECTIONS
 
 log = structlog.get_logger()
 
@@ -33,7 +34,7 @@ class PolicyProcessError(PeerUnreachable):
     """A policy process did not start (its factory failed, or it died): the command stops with nothing run."""
 
 
-def _serve(conn: Any, factory: str, log_path: str | None, parent: int, by_signal: bool) -> None:
+def _serve(conn: Any, factory: str, log_path: str | None, max_connections: int, parent: int, by_signal: bool) -> None:
     """Process main: serve `factory` on loopback, send the URL, serve until told to stop, send the counts."""
     die_with(parent, by_signal)
     ignore_driver_signals()
@@ -41,14 +42,14 @@ def _serve(conn: Any, factory: str, log_path: str | None, parent: int, by_signal
     from rescue.study import logs
 
     logs.configure(None, verbose=True)  # this process's events, as text, to its log
-    asyncio.run(_serve_until_stopped(conn, factory))
+    asyncio.run(_serve_until_stopped(conn, factory, max_connections))
 
 
-async def _serve_until_stopped(conn: Any, factory: str) -> None:
+async def _serve_until_stopped(conn: Any, factory: str, max_connections: int) -> None:
     from rescue.policy.bundled import serve_factory
 
     try:
-        server = await serve_factory(factory)
+        server = await serve_factory(factory, max_connections=max_connections)
     except BaseException as exc:  # told to the driver in one line; the traceback goes to the log
         traceback.print_exc()
         conn.send(("error", f"{type(exc).__name__}: {one_line(str(exc))}"))
@@ -69,13 +70,15 @@ async def _serve_until_stopped(conn: Any, factory: str) -> None:
 class PolicyProcess:
     """One process serving the in-process policy on loopback; `url` is set once it listens."""
 
-    def __init__(self, factory: str, name: str = "policy", log_path: str | None = None):
+    def __init__(self, factory: str, name: str = "policy", log_path: str | None = None,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS):
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self.factory = factory
         self.name = name
         self.url: str | None = None
-        self._proc = ctx.Process(target=_serve, args=(child, factory, log_path, *shield_args()), name=name, daemon=True)
+        self._proc = ctx.Process(target=_serve, args=(child, factory, log_path, max_connections, *shield_args()),
+                                 name=name, daemon=True)
         start_shielded(self._proc)
         child.close()
 
@@ -132,10 +135,11 @@ class PolicyProcess:
         return self.finish(timeout)
 
 
-def serve_in_processes(factory: str, n: int, log_path: str | None = None, timeout: float = START_S) -> list[PolicyProcess]:
+def serve_in_processes(factory: str, n: int, log_path: str | None = None, timeout: float = START_S,
+                       max_connections: int = DEFAULT_MAX_CONNECTIONS) -> list[PolicyProcess]:
     """Start `n` policy processes serving `factory` and wait until each listens (within `timeout` in all);
     PolicyProcessError, with every process stopped, when one does not."""
-    processes = [PolicyProcess(factory, f"policy-{i}", log_path) for i in range(n)]
+    processes = [PolicyProcess(factory, f"policy-{i}", log_path, max_connections) for i in range(n)]
     deadline = time.monotonic() + timeout
     try:
         for process in processes:
