@@ -12,6 +12,8 @@ import structlog
 from rescue.core.configuration.config import StudyConfig
 from rescue.core.figures.sequential import Decision, main_order, study_decision, study_order
 from rescue.core.manifest import Case
+from rescue.core.records import CaseRecord
+from rescue.core.verdicts import Verdict
 from rescue.study.folder import STOPPING_DECISION_KEY, STOPPING_ORDER_KEY, case_record
 from rescue.study.journal import Journal
 
@@ -42,6 +44,7 @@ class StopRule:
         self.main = main_order(self.order, list(self.cases.values()))
         # The main cases the rule lets run: the first `maximum` of the order.
         self.runs = self.main[: self.rule.maximum] if self.rule.maximum is not None else self.main
+        self._judged: dict[str, tuple[CaseRecord, Verdict]] = {}
 
     def decided(self) -> dict | None:
         """The decision the journal keeps, if the rule stopped the study."""
@@ -70,15 +73,16 @@ class StopRule:
         if self.decided() is not None:
             return None
         verdicts = self.journal.verdicts()
-        records = {}
         for case_id in self.runs:
+            if case_id in self._judged:
+                continue  # a case's verdict, once given, never changes: its record is read once
             verdict = verdicts.get(case_id)
             if verdict is None:
                 break
             interrupted = self.journal.state(case_id) == "interrupted"
             rec = case_record(self.cases[case_id], self.journal.arms(case_id), {}, self.config, interrupted)
-            records[case_id] = (rec, verdict)
-        decision = study_decision(self.rule, *self.rule.arms(self.config.primary_arm), self.main, records)
+            self._judged[case_id] = (rec, verdict)
+        decision = study_decision(self.rule, *self.rule.arms(self.config.primary_arm), self.main, self._judged)
         if decision.outcome == "undecided" or (decision.outcome == "maximum" and len(self.runs) == len(self.main)):
             return None  # not yet, or every case ran: nothing was stopped
         self.journal.set_meta(STOPPING_DECISION_KEY, decision.model_dump(mode="json"))
