@@ -253,7 +253,9 @@ def test_a_full_disk_fails_cleanly_and_the_study_resumes_after_space_is_freed(tm
         _fill(filler)
         proc = rescue_cli("run", str(manifest), "--study", str(study), *SCRIPTED_ARGS, check=False)
         out = _one_clean_line(proc)
-        assert proc.returncode != 0 and "No space left" in out, out
+        # Refused before anything is made: the estimate against the file system's free space, in one line.
+        assert proc.returncode != 0 and "not enough free disk" in out and "MB free" in out, out
+        assert len([line for line in proc.stderr.splitlines() if line.strip()]) == 1, proc.stderr
         assert sorted(p.name for p in disk.iterdir()) == ["filler"]  # no study, no half-made folder
         filler.unlink(missing_ok=True)
 

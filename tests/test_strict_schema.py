@@ -232,7 +232,7 @@ def test_the_service_limits_lower_the_work_a_job_may_ask_and_a_refusal_names_the
                      "--service-config", str(service))
     # Two continuations fork at q = 32: 64 + 3 x 32 = 160 steps a case, not 4 x 64.
     assert code == 2 and err == ["rescue: config: 3 cases × 4 arms per case = 480 arm-steps (forked arms share each "
-                                 "case's prefix), about 0.0 h on 2 simulators and 0.0 GB of disk; the limit is 400 "
+                                 "case's prefix), about 0.0 h on 2 simulators and 1.9 MB of disk; the limit is 400 "
                                  "arm-steps"], err
     assert not _jobs(tmp_path / "q")
     with pytest.raises(ConfigError, match="arms_per_case: Input should be less than or equal to 1024"):

@@ -53,7 +53,12 @@ class WorkEstimate:
     def text(self) -> str:
         return (f"{self.cases:,} cases × {self.arms_per_case:,} arms per case = {self.arm_steps:,} arm-steps (forked "
                 f"arms share each case's prefix), about {self.hours:,.1f} h on {self.simulators} simulator"
-                f"{'s' * (self.simulators != 1)} and {self.disk_bytes / 1e9:,.1f} GB of disk")
+                f"{'s' * (self.simulators != 1)} and {size(self.disk_bytes)} of disk")
+
+
+def size(n: int) -> str:
+    """Bytes for a reader: GB from one up, MB below (a small study's 0.0 GB says nothing)."""
+    return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
 
 def arms_problem(arms_per_case: int, parts: str, limit: int = MAX_ARMS_PER_CASE, where: str = "") -> str | None:
@@ -127,7 +132,7 @@ def config_work_problem(config: StudyConfig, horizons: list[int], max_arm_steps:
     if estimate.hours > max_hours:
         return f"{estimate.text()}; the limit is {max_hours:,.0f} h (rescue run --max-hours raises it)"
     if free_disk is not None and estimate.disk_bytes > free_disk:
-        return f"{estimate.text()}; the study's file system has {free_disk / 1e9:,.1f} GB free"
+        return f"not enough free disk: {estimate.text()}; the study's file system has {size(free_disk)} free"
     if not config.query_points or config.policy.replan_interval is None or not horizons:
         return None
     for point in config.query_points:
