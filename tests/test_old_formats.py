@@ -18,6 +18,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from golden_outputs import GOLDEN, STUDIES, outputs
 
 from rescue.core.figures.comparison import EXCLUDED, Episode, compare_episodes
 from rescue.read.comparison import ComparisonError, read_comparison
@@ -198,3 +199,13 @@ def test_todays_comparison_reads_back_as_it_was_written_and_an_unknown_version_i
     path.write_text(json.dumps({**json.loads(path.read_text()), "schema_version": "rescue-comparison/9"}))
     with pytest.raises(ComparisonError, match="comparison schema 'rescue-comparison/9'; this version reads"):
         read_comparison(path)
+
+
+def test_failures_only_studies_without_triggers_keep_every_output_byte_for_byte(tmp_path):
+    # Made by main at 44bd657 (tests/golden_outputs.py): the export (its version line aside), its CSV, the report
+    # and its files, and the status, digest for digest.
+    golden = json.loads(GOLDEN.read_text())
+    for study in STUDIES:
+        found = outputs(study, tmp_path)
+        changed = sorted(k for k in set(found) | set(golden[study]) if found.get(k) != golden[study].get(k))
+        assert not changed, f"{study}: {changed}"
