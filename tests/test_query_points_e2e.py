@@ -67,7 +67,7 @@ def test_each_query_point_forks_from_the_one_prefix_and_asks_at_its_own_q(study)
     assert config["arms"] == ["control", "assisted", "assisted@early", "assisted@late", "sham"] and config["fork_at_q"]
     rows = {k: json.loads(v) for k, v in arm_rows(study).items()}
     export = export_of(study)
-    assert export["schema_version"] == "rescue-export/7"
+    assert export["schema_version"] == "rescue-export/8"
     finished = [c for c in export["cases"] if before.get(c["case_id"]) != "claimed"]
     assert finished
     for case in finished:

@@ -21,7 +21,7 @@ from rescue.core.configuration.config import StudyConfig
 from rescue.core.digest import digest_bytes, digest_text
 from rescue.core.manifest import Case, ManifestError, load_manifest
 from rescue.core.proofs import trace_is_regular
-from rescue.core.records import ArmResult, Receipt
+from rescue.core.records import ArmResult, Assistance, CaseRecord, Receipt
 from rescue.core.verdicts import Verdict
 from rescue.core.trace import chain_break
 from rescue.core.arms import answered_at_q, base_arm, continuation, continuation_seed, is_assisted
@@ -329,19 +329,19 @@ class _Verifier:
         """Each assisted (or permuted sham) arm's receipt reference points at unchanged bytes of its call's outcome line."""
         for case_id, by_arm in arms.items():
             for name in [n for n in by_arm if answered_at_q(n)]:
-                a = by_arm.get(name)
-                ref = a.assistance.receipt_ref if a is not None else None
-                if ref is None:
-                    continue
-                self.checked["receipt references"] += 1
-                problem = check_ref(ref, self.lines.get(ref.path, []))
-                if problem is not None:
-                    self.problem("receipt", case_id, f"{name} arm's receipt reference: {problem}")
-                    continue
-                line = next(l for l in self.lines[ref.path] if l.lineno == ref.lineno)
-                if line.receipt is None or line.receipt.kind != "outcome" or line.receipt.call_id != a.assistance.call_id:
-                    self.problem("receipt", case_id, f"{name} arm's receipt reference ({ref.path} line {ref.lineno}) "
-                                 f"is not the outcome line of call {a.assistance.call_id}")
+                for a in by_arm[name].calls() or [by_arm[name].assistance]:
+                    ref = a.receipt_ref
+                    if ref is None:
+                        continue
+                    self.checked["receipt references"] += 1
+                    problem = check_ref(ref, self.lines.get(ref.path, []))
+                    if problem is not None:
+                        self.problem("receipt", case_id, f"{name} arm's receipt reference: {problem}")
+                        continue
+                    line = next(l for l in self.lines[ref.path] if l.lineno == ref.lineno)
+                    if line.receipt is None or line.receipt.kind != "outcome" or line.receipt.call_id != a.call_id:
+                        self.problem("receipt", case_id, f"{name} arm's receipt reference ({ref.path} line {ref.lineno}) "
+                                     f"is not the outcome line of call {a.call_id}")
 
     def check_sham_declaration(self, config: StudyConfig, cases: list[Case], meta: dict[str, Any]) -> None:
         """The permuted sham arm's donors are the ones its manifest and seed declare (DESIGN §8)."""
@@ -383,17 +383,18 @@ class _Verifier:
         by_call = {call_id for (_, call_id) in outcomes}
         for case_id, by_arm in arms.items():
             for name in [n for n in by_arm if is_assisted(n)]:
-                self.check_indexed(case_id, name, by_arm[name], by_call, indexed)
+                for i, call in enumerate([by_arm[name].assistance, *by_arm[name].again]):
+                    self.check_indexed(case_id, name if i == 0 else f"{name} (call {i + 1})", call, by_call, indexed)
 
-    def check_indexed(self, case_id: str, name: str, a: ArmResult, by_call: set[str], indexed: set[tuple[str, str]]) -> None:
+    def check_indexed(self, case_id: str, name: str, a: Assistance, by_call: set[str], indexed: set[tuple[str, str]]) -> None:
         """An assisted arm's (each advisor's) applied subgoal has its call's outcome receipt, and the index names it."""
-        if a.assistance.call_id is None and a.assistance.status != "applied":
+        if a.call_id is None and a.status != "applied":
             return
         what = "assistance" if name == "assisted" else f"{name} assistance"
-        call_id = a.assistance.call_id
-        if a.assistance.status != "applied":
+        call_id = a.call_id
+        if a.status != "applied":
             if call_id not in by_call:
-                self.warn("receipt", case_id, f"{what} {a.assistance.status} names call {call_id}, "
+                self.warn("receipt", case_id, f"{what} {a.status} names call {call_id}, "
                           "which has no outcome receipt")
             return
         if call_id is None:
@@ -483,7 +484,7 @@ class _Verifier:
         self.problem("trace", case_id, f"{arm.arm} trace is not regular for C={interval}: row {i} "
                      f"is at step {arm.trace[i].step}, expected {i * interval}")
 
-    def check_instructions(self, case: Case, arms: dict[str, ArmResult], config: StudyConfig) -> None:
+    def check_instructions(self, case: Case, arms: dict[str, ArmResult], rec: CaseRecord) -> None:
         case_id = case.case_id
         control = arms.get("control")
         # The original instruction's digest: the manifest's text when given, else
@@ -504,8 +505,68 @@ class _Verifier:
         for name in [n for n in arms if answered_at_q(n)]:
             arm_rec = arms.get(name)
             if arm_rec is not None and arm_rec.trace:
-                q = config.query_step(name, case.horizon)  # its declared query point's, else the case's q
-                self.check_injection(case_id, name, arm_rec, q, original_text, original)
+                q = rec.q_of(name)  # its declared query point's, where its trigger fires, else the case's q
+                if arm_rec.again:
+                    self.check_calls(case_id, name, arm_rec, original_text, original)
+                else:
+                    self.check_injection(case_id, name, arm_rec, q, original_text, original)
+
+    def check_calls(self, case_id: str, name: str, arm: ArmResult, original_text: str | None,
+                    original: str | None) -> None:
+        """An arm that asked more than once (DESIGN §18): each applied call is inject(original, its subgoal), and
+        every row carries the instruction of the last applied call at or before its step (the original before)."""
+        calls = arm.calls()
+        applied = [c for c in calls if c.status == "applied"]
+        if original_text is None and applied and applied[0].instruction is not None:
+            original_text, _ = parse_injection(applied[0].instruction)
+        if original_text is None:
+            return
+        original = original or digest_text(original_text)
+        by_step: dict[int, str] = {}
+        for i, c in enumerate(calls, start=1):
+            if c.status != "applied":
+                continue
+            self.checked["injections"] += 1
+            expected = inject(original_text, c.subgoal or "")
+            if not (c.subgoal or "").strip() or c.instruction != expected or c.instruction_digest != digest_text(expected):
+                self.problem("injection", case_id, f"{name} call {i} (step {c.query_step}): applied instruction is not "
+                             "inject(original, subgoal)")
+            by_step[c.query_step] = digest_text(expected)
+        current = original
+        for row in sorted(arm.trace, key=lambda r: r.step):
+            current = by_step.get(row.step, current)
+            if row.instruction != current:
+                self.problem("injection", case_id, f"{name} trace row at step {row.step} does not carry the instruction "
+                             "of its last applied call (the original before the first)")
+                return
+
+    def check_triggers(self, case_id: str, arms: dict[str, ArmResult], rec: CaseRecord, config: StudyConfig) -> None:
+        """Each trigger's firing derived again from the control arm's queries (DESIGN §18): the step the leader
+        recorded, and the step its arm asked at (or not asked); each later call's step from the arm's own queries."""
+        control = arms.get("control")
+        for name in [a for a in config.arms if config.trigger_of(a) is not None]:
+            trigger, arm = config.trigger_of(name), arms.get(name)
+            if control is None or arm is None or control.status != "complete":
+                continue
+            self.checked["trigger firings"] += 1
+            derived = None if name in rec.unasked else rec.q_of(name)
+            said = f"fires at step {derived}" if derived is not None else "never fires"
+            if trigger.name not in control.trigger_steps or control.trigger_steps[trigger.name] != derived:
+                self.problem("trigger", case_id, f"the control arm records trigger {trigger.name!r} at "
+                             f"{control.trigger_steps.get(trigger.name, 'no step')}; on its recorded queries it {said}")
+            asked = arm.assistance.query_step if arm.assistance.status != "not_asked" else None
+            if arm.status == "complete" and asked != derived:
+                self.problem("trigger", case_id, f"{name} asked at {asked if asked is not None else 'no step'}; its "
+                             f"trigger {said} on the control arm's queries")
+        for name, arm in arms.items():
+            if arm.again and arm.status == "complete":
+                self.checked["later calls"] += len(arm.again)
+                wanted = rec.again_steps.get(name, [])
+                asked = [c.query_step for c in arm.again]
+                if asked != wanted[:len(asked)] or (len(asked) < len(wanted) and arm.again[-1].status in
+                                                    ("applied", "declined")):
+                    self.problem("trigger", case_id, f"{name} asked again at steps {asked}; the study's rule gives "
+                                 f"{wanted} on its recorded queries")
 
     def check_continuations(self, case: Case, arms: dict[str, ArmResult]) -> None:
         """A continuation reseeded at q under RNG control got its continuation's declared seed (DESIGN §13)."""
@@ -629,7 +690,7 @@ class _Verifier:
             if calls != usage.calls or tokens != {k: t.known_sum for k, t in usage.tokens.items()}:
                 self.problem("usage", None, f"the advisors' usage counts {calls} calls ({tokens}), the receipts "
                              f"{usage.calls}")
-        if not records.config.query_points:
+        if not records.config.query_points and not records.config.triggers:
             return
         primary = records.config.advisor_configs()[0][0]
         theirs = {r.call_id for r in receipts if r.advisor == primary}
@@ -691,7 +752,10 @@ def verify_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
                 for arm in by_arm.values():
                     v.check_trace(case.case_id, arm, interval)
                     v.check_keyframes(case.case_id, arm)
-                v.check_instructions(case, by_arm, config)
+                rec = records.record(case)
+                v.check_instructions(case, by_arm, rec)
+                if config.triggers or config.max_calls > 1:
+                    v.check_triggers(case.case_id, by_arm, rec, config)
                 v.check_continuations(case, by_arm)
             if not config.is_evaluation:
                 v.check_usage(records)

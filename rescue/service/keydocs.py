@@ -39,8 +39,9 @@ def ranges_markdown() -> str:
         r = RANGES[key]
         low = f"> {number(r.low)}" if r.low_open else f">= {number(r.low)}"
         high = f"< {number(r.high)}" if r.high_open else f"<= {number(r.high)}"
-        rows.append(f"| `{key.replace('advisors.', '[[advisor]] ').replace('query_points.', '[[query_point]] ')}` "
-                    f"| {low}, {high} |")
+        shown = (key.replace("advisors.", "[[advisor]] ").replace("query_points.", "[[query_point]] ")
+                 .replace("triggers.", "[[trigger]] ").replace("asking.", "[asking] "))
+        rows.append(f"| `{shown}` | {low}, {high} |")
     rows.append(f"| arms per case (arms × continuations) | <= {MAX_ARMS_PER_CASE:,} |")
     rows.append(f"| arm-steps of a study (cases' horizons × arms per case) | <= {MAX_ARM_STEPS:,} |")
     return "\n".join(rows)
