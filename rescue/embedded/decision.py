@@ -102,10 +102,10 @@ def sees_progress(instruction: str, views: list[Image.Image]) -> bool:
     else is a reason to advise: the object not held at the moment of asking, a task or a view it cannot read (no
     model file, an instruction that is not a known pick-and-place, an empty view)."""
     goal = parse_pick_place(instruction)
-    model = load_model()
-    if model is None or goal is None or goal.obj not in OBJECTS or len(views) != len(VIEWS):
+    if goal is None or goal.obj not in OBJECTS or len(views) != len(VIEWS) or not all(_usable(v) for v in views):
         return False
-    if not all(_usable(v) for v in views):
+    model = load_model()
+    if model is None:
         return False
     phase_p, _ = model.predict(views)
     return float(sum(phase_p[PHASES.index(p)] for p in PROGRESSING)) > 0.5

@@ -243,7 +243,9 @@ class ArmRun:
             if self.step < self.q or self.keep_all_queries:
                 self.queries.append((self.step, policy_input))
             reply = await query_policy(self.policy, policy_input, self.step, self.firings)
-            record = query_record(self.step, self.obs, reply, self.spec.stage_key, getattr(self.policy, "last_query", None))
+            self.query_records.append(
+                query_record(self.step, self.obs, reply, self.spec.stage_key, getattr(self.policy, "last_query", None))
+            )
             # Only the first C actions run; the rest of a longer chunk is dropped,
             # so nothing planned under an old instruction survives the next query.
             # The chunk is the one after any rules: the trace digests what runs.
@@ -252,9 +254,10 @@ class ArmRun:
             chunk = checked_chunk(reply, interval=self.interval, due=due, space=self.action_space,
                                   policy=getattr(self.policy, "url", type(self.policy).__name__), step=self.step)
             if now is not None:
-                record = record.model_copy(update={"object_pos": now.object_pos, "dispersion": now.dispersion,
-                                                   "gripper": float(chunk[min(due, len(chunk)) - 1][-1])})
-            self.query_records.append(record)
+                # What a trigger reads at this query, and the gripper command of the chunk that runs from it.
+                self.query_records[-1] = self.query_records[-1].model_copy(update={
+                    "object_pos": now.object_pos, "dispersion": now.dispersion,
+                    "gripper": float(chunk[min(due, len(chunk)) - 1][-1])})
             row = TraceRow(
                 step=self.step,
                 state=digest_obs({k: v for k, v in self.obs.items() if k not in self.image_keys}),
