@@ -56,6 +56,7 @@ from rescue.study.receipts import (
     read_receipt_file,
     unfinished_calls,
 )
+from rescue.read.verify_asking import call_problems, trigger_problems
 from wrappers.injection import inject, parse_injection
 
 
@@ -513,60 +514,19 @@ class _Verifier:
 
     def check_calls(self, case_id: str, name: str, arm: ArmResult, original_text: str | None,
                     original: str | None) -> None:
-        """An arm that asked more than once (DESIGN §18): each applied call is inject(original, its subgoal), and
-        every row carries the instruction of the last applied call at or before its step (the original before)."""
-        calls = arm.calls()
-        applied = [c for c in calls if c.status == "applied"]
-        if original_text is None and applied and applied[0].instruction is not None:
-            original_text, _ = parse_injection(applied[0].instruction)
-        if original_text is None:
-            return
-        original = original or digest_text(original_text)
-        by_step: dict[int, str] = {}
-        for i, c in enumerate(calls, start=1):
-            if c.status != "applied":
-                continue
-            self.checked["injections"] += 1
-            expected = inject(original_text, c.subgoal or "")
-            if not (c.subgoal or "").strip() or c.instruction != expected or c.instruction_digest != digest_text(expected):
-                self.problem("injection", case_id, f"{name} call {i} (step {c.query_step}): applied instruction is not "
-                             "inject(original, subgoal)")
-            by_step[c.query_step] = digest_text(expected)
-        current = original
-        for row in sorted(arm.trace, key=lambda r: r.step):
-            current = by_step.get(row.step, current)
-            if row.instruction != current:
-                self.problem("injection", case_id, f"{name} trace row at step {row.step} does not carry the instruction "
-                             "of its last applied call (the original before the first)")
-                return
+        """An arm that asked more than once (DESIGN §18): rescue/read/verify_asking.py."""
+        applied = [c for c in arm.calls() if c.status == "applied"]
+        self.checked["injections"] += len(applied)
+        for message in call_problems(name, arm, original_text, original):
+            self.problem("injection", case_id, message)
 
     def check_triggers(self, case_id: str, arms: dict[str, ArmResult], rec: CaseRecord, config: StudyConfig) -> None:
-        """Each trigger's firing derived again from the control arm's queries (DESIGN §18): the step the leader
-        recorded, and the step its arm asked at (or not asked); each later call's step from the arm's own queries."""
-        control = arms.get("control")
-        for name in [a for a in config.arms if config.trigger_of(a) is not None]:
-            trigger, arm = config.trigger_of(name), arms.get(name)
-            if control is None or arm is None or control.status != "complete":
-                continue
-            self.checked["trigger firings"] += 1
-            derived = None if name in rec.unasked else rec.q_of(name)
-            said = f"fires at step {derived}" if derived is not None else "never fires"
-            if trigger.name not in control.trigger_steps or control.trigger_steps[trigger.name] != derived:
-                self.problem("trigger", case_id, f"the control arm records trigger {trigger.name!r} at "
-                             f"{control.trigger_steps.get(trigger.name, 'no step')}; on its recorded queries it {said}")
-            asked = arm.assistance.query_step if arm.assistance.status != "not_asked" else None
-            if arm.status == "complete" and asked != derived:
-                self.problem("trigger", case_id, f"{name} asked at {asked if asked is not None else 'no step'}; its "
-                             f"trigger {said} on the control arm's queries")
-        for name, arm in arms.items():
-            if arm.again and arm.status == "complete":
-                self.checked["later calls"] += len(arm.again)
-                wanted = rec.again_steps.get(name, [])
-                asked = [c.query_step for c in arm.again]
-                if asked != wanted[:len(asked)] or (len(asked) < len(wanted) and arm.again[-1].status in
-                                                    ("applied", "declined")):
-                    self.problem("trigger", case_id, f"{name} asked again at steps {asked}; the study's rule gives "
-                                 f"{wanted} on its recorded queries")
+        """Each trigger's firing and each later call derived again from the records (DESIGN §18)."""
+        firings, later, problems = trigger_problems(arms, rec, config)
+        self.checked["trigger firings"] += firings
+        self.checked["later calls"] += later
+        for message in problems:
+            self.problem("trigger", case_id, message)
 
     def check_continuations(self, case: Case, arms: dict[str, ArmResult]) -> None:
         """A continuation reseeded at q under RNG control got its continuation's declared seed (DESIGN §13)."""
