@@ -107,7 +107,7 @@ def test_each_query_point_forks_from_the_one_prefix_and_asks_at_its_own_q(study)
         # Each query point's own call: three calls of the VLM, the sham's fixed text.
         calls = {rows[(case["case_id"], a)]["assistance"]["call_id"] for a in ("assisted", "assisted@early", "assisted@late")}
         assert len(calls) == 3 and None not in calls
-        assert set(case["verdicts"]) == {"assisted@early", "assisted@late", "sham"}
+        assert set(case["verdicts"]) == {"assisted@early", "assisted@late", "assisted@stall", "assisted@placebo", "sham"}
     summary = export["summary"]
     assert [a["arm"] for a in summary["arms"]] == ["assisted@early", "assisted@late", "assisted@stall",
                                                    "assisted@placebo", "sham"]

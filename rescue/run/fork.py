@@ -266,7 +266,9 @@ async def run_forked(
     stateless policy whose server gives no RNG control, DESIGN §13) the follower continues at once: what the
     policy answers from q on is a fresh draw. A follower of a declared extra query point (DESIGN §14) forks at its
     own q: the leader snapshots at each of them as it passes, and the follower starts from that snapshot as soon
-    as it is taken. Results: the leader (control) first, then the followers in order; `on_result` hears each as
-    soon as its arm ends.
+    as it is taken. A trigger's follower (DESIGN §18) forks where its trigger first fires on the leader's queries,
+    decided before each of them; `probe` gives the leader the connection an uncertainty trigger draws from.
+    Results: the leader (control) first, then the followers in order; `on_result` hears each as soon as its arm
+    ends.
     """
-    return await Fork(case, spec, control, followers, control_done, replay, on_result).run()
+    return await Fork(case, spec, control, followers, control_done, replay, on_result, probe).run()
