@@ -107,7 +107,8 @@ def test_each_query_point_forks_from_the_one_prefix_and_asks_at_its_own_q(study)
         # Each query point's own call: three calls of the VLM, the sham's fixed text.
         calls = {rows[(case["case_id"], a)]["assistance"]["call_id"] for a in ("assisted", "assisted@early", "assisted@late")}
         assert len(calls) == 3 and None not in calls
-        assert set(case["verdicts"]) == {"assisted@early", "assisted@late", "assisted@stall", "assisted@placebo", "sham"}
+        assert set(case["verdicts"]) == {"assisted@early", "assisted@late", "assisted@stall", "assisted@placebo",
+                                         "sham"}
     summary = export["summary"]
     assert [a["arm"] for a in summary["arms"]] == ["assisted@early", "assisted@late", "assisted@stall",
                                                    "assisted@placebo", "sham"]
@@ -219,7 +220,10 @@ def test_each_trigger_forks_where_it_fires_on_the_control_arms_record_and_each_a
     assert asking["budgets"][0]["placebo"] == "assisted@placebo" and asking["best"] is not None
     rescue_cli("report", str(study))
     page = (study / "report.html").read_text()
-    assert 'data-answer="asking"' in page and "changes the benchmark most" in page and 'id="sec-asking"' in page
+    # The first screen names the best way per call (or, none raising the benchmark, the one that cost it least).
+    assert 'data-answer="asking"' in page and 'id="sec-asking"' in page
+    assert f'data-value="&#34;{asking["best"]}&#34;"' in page or f'data-value="{json.dumps(asking["best"])}"' in page
+    assert ("changes the benchmark most" in page) != ("No way of asking raised the benchmark" in page)
 
 
 @pytest.mark.parametrize("what", ["firing", "later call"])

@@ -250,8 +250,12 @@ def _best(summary: AskingSummary, cases: Sequence[Judged], confidence: float) ->
     summary.best = best.arm
     alpha = 1 - confidence
     measure = "net change" if best.net is not None else "rescue among the failures"
-    head = (f"Per call, {way_name(best)} changes the benchmark most: {100 * best.change_per_call:+.1f} "
-            f"pp of {measure} per call ({best.calls_per_episode:.2f} calls per episode)")
+    what = (f"{100 * best.change_per_call:+.1f} pp of {measure} per call ({best.calls_per_episode:.2f} calls per "
+            "episode)")
+    if best.change_per_call > 0:
+        head = f"Per call, {way_name(best)} changes the benchmark most: {what}"
+    else:
+        head = f"No way of asking raised the benchmark; per call, {way_name(best)} cost it least: {what}"
     if best.kind == "trigger":
         placebos = [c for c in summary.comparisons if c.first == best.arm
                     and summary.way(c.second) is not None and summary.way(c.second).kind == "placebo"]
