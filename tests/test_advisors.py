@@ -291,7 +291,7 @@ def test_an_export_of_the_previous_schema_still_reads(tmp_path):
     from rescue.read.export import EXPORT_SCHEMA, ExportError, read_export
 
     old = read_export(DATA / "export_v3" / "export.json")
-    assert old.schema_version == "rescue-export/3" and EXPORT_SCHEMA == "rescue-export/7"
+    assert old.schema_version == "rescue-export/3" and EXPORT_SCHEMA == "rescue-export/8"
     # Read into today's shape: the sham's figures and its comparison with the assisted arm, no advisors.
     assert [f.arm for f in old.summary.arms] == ["sham"] and old.summary.comparison("assisted", "sham") is not None
     assert not any(c.first.startswith("assisted:") for c in old.summary.comparisons) and old.usage_by_advisor is None

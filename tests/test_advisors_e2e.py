@@ -81,7 +81,7 @@ def _study(tmp_path: Path, wrong_url: str, cont_url: str) -> None:
     assert "OK" in verify.stdout.splitlines()[0]
 
     export = export_of(study)
-    assert export["schema_version"] == "rescue-export/7"
+    assert export["schema_version"] == "rescue-export/8"
     assert [a["name"] for a in export["study"]["advisors"]] == list(ADVISORS)
     cases = {c["case_id"]: c for c in export["cases"]}
     finished = [c for cid, c in cases.items() if states.get(cid) != "claimed"]

@@ -98,7 +98,7 @@ def test_journal_stores_arm_digests_and_receipt_line_sha256(clean_study):
 
 def test_export_has_one_entry_per_case_and_explicit_coverage(clean_study):
     export = export_study(clean_study)
-    assert export.schema_version == EXPORT_SCHEMA == "rescue-export/7"
+    assert export.schema_version == EXPORT_SCHEMA == "rescue-export/8"
     assert [e.case_id for e in export.cases] == [line["case_id"] for line in manifest_lines()]
     by_id = {e.case_id: e for e in export.cases}
     assert by_id["never-started"].state == "pending" and by_id["never-started"].label is None
@@ -127,7 +127,7 @@ def test_write_export_json_and_csv_match(clean_study, tmp_path):
     assert out_json.name == "export.json" and out_csv.name == "export.csv"
     out_json, out_csv = tmp_path / "export.json", tmp_path / "export.csv"
     write_export(export, out_json, out_csv)
-    assert json.loads(out_json.read_text())["schema_version"] == "rescue-export/7"
+    assert json.loads(out_json.read_text())["schema_version"] == "rescue-export/8"
     assert json.loads(out_json.read_text()) == export.model_dump(mode="json")
     with out_csv.open(newline="") as f:
         reader = csv.DictReader(f)

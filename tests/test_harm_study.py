@@ -1,5 +1,5 @@
 """A study of failures and historical successes (DESIGN §17) through the read side: the stored verdicts, the
-summary's harm section, export (rescue-export/7), the terminal and the report's first screen, and `rescue verify`
+summary's harm section, export (rescue-export/8), the terminal and the report's first screen, and `rescue verify`
 re-deriving every figure and catching a success's tampered label. Built by the library's own writers, as
 tests/test_export_verify.py builds its study; no simulator runs."""
 
@@ -30,7 +30,7 @@ def harm_study(tmp_path_factory) -> Path:
 
 def test_labels_figures_and_net_change_of_a_mixed_study(harm_study):
     export = export_study(harm_study)
-    assert export.schema_version == "rescue-export/7"
+    assert export.schema_version == "rescue-export/8"
     labels = {c.case_id: (c.outcome, c.label) for c in export.cases}
     assert labels == {"f-rescued": ("failure", "rescued"), "f-both-fail": ("failure", "not_rescued"),
                       "s-broken": ("success", "broken"), "s-kept": ("success", "kept"), "s-early": ("success", "kept")}

@@ -113,9 +113,10 @@ def test_an_older_studys_config_digest_holds_after_later_settings_were_added():
     now = StudyConfig().model_dump(mode="json")
     older = {sec: ({k: v for k, v in part.items() if (sec, k) not in HASHED_WHEN_SET} if isinstance(part, dict) else part)
              for sec, part in now.items() if (None, sec) not in HASHED_WHEN_SET and (None, sec, part) not in HASHED_UNLESS_DEFAULT}
-    # vlm: the two limits, startup_check, server, price, lab_budget, lab_ledger, require_model_match; sham: by_task,
-    # advisor; the top level: advisors.
-    assert len(older["vlm"]) == len(now["vlm"]) - 8 and len(older["sham"]) == len(now["sham"]) - 2
+    # vlm: the two limits, startup_check, server, price, lab_budget, lab_ledger, require_model_match, may_decline;
+    # sham: by_task, advisor; the top level: advisors, triggers, asking.
+    assert len(older["vlm"]) == len(now["vlm"]) - 9 and len(older["sham"]) == len(now["sham"]) - 2
+    assert {"triggers", "asking"} <= set(now) and not {"triggers", "asking"} & set(older)
     assert "advisors" in now and "advisors" not in older
     assert StudyConfig.model_validate(older).sha256() == digest_text(canonical_json(older))
     # Once set, a limit is part of the digest.

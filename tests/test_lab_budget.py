@@ -180,6 +180,11 @@ def test_a_case_holds_every_call_it_can_make_and_each_call_releases_one_hold(tmp
         "advisor": [{"name": "a", "price": price}, {"name": "b", "price": price}]})
     # The query point is the primary advisor's: its call is that advisor's.
     assert [arm for arm, _ in lab_ledger.case_calls(advisors)] == ["assisted:a", "assisted:b", "assisted:a"]
+    # Asking again (DESIGN §18): max_calls holds per arm that asks, a trigger's arm included; each call its own.
+    again = StudyConfig.model_validate({
+        "vlm": {"price": price, "lab_budget": 100.0}, "asking": {"max_calls": 2},
+        "trigger": [{"name": "stall", "kind": "stall"}], "sham": {"source": "fixed"}})
+    assert [arm for arm, _ in lab_ledger.case_calls(again)] == ["assisted"] * 4
     ledger = Ledger(ledger_path(tmp_path / "receipts"))
     ledger.record(_call("seed"), [], "assisted")  # the estimate: 1.0 per call
     arms = [ArmCost(arm=arm, model="m", endpoint="local", price=PRICE, max_output_tokens=None) for arm, _ in lab_ledger.case_calls(config)]

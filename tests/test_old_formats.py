@@ -18,6 +18,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from golden_outputs import GOLDEN, STUDIES, outputs
 
 from rescue.core.figures.comparison import EXCLUDED, Episode, compare_episodes
 from rescue.read.comparison import ComparisonError, read_comparison
@@ -70,7 +71,7 @@ def test_old_studies_hold_old_shaped_records_and_verify_as_they_are(advisors, pl
 
 def test_an_old_study_exports_in_todays_shape_with_the_figures_it_stored(advisors):
     export = export_study(advisors)
-    assert export.schema_version == EXPORT_SCHEMA == "rescue-export/7"
+    assert export.schema_version == EXPORT_SCHEMA == "rescue-export/8"
     verdicts, stored = _stored(advisors)
     s = export.summary
     assert s.arm == "assisted:local" and (s.n, s.r, s.m, s.e) == (stored["n"], stored["r"], stored["m"], stored["e"])
@@ -198,3 +199,24 @@ def test_todays_comparison_reads_back_as_it_was_written_and_an_unknown_version_i
     path.write_text(json.dumps({**json.loads(path.read_text()), "schema_version": "rescue-comparison/9"}))
     with pytest.raises(ComparisonError, match="comparison schema 'rescue-comparison/9'; this version reads"):
         read_comparison(path)
+
+
+def test_failures_only_studies_without_triggers_keep_every_output_byte_for_byte(tmp_path):
+    # Made by main at 44bd657 (tests/golden_outputs.py): the export (its version line aside), its CSV, the report
+    # and its files, and the status, digest for digest.
+    golden = json.loads(GOLDEN.read_text())
+    for study in STUDIES:
+        found = outputs(study, tmp_path)
+        changed = sorted(k for k in set(found) | set(golden[study]) if found.get(k) != golden[study].get(k))
+        assert not changed, f"{study}: {changed}"
+
+
+def test_a_rescue_export_7_document_reads_as_it_was_written(plain):
+    # `tests/data/export_v7/export.json`: the plain study's export by main at 44bd657 (rescue-export/7), the version
+    # before triggers, declining and asking again.
+    old = read_export(DATA / "export_v7" / "export.json")
+    assert old.schema_version == "rescue-export/7"
+    now = export_study(plain)
+    assert now.schema_version == "rescue-export/8"
+    assert old.model_dump(exclude={"schema_version"}) == now.model_dump(exclude={"schema_version"})
+    assert old.summary.asking is None and all(not a.again for c in old.cases for a in c.arms.values() if a)

@@ -176,7 +176,7 @@ def test_a_three_arm_study_killed_and_resumed_verifies_with_its_sham_table(tmp_p
     assert rescue_cli("verify", str(study)).returncode == 0
     rescue_cli("export", str(study))
     export = json.loads((study / "export.json").read_text())
-    assert export["schema_version"] == "rescue-export/7"
+    assert export["schema_version"] == "rescue-export/8"
     con = sqlite3.connect(f"file:{study / 'journal.sqlite'}?mode=ro", uri=True)
     after = dict(con.execute("SELECT case_id || '/' || arm, data FROM arms"))
     con.close()

@@ -49,6 +49,16 @@ def test_subgoal_follows_what_the_views_show(scenes):
     assert carrying in {"lift the bbq sauce", "carry the bbq sauce to the basket"}
 
 
+def test_it_keeps_the_instruction_only_where_it_sees_the_object_held_and_on_its_way(scenes):
+    # DESIGN §18: offered to decline, it keeps the instruction when it sees no sign of failure.
+    assert decision.sees_progress(INSTRUCTION, scenes["carrying"]) is True
+    assert decision.sees_progress(INSTRUCTION, scenes["start"]) is False
+    # A scene or task it cannot read is a reason to advise.
+    spatial = "pick up the black bowl next to the ramekin and place it on the plate"
+    assert decision.sees_progress(spatial, scenes["carrying"]) is False
+    assert decision.sees_progress(INSTRUCTION, [Image.new("RGB", (256, 256), (0, 0, 0))] * 3) is False
+
+
 def test_the_object_comes_from_the_instruction_the_phase_from_the_pixels(scenes):
     other = decision.propose_subgoal("pick up the ketchup and place it in the basket", scenes["start"], 140)
     assert other == "move above the ketchup"

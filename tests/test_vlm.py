@@ -96,6 +96,36 @@ def test_subgoal_over_both_apis_and_answer_styles(tmp_path, api, structured):
     assert outcome.usage.cached_input_tokens == 0 and outcome.usage.reasoning_tokens == 0
 
 
+@pytest.mark.parametrize("api", ["chat", "responses"])
+@pytest.mark.parametrize("structured", [True, False])
+def test_an_advisor_that_may_decline_keeps_the_instruction_in_a_receipt_like_any_other(tmp_path, api, structured):
+    # DESIGN §18: offered "keep the instruction" (the declining template and schema), the endpoint keeps it.
+    answer, state, receipts = ask_one(tmp_path, EndpointOptions(answer="keep"), api=api, structured=structured,
+                                      may_decline=True)
+    outcome = receipts[-1]
+    assert (answer.status, answer.subgoal, answer.error_kind, answer.error) == ("declined", None, None, None)
+    assert outcome.status == "ok" and outcome.request_status == {answer.request_id: "declined"}
+    assert outcome.subgoals == {answer.request_id: None} and outcome.prompt_template == "subgoal_or_keep_v1"
+    assert answer.call_id == outcome.call_id and answer.receipt_ref is not None
+    # Not offered it (the study's advisor may not decline), the same endpoint answers with a subgoal.
+    plain, _, _ = ask_one(tmp_path / "plain", EndpointOptions(answer="keep"), api=api, structured=structured)
+    assert plain.status == "ok" and plain.subgoal
+    # Offered it, the subgoal model on views it cannot read sees no progress: it advises.
+    advised, _, _ = ask_one(tmp_path / "model", EndpointOptions(), api=api, structured=structured, may_decline=True)
+    assert advised.status == "ok" and advised.subgoal
+
+
+def test_a_declining_answer_without_a_subgoal_is_valid_only_when_it_keeps_the_instruction():
+    tokens = {"r1": "t1", "r2": "t2", "r3": "t3"}
+    items = [{"request_id": "r1", "token": "t1", "keep_instruction": True, "subgoal": ""},
+             {"request_id": "r2", "token": "t2", "keep_instruction": False, "subgoal": ""},
+             {"request_id": "r3", "token": "t3", "keep_instruction": "yes", "subgoal": "ignored"}]
+    subgoals, errors = check_answers(items, tokens, 100, may_decline=True)
+    assert subgoals == {"r1": None, "r2": None, "r3": None} and set(errors) == {"r2"}
+    # A study whose advisor may not decline takes no "keep": an empty subgoal stays an invalid answer.
+    assert set(check_answers(items, tokens, 100)[1]) == {"r1", "r2"}
+
+
 def test_missing_usage_details_stay_unknown(tmp_path):
     answer, _, _ = ask_one(tmp_path, EndpointOptions(usage_details=False))
     usage = answer.receipt.usage

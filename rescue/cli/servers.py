@@ -77,8 +77,10 @@ def add_commands(sub) -> None:
     p.add_argument("--fault-count", type=int, default=1, help="how many first requests the fault hits")
     p.add_argument("--api-key-env", help="require the API key held by this environment variable (401 otherwise)")
     p.add_argument("--answer", default="model", metavar="MODE",
-                   help="model: the subgoal model on the views; wrong-object: a subgoal naming another object of "
-                        "the instruction's scene; fixed:TEXT: always TEXT (loopback advisors for controls)")
+                   help="model: the subgoal model on the views (offered to keep the instruction, it keeps it when it "
+                        "sees the object held and on its way); wrong-object: a subgoal naming another object of "
+                        "the instruction's scene; fixed:TEXT: always TEXT; keep: keep the instruction whenever "
+                        "offered (loopback advisors for controls)")
     p.add_argument("--model", default="rescue-advisor-v0", help="the model name it reports")
     p.set_defaults(func=cmd_serve_vlm, parser=p)
 

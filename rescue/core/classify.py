@@ -10,7 +10,7 @@ from rescue.core.arms import arm_advisor, base_arm, continuation, continuation_a
 from rescue.core.success_labels import success_label, success_reason
 from rescue.core.proofs import check_evidence, check_sham_evidence, prefix_match, q_state_match
 from rescue.core.records import ArmResult, CaseRecord
-from rescue.core.verdicts import ArmVerdict, ContinuationCount, Verdict
+from rescue.core.verdicts import DECLINED, ArmVerdict, ContinuationCount, Verdict
 
 # Assistance statuses that mean the VLM request failed (rule 3).
 ASSISTANCE_FAILURES = frozenset({"broker_error", "invalid_response", "timeout"})
@@ -110,11 +110,11 @@ def judge(rec: CaseRecord, arm: str, against: str = "control") -> ArmVerdict:
 
     succeeded = rec.historical_outcome == "success"
 
-    def verdict(label: str, rule: int, reason: str) -> ArmVerdict:
-        if succeeded:
+    def verdict(label: str, rule: int, reason: str, own_reason: bool = False) -> ArmVerdict:
+        if succeeded and label != DECLINED:
             # A historical success: the same rules in the same order, read as DESIGN §17 labels.
             label = success_label(rule)
-            if rule in (4, 7, 8, 9):
+            if rule in (4, 7, 8, 9) and not own_reason:
                 reason = success_reason(rule, arm, against, q, judged.steps if judged is not None else 0)
         return ArmVerdict(against=against, label=label, rule=rule, reason=reason, in_m=in_m, in_e=in_e)
 
@@ -124,12 +124,32 @@ def judge(rec: CaseRecord, arm: str, against: str = "control") -> ArmVerdict:
         return verdict("unknown", 2, invalid)
     assert control is not None and judged is not None
     status = judged.assistance.status
-    if status in ASSISTANCE_FAILURES:
-        kind = judged.assistance.error_kind
+    failed = next((c for c in judged.calls() if c.status in ASSISTANCE_FAILURES), None)
+    if failed is not None:
+        kind = failed.error_kind
         what = "assistance" if is_assisted(arm) else f"{arm} subgoal"
-        return verdict("unknown", 3, f"{what} {status}" + (f" ({kind})" if kind else ""))
+        if failed is not judged.assistance:
+            what = f"{what} (call {judged.calls().index(failed) + 1})"
+        return verdict("unknown", 3, f"{what} {failed.status}" + (f" ({kind})" if kind else ""))
     if status == "not_reached":
         return verdict("not_rescued", 4, f"{arm} arm ended at step {judged.steps}, before the query point {q}")
+    if status == "not_asked" or base_arm(arm) in rec.unasked:
+        # A trigger's arm (DESIGN §18): asked exactly when its trigger fires on the control arm's queries.
+        if status != "not_asked":
+            return verdict("unknown", 6, f"evidence invalid: {arm}'s trigger never fires on the control arm's "
+                           f"queries, yet it asked at step {judged.assistance.query_step}")
+        if base_arm(arm) not in rec.unasked:
+            return verdict("unknown", 6, f"evidence invalid: {arm}'s trigger fires at step {q} on the control arm's "
+                           "queries, yet it was not asked")
+        why = f"{arm}'s trigger never fired: not asked (no call)"
+        return verdict("not_rescued", 4, why + (", kept by construction" if succeeded else ""), own_reason=True)
+    if not any(c.status == "applied" for c in judged.calls()) and any(c.status == "declined" for c in judged.calls()):
+        # Declined at every call: the arm ran on with the instruction unchanged (DESIGN §18).
+        asked = [c.query_step for c in judged.calls()]
+        if asked[0] != q:
+            return verdict("unknown", 6, f"evidence invalid: declined at step {asked[0]}, query point is {q}")
+        steps = ", ".join(str(s) for s in asked)
+        return verdict(DECLINED, 4, f"the advisor kept the instruction (asked at step {steps}): declined")
     if not prefix_ok:
         return verdict("unknown", 5, prefix_why)
     if not evidence_ok:

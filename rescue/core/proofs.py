@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rescue.core.arms import base_arm
 from rescue.core.digest import digest_text
 from rescue.core.records import ArmResult, Assistance, CaseRecord, Receipt
 from rescue.core.trace import TraceRow
@@ -63,7 +64,7 @@ def q_state_match(control: ArmResult, assisted: ArmResult, prefix_why: str, q: i
         control = control.model_copy(update={"q_state": control.fork_states[q], "q_render": control.fork_renders.get(q)})
     if control.mode != assisted.mode:
         return False, f"arms ran in different modes ({control.mode}, {assisted.mode})"
-    if assisted.assistance.status == "not_reached":
+    if assisted.assistance.status in ("not_reached", "not_asked"):
         return True, prefix_why
     if assisted.restored_render is not None and assisted.restored_render != assisted.q_render:
         return False, "after the VLM wait the restored simulator rendered other views than at q"
@@ -114,10 +115,8 @@ def _advisor_problem(r: Receipt | None, advisor: str | None) -> str | None:
     return None
 
 
-def _applied_problem(rec: CaseRecord, arm: ArmResult) -> str | None:
-    """Why the applied instruction is not what the arm queried with from its q on (None: it is)."""
-    a = arm.assistance
-    q = rec.q_of(arm.arm)
+def _applied_problem(arm: ArmResult, a: Assistance, q: int) -> str | None:
+    """Why one applied call's instruction is not what the arm queried with at its step q (None: it is)."""
     if a.query_step != q:
         return f"assistance at step {a.query_step}, query point is {q}"
     if a.instruction is None or a.instruction_digest is None:
@@ -134,23 +133,46 @@ def _applied_problem(rec: CaseRecord, arm: ArmResult) -> str | None:
     return None
 
 
+def call_steps_problem(rec: CaseRecord, arm: ArmResult) -> str | None:
+    """Why the steps an arm asked at are not those its study's rules give on the records (its q, then each later
+    call's: DESIGN §18), or None."""
+    name = base_arm(arm.arm)
+    expected = [rec.q_of(name), *rec.again_steps.get(name, [])]
+    asked = [c.query_step for c in arm.calls()]
+    if asked != expected:
+        return f"asked at steps {asked}, the study's rules give {expected} on the recorded queries"
+    return None
+
+
 def check_evidence(rec: CaseRecord, name: str | None = None, advisor: str | None = None) -> tuple[bool, str]:
-    """Whether an assisted arm's (the primary by default) applied subgoal is tied to a valid receipt of its
-    own advisor's call (`advisor`: None for a study of one `[vlm]`) and to its trace."""
+    """Whether an assisted arm's (the primary by default) applied subgoals are each tied to a valid receipt of its
+    own advisor's call (`advisor`: None for a study of one `[vlm]`), asked at the steps the study's rules give, and
+    to its trace."""
     name = name or rec.primary
     arm = rec.arms.get(name)
     if arm is None:
         return False, "no assisted arm"
-    a = arm.assistance
-    if a.status != "applied":
-        return False, f"assistance status is {a.status!r}, not 'applied'"
-    if a.subgoal is None or not a.subgoal.strip():
-        return False, "applied subgoal is empty"
-    receipt = rec.receipts.get(name)
-    problem = _receipt_problem(a, receipt, rec.case_id) or _advisor_problem(receipt, advisor) or _applied_problem(rec, arm)
+    calls = arm.calls()
+    applied = [c for c in calls if c.status == "applied"]
+    if not applied:
+        return False, f"assistance status is {arm.assistance.status!r}, not 'applied'"
+    # One call: its step is checked with its instruction below (the reasons read as they always have).
+    problem = call_steps_problem(rec, arm) if len(calls) > 1 or rec.again_steps.get(base_arm(name)) else None
     if problem is not None:
         return False, problem
-    return True, f"receipt {receipt.call_id}/{a.request_id} applied at step {rec.q_of(name)}"
+    for i, a in enumerate(calls):
+        if a.status != "applied":
+            continue
+        if a.subgoal is None or not a.subgoal.strip():
+            return False, "applied subgoal is empty"
+        receipt = rec.receipts.get(name) if i == 0 else rec.again_receipts.get(a.call_id or "")
+        problem = (_receipt_problem(a, receipt, rec.case_id) or _advisor_problem(receipt, advisor)
+                   or _applied_problem(arm, a, a.query_step if i else rec.q_of(name)))
+        if problem is not None:
+            return False, problem if i == 0 else f"call {i + 1}: {problem}"
+    if len(applied) == 1:
+        return True, f"receipt {applied[0].call_id}/{applied[0].request_id} applied at step {applied[0].query_step}"
+    return True, "receipts " + ", ".join(f"{a.call_id}/{a.request_id} applied at step {a.query_step}" for a in applied)
 
 
 def check_sham_evidence(rec: CaseRecord, name: str = "sham") -> tuple[bool, str]:
@@ -176,7 +198,7 @@ def check_sham_evidence(rec: CaseRecord, name: str = "sham") -> tuple[bool, str]
         if problem is not None:
             return False, f"donor receipt: {problem}"
         where = f"donor {rec.sham_donor}'s receipt {a.call_id}/{a.request_id}"
-    problem = _applied_problem(rec, arm)
+    problem = _applied_problem(arm, a, rec.q_of(name))
     if problem is not None:
         return False, problem
     return True, f"{where} applied at step {rec.q_of(name)}"

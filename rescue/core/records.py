@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from rescue.core.arms import ArmName, base_arm, continuation
+from rescue.core.asking import TriggerConfig
 from rescue.core.success_labels import HistoricalOutcome
 from rescue.core.trace import TraceRow
 
@@ -21,7 +22,8 @@ from rescue.core.trace import TraceRow
 ArmStatus = Literal["complete", "interrupted", "error"]
 
 # The seed's assistance statuses. `control` marks the control arm; the rest
-# describe what happened to the assisted arm's single VLM request.
+# describe what happened to one VLM request of an arm that asks. DESIGN §18 adds
+# `declined` (the advisor kept the instruction) and `not_asked` (a trigger that never fired).
 AssistanceStatus = Literal[
     "control",
     "applied",
@@ -29,7 +31,11 @@ AssistanceStatus = Literal[
     "broker_error",
     "invalid_response",
     "timeout",
+    "declined",
+    "not_asked",
 ]
+# The statuses of an arm that made no call: it ran as the control arm did.
+NO_CALL = frozenset({"control", "not_reached", "not_asked"})
 
 
 class ReceiptRef(BaseModel):
@@ -58,7 +64,8 @@ class Assistance(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True)
 
     status: AssistanceStatus
-    """`control` on the control arm; `applied`; `not_reached` (the arm ended before q); otherwise why its request failed."""
+    """`control` on the control arm; `applied`; `declined` (the advisor answered "keep the instruction"); `not_reached`
+    (the arm ended before q); `not_asked` (its trigger never fired); otherwise why its request failed."""
     query_step: int | None = None
     """Env step at which the arm asked (q); None when it never asked (control arm, not reached)."""
     subgoal: str | None = None
@@ -88,7 +95,7 @@ class Assistance(BaseModel):
     """The failure in one line; None unless it failed."""
 
 
-AnswerStatus = Literal["ok", "broker_error", "invalid_response", "timeout"]
+AnswerStatus = Literal["ok", "broker_error", "invalid_response", "timeout", "declined"]
 
 
 class Answer(BaseModel):
@@ -98,7 +105,8 @@ class Answer(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True)
 
     status: AnswerStatus
-    """`ok` (a subgoal to apply), else why there is none: `broker_error`, `invalid_response`, `timeout`."""
+    """`ok` (a subgoal to apply), `declined` (keep the instruction: an advisor that may decline, DESIGN §18), else
+    why there is none: `broker_error`, `invalid_response`, `timeout`."""
     subgoal: str | None = None
     """The subgoal; None unless the status is `ok`."""
     source: Literal["vlm", "fixed", "permuted"] = "vlm"
@@ -139,6 +147,15 @@ class QueryRecord(BaseModel):
     """sha256 of the chunk the policy predicted."""
     chunk_after: str | None = None
     """sha256 of the chunk after the rules (equal to chunk_before when no rule changed it)."""
+    object_pos: tuple[float, float, float] | None = Field(default=None, exclude_if=lambda v: v is None)
+    """In a study with triggers (DESIGN §18): the world position of the task's object at the query, metres, where
+    the suite's goal names one; absent otherwise."""
+    gripper: float | None = Field(default=None, exclude_if=lambda v: v is None)
+    """In a study with triggers: the gripper command of the last action the chunk ran (LIBERO: -1 open, +1 closed);
+    absent otherwise."""
+    dispersion: float | None = Field(default=None, exclude_if=lambda v: v is None)
+    """With an uncertainty trigger: how much the chunks drawn for this observation from a probe connection
+    disagreed (rescue.core.triggers.dispersion), measured before the query; absent otherwise."""
 
     @property
     def rewritten(self) -> bool:
@@ -177,7 +194,14 @@ class ArmResult(BaseModel):
     trace: list[TraceRow] = Field(default_factory=list)
     """One row per policy query, in step order (the prefix proof compares the rows before q)."""
     assistance: Assistance
-    """What the arm did at q (the control arm: status `control`)."""
+    """What the arm did at q (the control arm: status `control`): its first call."""
+    again: list[Assistance] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """Its later calls in order (`[asking] max_calls` above 1, DESIGN §18), each with its own receipt; an applied
+    subgoal replaces the one before from its step on. Absent: one call at most."""
+    trigger_steps: dict[str, int | None] = Field(default_factory=dict, exclude_if=lambda v: not v)
+    """A fork's leader in a study with triggers (DESIGN §18): the query step each trigger first fired at on its
+    queries, by trigger name (None: it never fired); `rescue verify` derives it again from `queries`. Absent
+    otherwise."""
     rule_firings: list[dict] = Field(default_factory=list)
     """Every rule firing, in order: `step`, `rule`, and the chunk's sha256 `before` and `after`; empty without rules."""
     idle_rules: list[str] = Field(default_factory=list)
@@ -226,6 +250,10 @@ class ArmResult(BaseModel):
     """When the arm started, Unix time in seconds; None when it never got a simulator or policy connection."""
     finished_at: float | None = None
     """When the arm's record was made, Unix time in seconds; None when it never got a simulator or policy connection."""
+
+    def calls(self) -> list[Assistance]:
+        """Every call the arm made, in order (none for an arm that never asked)."""
+        return [a for a in (self.assistance, *self.again) if a.status not in NO_CALL]
 
 
 class Usage(BaseModel):
@@ -299,8 +327,8 @@ class Receipt(BaseModel):
     on calls that got no answer."""
     # A batched call can succeed for some of its requests and not for others.
     request_status: dict[str, str] = Field(default_factory=dict)
-    """Request id -> that request's answer status (`ok`, `invalid_response`, `timeout`, `broker_error`); empty on
-    attempt lines."""
+    """Request id -> that request's answer status (`ok`, `invalid_response`, `timeout`, `broker_error`; `declined`:
+    the advisor kept the instruction, DESIGN §18); empty on attempt lines."""
     request_errors: dict[str, str] = Field(default_factory=dict)
     """Request id -> why its answer was rejected; only rejected requests appear."""
     sent_image_sha256: list[str] = Field(default_factory=list)
@@ -352,7 +380,21 @@ class CaseRecord(BaseModel):
     `assisted:<name>` (DESIGN §11)."""
     query_steps: dict[str, int] = Field(default_factory=dict)
     """The env step each arm of a declared extra query point asks at (DESIGN §14), by arm (its continuations
-    ask where it does); every other arm asks at `query_step`."""
+    ask where it does); a trigger's arm (DESIGN §18): the step its trigger first fires at on the control arm's
+    queries, as derived again from them (the horizon when it never fires); every other arm asks at `query_step`."""
+    unasked: list[str] = Field(default_factory=list)
+    """The trigger arms whose trigger never fires on the control arm's queries (derived again): not asked."""
+    again_steps: dict[str, list[int]] = Field(default_factory=dict)
+    """With `[asking] max_calls` above 1: the steps of each arm's later calls, derived again from its own queries
+    by the study's rule, by arm; absent: the arm asks once."""
+    again_receipts: dict[str, Receipt] = Field(default_factory=dict)
+    """The outcome receipts of the arms' later calls, by call id."""
+    declining: bool = False
+    """Whether an advisor of the study may decline (DESIGN §18): its figures count the `declined` label."""
+    triggers: dict[str, TriggerConfig] = Field(default_factory=dict)
+    """The trigger each trigger's arm asks by, by arm (DESIGN §18); empty: a study without triggers."""
+    max_calls: int = 1
+    """How many calls an arm that asks a VLM may make (`[asking] max_calls`)."""
     arms: dict[str, ArmResult | None] = Field(default_factory=dict)
     """Every arm the study runs for the case, by name in the study's order (`control` first); None: not recorded."""
     receipts: dict[str, Receipt | None] = Field(default_factory=dict)

@@ -6,6 +6,7 @@
     rule 7: the control arm failed          -> not_reproduced
     rule 8: the asking arm failed           -> broken
     rule 9: both succeeded                  -> kept
+    rule 4, the advisor kept the instruction -> declined (as for a failure: DESIGN §18)
 
 The figures over these labels (harm, the net change) are in `rescue.core.figures.harm`.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-SuccessLabel = Literal["broken", "kept", "not_reproduced", "unknown", "initial_state_deviation"]
+SuccessLabel = Literal["broken", "kept", "not_reproduced", "unknown", "initial_state_deviation", "declined"]
 SUCCESS_LABELS: tuple[SuccessLabel, ...] = ("broken", "kept", "not_reproduced", "unknown", "initial_state_deviation")
 HistoricalOutcome = Literal["failure", "success"]
 

@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rescue.core.arms import ADVISOR_ARM_PREFIX
 from rescue.core.success_labels import SuccessLabel
 
-Label = Literal["rescued", "not_rescued", "unknown", "initial_state_deviation"]
+Label = Literal["rescued", "not_rescued", "unknown", "initial_state_deviation", "declined"]
+# The label of an arm whose advisor kept the instruction at every call (DESIGN §18): never rescued, kept or broken.
+DECLINED = "declined"
 
 
 # An evaluation study (control arm only) labels episodes instead.

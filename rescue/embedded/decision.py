@@ -91,6 +91,26 @@ def propose_subgoal(instruction: str, views: list[Image.Image], remaining_steps:
     return rule_subgoal(instruction, remaining_steps)
 
 
+# The phases in which the task's object is in the gripper and on its way to its target.
+PROGRESSING = ("lift", "carry", "place", "release")
+
+
+def sees_progress(instruction: str, views: list[Image.Image]) -> bool:
+    """Whether the endpoint sees no sign of failure, and so keeps the instruction when it may (DESIGN §18): the
+    subgoal model, on the three views, reads a phase in which the object is in the gripper and on its way (lift,
+    carry, place, release) with probability above one half, for a pick-and-place of an object it knows. Anything
+    else is a reason to advise: the object not held at the moment of asking, a task or a view it cannot read (no
+    model file, an instruction that is not a known pick-and-place, an empty view)."""
+    goal = parse_pick_place(instruction)
+    if goal is None or goal.obj not in OBJECTS or len(views) != len(VIEWS) or not all(_usable(v) for v in views):
+        return False
+    model = load_model()
+    if model is None:
+        return False
+    phase_p, _ = model.predict(views)
+    return float(sum(phase_p[PHASES.index(p)] for p in PROGRESSING)) > 0.5
+
+
 def model_subgoal(model, goal: PickPlace | None, views: list[Image.Image]) -> str:
     """The sub-instruction of the phase the model sees, for the instruction's object (else the one it sees)."""
     phase_p, object_p = model.predict(views)

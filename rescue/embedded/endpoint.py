@@ -30,7 +30,7 @@ from aiohttp import web
 from PIL import Image
 from pydantic import BaseModel, field_validator
 
-from rescue.embedded.decision import parse_goal, propose_subgoal
+from rescue.embedded.decision import parse_goal, propose_subgoal, sees_progress
 from rescue.embedded.faults import Fault
 from rescue.embedded.scene import wrong_object_subgoal
 
@@ -40,7 +40,7 @@ GENERATION_KEYS = (
     "reasoning_effort", "reasoning", "store",
 )
 REFUSAL = "I'm sorry, but I can't help with that request."
-ANSWER_MODES = ("model", "wrong-object")
+ANSWER_MODES = ("model", "wrong-object", "keep")
 VIEWS_PER_ROW = 3
 
 
@@ -57,8 +57,11 @@ class EndpointOptions(BaseModel):
     model: str = "rescue-advisor-v0"
     # When set, other keys get a 401 that echoes the presented key, as some providers do.
     expected_api_key: str | None = None
-    # How a request is answered: `model` (the subgoal model on the views), `wrong-object` (a subgoal naming
-    # another object of the instruction's scene), `fixed:TEXT` (always TEXT): loopback advisors for controls.
+    # How a request is answered: `model` (the subgoal model on the views; asked by an advisor that may decline, it
+    # keeps the instruction when it sees no sign of failure: rescue.embedded.decision.sees_progress),
+    # `wrong-object` (a subgoal naming another object of the instruction's scene), `fixed:TEXT` (always TEXT),
+    # `keep` (keep the instruction whenever the request offers it, else the model's subgoal): loopback advisors
+    # for controls.
     answer: str = "model"
 
     @field_validator("answer")
@@ -67,6 +70,12 @@ class EndpointOptions(BaseModel):
         if value in ANSWER_MODES or (value.startswith("fixed:") and value[len("fixed:"):].strip()):
             return value
         raise ValueError(f"answer {value!r}: one of {', '.join(ANSWER_MODES)}, or fixed:TEXT")
+
+    def keeps(self, instruction: str, views: list[Image.Image]) -> bool:
+        """Whether it keeps the instruction, asked by an advisor that may decline (DESIGN §18)."""
+        if self.answer == "keep":
+            return True
+        return self.answer == "model" and sees_progress(instruction, views)
 
     def subgoal(self, instruction: str, views: list[Image.Image], remaining_steps: int) -> str:
         """The subgoal this endpoint answers a request with, as its answer mode says."""
@@ -188,6 +197,15 @@ def _rows(images: list[Image.Image], n: int) -> list[list[Image.Image]]:
     raise ValueError(f"{len(images)} images for {n} requests")
 
 
+def _offers_keeping(body: dict[str, Any], path: str, text: str) -> bool:
+    """Whether the request offers "keep the instruction" (DESIGN §18): its answer schema has `keep_instruction`, or
+    (free text) its prompt names it."""
+    if _structured(body, path):
+        fmt = (body.get("response_format") or {}) if path.endswith("/chat/completions") else (body.get("text") or {})
+        return "keep_instruction" in json.dumps(fmt)
+    return "keep_instruction" in text
+
+
 def _structured(body: dict[str, Any], path: str) -> bool:
     if path.endswith("/chat/completions"):
         fmt = body.get("response_format") or {}
@@ -205,18 +223,25 @@ def _image_tokens(image: Image.Image) -> int:
 
 
 def _answers(
-    requests: list[dict[str, Any]], rows: list[list[Image.Image]], fault: str, options: EndpointOptions
-) -> list[dict[str, str]]:
-    answers = []
+    requests: list[dict[str, Any]], rows: list[list[Image.Image]], fault: str, options: EndpointOptions,
+    may_decline: bool = False,
+) -> list[dict[str, Any]]:
+    answers: list[dict[str, Any]] = []
     for req, views in zip(requests, rows):
-        subgoal = options.subgoal(str(req.get("instruction", "")), views, int(req.get("remaining_steps", 0)))
-        answers.append({"request_id": str(req["request_id"]), "token": str(req["token"]), "subgoal": subgoal})
+        instruction = str(req.get("instruction", ""))
+        answer: dict[str, Any] = {"request_id": str(req["request_id"]), "token": str(req["token"])}
+        if may_decline:
+            # Offered "keep the instruction" (the prompt or the schema says so), it decides first whether to advise.
+            answer["keep_instruction"] = options.keeps(instruction, views)
+        kept = answer.get("keep_instruction") is True
+        answer["subgoal"] = "" if kept else options.subgoal(instruction, views, int(req.get("remaining_steps", 0)))
+        answers.append(answer)
     if fault == "wrong_request_id" and answers:
         answers[0]["request_id"] = uuid.uuid4().hex
     return answers
 
 
-def _reply_text(answers: list[dict[str, str]], structured: bool, options: EndpointOptions, fault: str) -> str:
+def _reply_text(answers: list[dict[str, Any]], structured: bool, options: EndpointOptions, fault: str) -> str:
     if fault == "overlong_subgoal":
         for a in answers:
             a["subgoal"] = (a["subgoal"] + "; ") * (options.overlong_chars // (len(a["subgoal"]) + 2) + 1)
@@ -226,7 +251,10 @@ def _reply_text(answers: list[dict[str, str]], structured: bool, options: Endpoi
     if structured:
         text = json.dumps({"answers": answers})
     else:
-        text = "\n\n".join(f"REQUEST_ID: {a['request_id']}\nTOKEN: {a['token']}\nSUBGOAL: {a['subgoal']}" for a in answers)
+        text = "\n\n".join(f"REQUEST_ID: {a['request_id']}\nTOKEN: {a['token']}\n"
+                             + (f"KEEP_INSTRUCTION: {'yes' if a['keep_instruction'] else 'no'}\n"
+                                if "keep_instruction" in a else "")
+                             + f"SUBGOAL: {a['subgoal']}" for a in answers)
     if fault == "malformed_json":
         # Cut mid-object, the way a truncated generation looks.
         text = text[: max(1, len(text) // 2)] if structured else "I think the robot should try again."
@@ -352,7 +380,7 @@ async def _handle_generate(request: web.Request) -> web.StreamResponse:
         reply = json.dumps({"subgoal": subgoal}) if record.structured else subgoal
     else:
         record.request_ids = [str(r.get("request_id")) for r in requests]
-        answers = _answers(requests, rows, fault, options)
+        answers = _answers(requests, rows, fault, options, _offers_keeping(body, path, text))
         reply = _reply_text(answers, record.structured, options, fault)
     usage = _usage(path, text, images, reply, options.usage_details)
     return web.json_response(_completion(path, options.model, reply, usage), headers=headers)

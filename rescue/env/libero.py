@@ -354,7 +354,7 @@ class LiberoAdapter:
             instruction=instruction,
             fingerprint=digest_json(parts),
             fingerprint_parts=parts,
-            info=process_info(),
+            info={**process_info(), **self._object_info()},
             action_space=ActionSpace(*(tuple(float(x) for x in bound) for bound in env.env.action_spec)),
         )
 
@@ -498,7 +498,14 @@ class LiberoAdapter:
         wanted = observe == "always" or (observe == "unless_success" and not success)
         obs = self._observe() if wanted else {}
         self._armed = set()
-        return ChunkResult(obs=obs, steps=steps, success=success)
+        return ChunkResult(obs=obs, steps=steps, success=success, info=self._object_info() if wanted else {})
+
+    def _object_info(self) -> dict[str, tuple[float, float, float]]:
+        """Where the task's object is, when the suite's goal names one (what a stall trigger reads, DESIGN §18);
+        reported beside the observation, never in it: what the policy receives is unchanged."""
+        if self._goal is None:
+            return {}
+        return {"object_pos": tuple(float(x) for x in self._body_pos(self._goal[1]))}
 
     def _step(self):
         """The current env's step: FastStep where it is proved, else LIBERO's env.step then check_success."""

@@ -63,9 +63,14 @@ from rescue.study.usage import UsageSummary, study_usage, usage_summary
 #    rescue intervals that never collapse on agreeing cases (`PairedDifference`); `kept` counts the successes the
 #    query point reached, `unreached` the others. A /6 document reads into today's shape, its figures as stored
 #    (rescue/read/legacy_harm.py).
-EXPORT_SCHEMA = "rescue-export/7"
+# 8: whether and when to ask (DESIGN §18): triggers' arms (`assisted@<trigger>`, assistance `not_asked` when the
+#    trigger never fired), declined answers (assistance and label `declined`), an arm's later calls (`again`, and
+#    the CSV's `<arm>_calls`), and the summary's `asking` section (every way of asking per call, duty cycles,
+#    declines, the triggers' paired tests, the best way). A /7 document reads unchanged.
+EXPORT_SCHEMA = "rescue-export/8"
 # The versions `read_export` reads; a document of an earlier one is read into today's shape (rescue/read/legacy.py).
-READABLE_SCHEMAS = ("rescue-export/3", "rescue-export/4", "rescue-export/5", "rescue-export/6", "rescue-export/7")
+READABLE_SCHEMAS = ("rescue-export/3", "rescue-export/4", "rescue-export/5", "rescue-export/6", "rescue-export/7",
+                    "rescue-export/8")
 # The versions read through rescue/read/legacy.py (later ones read as they are).
 _LEGACY_SCHEMAS = ("rescue-export/3", "rescue-export/4")
 
@@ -145,6 +150,23 @@ class AdvisorInfo(BaseModel):
     """Its declared price per million tokens of each kind; None: none declared (its cost is unknown)."""
 
 
+class CallEntry(BaseModel):
+    """A later call of an arm that asks again (DESIGN §18), as exported."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    assistance: str
+    """How the call ended: `applied`, `declined`, or why its request failed."""
+    query_step: int | None = None
+    """The env step it asked at."""
+    subgoal: str | None = None
+    """The applied subgoal; None unless applied."""
+    call_id: str | None = None
+    """The VLM call's id."""
+    request_id: str | None = None
+    """Our request id within that call."""
+
+
 class ArmEntry(BaseModel):
     """One arm of one case as exported."""
 
@@ -181,6 +203,10 @@ class ArmEntry(BaseModel):
     across runs, machines and backends whenever the arm did the same thing."""
     digest: str
     """sha256 of the whole arm record's canonical JSON, timings included (what the journal stores beside it)."""
+    again: list[CallEntry] = Field(default_factory=list, exclude_if=lambda v: not v)
+    """Its later calls in order (`[asking] max_calls` above 1, DESIGN §18); absent: it asked once at most."""
+    calls: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    """The calls it made (0: never asked, as a trigger that never fired); absent in a study that asks once."""
 
 
 class CaseEntry(BaseModel):
@@ -320,8 +346,8 @@ class StudyExport(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True)
 
     schema_version: Literal["rescue-export/3", "rescue-export/4", "rescue-export/5", "rescue-export/6",
-                            "rescue-export/7"] = EXPORT_SCHEMA
-    """The format of this document and its version (`rescue export` writes 6; a document of 3, 4 or 5 is read into
+                            "rescue-export/7", "rescue-export/8"] = EXPORT_SCHEMA
+    """The format of this document and its version (`rescue export` writes 8; a document of 3 to 7 is read into
     this shape, keeping its version)."""
     study: StudyInfo
     """Who the study is."""
@@ -373,7 +399,7 @@ def coverage(records: StudyRecords, pilot: bool) -> Coverage:
     return out
 
 
-def _arm_entry(arm: ArmResult | None, digest: str | None) -> ArmEntry | None:
+def _arm_entry(arm: ArmResult | None, digest: str | None, asks_again: bool = False) -> ArmEntry | None:
     if arm is None:
         return None
     a = arm.assistance
@@ -393,6 +419,9 @@ def _arm_entry(arm: ArmResult | None, digest: str | None) -> ArmEntry | None:
         trace_rows=len(arm.trace),
         trace_sha256=digest_json([row.model_dump(mode="json") for row in arm.trace]),
         digest=digest or arm_digest(arm),
+        again=[CallEntry(assistance=c.status, query_step=c.query_step, subgoal=c.subgoal, call_id=c.call_id,
+                         request_id=c.request_id) for c in arm.again],
+        calls=len(arm.calls()) if asks_again else None,
     )
 
 
@@ -402,6 +431,7 @@ def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
     v = records.verdicts.get(case.case_id)
     primary = records.config.primary_arm
     assisted = arms.get(primary)
+    asks_again = records.config.max_calls > 1 or bool(records.config.triggers)
     return CaseEntry(
         case_id=case.case_id,
         group=case.group,
@@ -418,7 +448,7 @@ def _case_entry(records: StudyRecords, case: Case) -> CaseEntry:
         deviation=deviation_detail(records.record(case)) if v and v.label == "initial_state_deviation" else None,
         query_step=records.config.query_step("control", case.horizon),
         call_id=assisted.assistance.call_id if assisted else None,
-        arms={name: _arm_entry(arms.get(name), digests.get(name)) for name in records.config.case_arms},
+        arms={name: _arm_entry(arms.get(name), digests.get(name), asks_again) for name in records.config.case_arms},
         verdicts=dict(v.arms) if v else {},
         continuations=dict(v.continuations) if v else {},
     )
@@ -520,15 +550,15 @@ def query_point_calls(records: StudyRecords, receipts: list[Receipt]) -> dict[st
     config = records.config
     out = {}
     for arm in [config.primary_arm, *(a for a in config.arms if query_point_of(a))]:
-        calls = {by_arm[name].assistance.call_id for by_arm in records.arms.values() for name in by_arm
-                 if base_arm(name) == arm and by_arm[name].assistance.call_id}
+        calls = {c.call_id for by_arm in records.arms.values() for name in by_arm if base_arm(name) == arm
+                 for c in [by_arm[name].assistance, *by_arm[name].again] if c.call_id}
         out[arm] = calls | {r.call_id for r in receipts if arm in r.arms.values()}
     return out
 
 
 def _usage_by_query_point(records: StudyRecords, receipts: list[Receipt]) -> dict[str, UsageSummary] | None:
     config = records.config
-    if not config.query_points:
+    if not config.query_points and not config.triggers:
         return None
     primary = config.advisor_configs()[0][2]
     return {arm: usage_summary([r for r in receipts if r.call_id in calls], primary.price)
@@ -590,6 +620,10 @@ def _counted(export: StudyExport) -> bool:
     return any(entry.continuations for entry in export.cases)
 
 
+def _calls_counted(export: StudyExport) -> bool:
+    return any(a is not None and a.calls is not None for entry in export.cases for a in entry.arms.values())
+
+
 def csv_columns(export: StudyExport) -> tuple[str, ...]:
     """The CSV's columns: the case's, then per arm (`control`, the primary, the others by name) its verdict
     against control (arms other than control and the primary) and its record (`<arm>_<column>`)."""
@@ -599,6 +633,8 @@ def csv_columns(export: StudyExport) -> tuple[str, ...]:
         if arm not in ("control", primary):
             out += [f"{arm}_{col}" for col in VERDICT_COLUMNS]
         out += [f"{arm}_{col}" for col in ARM_COLUMNS]
+        if _calls_counted(export):
+            out.append(f"{arm}_calls")
         if _counted(export):
             out += [f"{arm}_{col}" for col in CONTINUATION_COLUMNS]
     return tuple(out)
@@ -617,6 +653,8 @@ def csv_rows(export: StudyExport) -> list[dict[str, str]]:
             record = entry.arms.get(arm)
             for col in ARM_COLUMNS:
                 row[f"{arm}_{col}"] = _cell(getattr(record, col) if record else None)
+            if _calls_counted(export):
+                row[f"{arm}_calls"] = _cell(record.calls if record else None)
             if _counted(export):
                 count = entry.continuations.get(arm)
                 for col in CONTINUATION_COLUMNS:

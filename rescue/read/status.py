@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from rescue.core.manifest import Case
 from rescue.core.records import Receipt
 from rescue.core.figures.stats import LABELS
+from rescue.core.verdicts import DECLINED
 from rescue.study.folder import load_study_config, open_journal, receipt_files
 from rescue.study.journal import STATES
 from rescue.study.layout import StudyLayout
@@ -94,7 +95,8 @@ def _arm_labels(config, main: Counter, stored: dict[str, dict[str, int]]) -> dic
     if config.is_evaluation or len(judged) < 2:
         return {}
     primary = config.primary_arm
-    return {arm: {label: (main if arm == primary else stored.get(arm, {})).get(label, 0) for label in LABELS}
+    labels = (*LABELS, DECLINED) if config.may_decline else LABELS
+    return {arm: {label: (main if arm == primary else stored.get(arm, {})).get(label, 0) for label in labels}
             for arm in judged}
 
 

@@ -11,6 +11,7 @@ from rich.text import Text
 from rescue.core.figures.evaluation import EvalSummary
 from rescue.core.arms import arm_advisor, is_assisted, query_point_of, shown
 from rescue.core.figures.stats import ArmFigures, Summary, ranked
+from rescue.read.asking_view import tests_table, ways_table
 from rescue.read.harm_view import breakdown_table, evaluation_name, harm_table, net_sentence
 from rescue.read.stopping_view import stop_sentence
 
@@ -216,6 +217,9 @@ def render_summary(export: Any) -> Group:
         title += f" (the primary advisor's arm: {arm_advisor(summary.arm)})"
     if export.stopping is not None:
         parts.append(Text(stop_sentence(export.stopping)))
+    if summary.asking is not None:
+        # The answer to "whether and when to ask" first (DESIGN §18).
+        parts.append(Text(summary.asking.reading))
     if summary.harm is not None:
         what = evaluation_name(export.study.baseline, summary.harm)
         parts += [Text(net_sentence(f, what)) for f in summary.harm.arms]
@@ -224,6 +228,10 @@ def render_summary(export: Any) -> Group:
     parts += [summary_table(summary, title, main.n_manifest - successes), group_table(summary)]
     if summary.harm is not None:
         parts += [harm_table(summary.harm), breakdown_table(summary.harm.per_group, "group")]
+    if summary.asking is not None:
+        parts.append(ways_table(summary.asking))
+        if summary.asking.comparisons or summary.asking.budgets:
+            parts.append(tests_table(summary.asking))
     if _sham(summary.arms) is not None:
         parts.append(sham_table(summary))
     if summary.versus_control.estimate is not None:

@@ -21,7 +21,7 @@ from rescue.core.configuration.config import StudyConfig
 from rescue.core.digest import digest_bytes, digest_text
 from rescue.core.manifest import Case, ManifestError, load_manifest
 from rescue.core.proofs import trace_is_regular
-from rescue.core.records import ArmResult, Receipt
+from rescue.core.records import ArmResult, Assistance, CaseRecord, Receipt
 from rescue.core.verdicts import Verdict
 from rescue.core.trace import chain_break
 from rescue.core.arms import answered_at_q, base_arm, continuation, continuation_seed, is_assisted
@@ -59,6 +59,7 @@ from rescue.study.receipts import (
     read_receipt_file,
     unfinished_calls,
 )
+from rescue.read.verify_asking import call_problems, trigger_problems
 from wrappers.injection import inject, parse_injection
 
 
@@ -332,19 +333,19 @@ class _Verifier:
         """Each assisted (or permuted sham) arm's receipt reference points at unchanged bytes of its call's outcome line."""
         for case_id, by_arm in arms.items():
             for name in [n for n in by_arm if answered_at_q(n)]:
-                a = by_arm.get(name)
-                ref = a.assistance.receipt_ref if a is not None else None
-                if ref is None:
-                    continue
-                self.checked["receipt references"] += 1
-                problem = check_ref(ref, self.lines.get(ref.path, []))
-                if problem is not None:
-                    self.problem("receipt", case_id, f"{name} arm's receipt reference: {problem}")
-                    continue
-                line = next(l for l in self.lines[ref.path] if l.lineno == ref.lineno)
-                if line.receipt is None or line.receipt.kind != "outcome" or line.receipt.call_id != a.assistance.call_id:
-                    self.problem("receipt", case_id, f"{name} arm's receipt reference ({ref.path} line {ref.lineno}) "
-                                 f"is not the outcome line of call {a.assistance.call_id}")
+                for a in by_arm[name].calls() or [by_arm[name].assistance]:
+                    ref = a.receipt_ref
+                    if ref is None:
+                        continue
+                    self.checked["receipt references"] += 1
+                    problem = check_ref(ref, self.lines.get(ref.path, []))
+                    if problem is not None:
+                        self.problem("receipt", case_id, f"{name} arm's receipt reference: {problem}")
+                        continue
+                    line = next(l for l in self.lines[ref.path] if l.lineno == ref.lineno)
+                    if line.receipt is None or line.receipt.kind != "outcome" or line.receipt.call_id != a.call_id:
+                        self.problem("receipt", case_id, f"{name} arm's receipt reference ({ref.path} line {ref.lineno}) "
+                                     f"is not the outcome line of call {a.call_id}")
 
     def check_sham_declaration(self, config: StudyConfig, cases: list[Case], meta: dict[str, Any]) -> None:
         """The permuted sham arm's donors are the ones its manifest and seed declare (DESIGN §8)."""
@@ -386,17 +387,18 @@ class _Verifier:
         by_call = {call_id for (_, call_id) in outcomes}
         for case_id, by_arm in arms.items():
             for name in [n for n in by_arm if is_assisted(n)]:
-                self.check_indexed(case_id, name, by_arm[name], by_call, indexed)
+                for i, call in enumerate([by_arm[name].assistance, *by_arm[name].again]):
+                    self.check_indexed(case_id, name if i == 0 else f"{name} (call {i + 1})", call, by_call, indexed)
 
-    def check_indexed(self, case_id: str, name: str, a: ArmResult, by_call: set[str], indexed: set[tuple[str, str]]) -> None:
+    def check_indexed(self, case_id: str, name: str, a: Assistance, by_call: set[str], indexed: set[tuple[str, str]]) -> None:
         """An assisted arm's (each advisor's) applied subgoal has its call's outcome receipt, and the index names it."""
-        if a.assistance.call_id is None and a.assistance.status != "applied":
+        if a.call_id is None and a.status != "applied":
             return
         what = "assistance" if name == "assisted" else f"{name} assistance"
-        call_id = a.assistance.call_id
-        if a.assistance.status != "applied":
+        call_id = a.call_id
+        if a.status != "applied":
             if call_id not in by_call:
-                self.warn("receipt", case_id, f"{what} {a.assistance.status} names call {call_id}, "
+                self.warn("receipt", case_id, f"{what} {a.status} names call {call_id}, "
                           "which has no outcome receipt")
             return
         if call_id is None:
@@ -486,7 +488,7 @@ class _Verifier:
         self.problem("trace", case_id, f"{arm.arm} trace is not regular for C={interval}: row {i} "
                      f"is at step {arm.trace[i].step}, expected {i * interval}")
 
-    def check_instructions(self, case: Case, arms: dict[str, ArmResult], config: StudyConfig) -> None:
+    def check_instructions(self, case: Case, arms: dict[str, ArmResult], rec: CaseRecord) -> None:
         case_id = case.case_id
         control = arms.get("control")
         # The original instruction's digest: the manifest's text when given, else
@@ -507,8 +509,27 @@ class _Verifier:
         for name in [n for n in arms if answered_at_q(n)]:
             arm_rec = arms.get(name)
             if arm_rec is not None and arm_rec.trace:
-                q = config.query_step(name, case.horizon)  # its declared query point's, else the case's q
-                self.check_injection(case_id, name, arm_rec, q, original_text, original)
+                q = rec.q_of(name)  # its declared query point's, where its trigger fires, else the case's q
+                if arm_rec.again:
+                    self.check_calls(case_id, name, arm_rec, original_text, original)
+                else:
+                    self.check_injection(case_id, name, arm_rec, q, original_text, original)
+
+    def check_calls(self, case_id: str, name: str, arm: ArmResult, original_text: str | None,
+                    original: str | None) -> None:
+        """An arm that asked more than once (DESIGN §18): rescue/read/verify_asking.py."""
+        applied = [c for c in arm.calls() if c.status == "applied"]
+        self.checked["injections"] += len(applied)
+        for message in call_problems(name, arm, original_text, original):
+            self.problem("injection", case_id, message)
+
+    def check_triggers(self, case_id: str, arms: dict[str, ArmResult], rec: CaseRecord, config: StudyConfig) -> None:
+        """Each trigger's firing and each later call derived again from the records (DESIGN §18)."""
+        firings, later, problems = trigger_problems(arms, rec, config)
+        self.checked["trigger firings"] += firings
+        self.checked["later calls"] += later
+        for message in problems:
+            self.problem("trigger", case_id, message)
 
     def check_continuations(self, case: Case, arms: dict[str, ArmResult]) -> None:
         """A continuation reseeded at q under RNG control got its continuation's declared seed (DESIGN §13)."""
@@ -655,7 +676,7 @@ class _Verifier:
             if calls != usage.calls or tokens != {k: t.known_sum for k, t in usage.tokens.items()}:
                 self.problem("usage", None, f"the advisors' usage counts {calls} calls ({tokens}), the receipts "
                              f"{usage.calls}")
-        if not records.config.query_points:
+        if not records.config.query_points and not records.config.triggers:
             return
         primary = records.config.advisor_configs()[0][0]
         theirs = {r.call_id for r in receipts if r.advisor == primary}
@@ -717,7 +738,10 @@ def verify_study(study_dir: str | os.PathLike[str], case_type: type[Case] = Case
                 for arm in by_arm.values():
                     v.check_trace(case.case_id, arm, interval)
                     v.check_keyframes(case.case_id, arm)
-                v.check_instructions(case, by_arm, config)
+                rec = records.record(case)
+                v.check_instructions(case, by_arm, rec)
+                if config.triggers or config.max_calls > 1:
+                    v.check_triggers(case.case_id, by_arm, rec, config)
                 v.check_continuations(case, by_arm)
             if not config.is_evaluation:
                 v.check_usage(records)

@@ -10,6 +10,7 @@ during the wait without inference and without touching the policy's RNG.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
@@ -18,6 +19,7 @@ import numpy as np
 import structlog
 
 from rescue.core.actions import checked_chunk
+from rescue.core.asking import AskingConfig, TriggerConfig
 from rescue.core.digest import digest_array, digest_obs, digest_text
 from rescue.core.episode_protocol import RESCUE, EpisodeProtocol
 from rescue.core.failfast import error_line, one_line
@@ -26,11 +28,12 @@ from rescue.core.manifest import Case
 from rescue.core.observation import PRIVILEGED, ObservationProfile
 from rescue.core.querypoint import query_point
 from rescue.core.arms import ArmName, base_arm
-from rescue.core.records import Answer, ArmResult, Assistance
+from rescue.core.records import Answer, ArmResult, Assistance, QueryRecord
 from rescue.core.trace import TraceRow, chained
+from rescue.core.triggers import dispersion, fires
 from rescue.env.pool import SimLease, Simulator
 from rescue.policy.protocol import PolicyConnection
-from rescue.run.diagnose import QueryRecord, query_record
+from rescue.run.diagnose import ee_position, query_record
 from wrappers.injection import inject
 
 log = structlog.get_logger()
@@ -69,6 +72,17 @@ class ArmSpec:
     # q: the env step the arm asks at (and, forked, forks at), as the study's configuration gives it for this arm
     # and case (StudyConfig.query_step); None: the pre-registered q = ceil(H/2/C)*C (an arm run outside a study).
     query_step: int | None = None
+    # A trigger's arm (DESIGN §18): its q is the step its trigger fires at on the shared prefix, which the fork
+    # decides and sets; until then (and when it never fires) the arm asks nowhere.
+    trigger: TriggerConfig | None = None
+    # The study's triggers (a random placebo's first step is its matched trigger's).
+    triggers: tuple[TriggerConfig, ...] = ()
+    # How many calls the arm may make and when it asks again (None: once).
+    asking: AskingConfig | None = None
+    # Whether each query records what triggers read (the task's object, the gripper command): a study with triggers.
+    features: bool = False
+    # K chunks drawn before each query from a probe connection of the arm's own (an uncertainty trigger); 0: none.
+    probe_samples: int = 0
 
 
 async def query_policy(policy: PolicyConnection, obs: dict, step: int, firings: list | None) -> dict:
@@ -110,10 +124,15 @@ class ArmRun:
     """One arm in progress: reset, run to a step, assist at q, finish. Both modes are built from it."""
 
     def __init__(self, case: Case, spec: ArmSpec, sim: Simulator | None, policy: PolicyConnection | None,
-                 advisor: Advisor | None = None):
+                 advisor: Advisor | None = None, again: Advisor | None = None):
         self.case, self.spec, self.sim, self.advisor = case, spec, sim, advisor
+        # Who answers the arm's later calls (DESIGN §18): a call of its own each time.
+        self.again_advisor = again or advisor
         self.horizon, self.interval = case.horizon, spec.interval
-        self.q = query_point(self.horizon, self.interval) if spec.query_step is None else spec.query_step
+        if spec.trigger is not None:
+            self.q = self.horizon  # asks nowhere until its trigger fires (the fork sets q then)
+        else:
+            self.q = query_point(self.horizon, self.interval) if spec.query_step is None else spec.query_step
         self.log = log.bind(case_id=case.case_id, arm=spec.arm)
         self.started = time.time()
         self.trace: list[TraceRow] = []
@@ -145,9 +164,18 @@ class ArmRun:
         self.fork_points: dict[int, tuple[str | None, dict[str, str]]] = {}
         self.keyframes: dict[str, str] = {}
         self.query_records: list[QueryRecord] = []
+        self.again: list[Assistance] = []  # the later calls (DESIGN §18)
         self.original = self.instruction = ""
         self.obs: dict = {}
         self.action_space = None  # the simulator's, from the reset: every chunk is checked against it
+        # What triggers read (DESIGN §18): the task's object where the simulator names it, the probe connection
+        # that draws K chunks before each query, and the features of the current step, measured once.
+        self.object_pos: tuple[float, float, float] | None = None
+        self.probe: PolicyConnection | None = None
+        self._now: QueryRecord | None = None
+        # A fork's leader in a study with triggers keeps every query's input (a follower may fork at any step).
+        self.keep_all_queries = False
+        self.trigger_steps: dict[str, int | None] = {}
 
     def attach(self, policy: PolicyConnection) -> None:
         """The policy connection the arm queries (a fork's follower gets its own at q)."""
@@ -169,6 +197,7 @@ class ArmRun:
             raise ValueError(f"manifest instruction {self.case.instruction!r} differs from the task's {self.original!r}")
         await self.start_policy()
         self.obs = reset.obs
+        self.object_pos = _object_pos(reset.info)
 
     async def start_policy(self) -> None:
         """Reset the policy and, with the RNG extension, its random stream to the case's policy seed."""
@@ -198,6 +227,7 @@ class ArmRun:
                 self.q_state = await self._state_digest()
             if self.step >= self.q and not any(k.startswith("q") for k in self.keyframes):
                 await self.keyframe(f"q{self.step}")
+            now = await self.observe_now()
             if not self.is_control and self.step >= self.q and self.assistance.status == "not_reached":
                 views = self.q_views if self.q_views is not None else await self.sim.render(list(VLM_VIEWS), self.spec.image_size)
                 self.q_render = view_digests(views)
@@ -207,8 +237,10 @@ class ArmRun:
                 )
                 if self.assistance.status == "applied":
                     self.instruction = self.assistance.instruction
+            elif not self.is_control and self.asks_again(now):
+                await self.ask_again()
             policy_input = self.spec.profile.policy_input(self.obs, self.instruction)
-            if self.step < self.q:
+            if self.step < self.q or self.keep_all_queries:
                 self.queries.append((self.step, policy_input))
             reply = await query_policy(self.policy, policy_input, self.step, self.firings)
             self.query_records.append(
@@ -221,6 +253,11 @@ class ArmRun:
             due = min(self.interval, self.horizon - self.step)
             chunk = checked_chunk(reply, interval=self.interval, due=due, space=self.action_space,
                                   policy=getattr(self.policy, "url", type(self.policy).__name__), step=self.step)
+            if now is not None:
+                # What a trigger reads at this query, and the gripper command of the chunk that runs from it.
+                self.query_records[-1] = self.query_records[-1].model_copy(update={
+                    "object_pos": now.object_pos, "dispersion": now.dispersion,
+                    "gripper": float(chunk[min(due, len(chunk)) - 1][-1])})
             row = TraceRow(
                 step=self.step,
                 state=digest_obs({k: v for k, v in self.obs.items() if k not in self.image_keys}),
@@ -236,12 +273,64 @@ class ArmRun:
             if self.spec.on_steps is not None:
                 self.spec.on_steps(result.steps)
             self.obs = result.obs
+            self.object_pos = _object_pos(result.info)
             if result.success:
                 self.success = self.done = True
         if self.step >= self.horizon:
             self.done = True
         if self.done and "end" not in self.keyframes:
             await self.keyframe("end")
+
+    async def observe_now(self) -> QueryRecord | None:
+        """What a trigger reads at the current step, before its query (DESIGN §18): the end effector's and the task
+        object's positions, and, with a probe connection, how much K chunks drawn for this observation disagree.
+        Measured once per step; None in a study without triggers."""
+        if not self.spec.features:
+            return None
+        if self._now is not None and self._now.step == self.step:
+            return self._now
+        spread = None
+        if self.probe is not None and self.spec.probe_samples > 1:
+            policy_input = self.spec.profile.policy_input(self.obs, self.instruction)
+            chunks = []
+            for _ in range(self.spec.probe_samples):
+                reply = await query_policy(self.probe, policy_input, self.step, getattr(self.probe, "firings", None))
+                chunks.append(np.asarray(reply["actions"]))
+            spread = dispersion(chunks, min(self.interval, self.horizon - self.step))
+        self._now = QueryRecord(step=self.step, ee_pos=ee_position(self.obs), object_pos=self.object_pos,
+                                dispersion=spread)
+        return self._now
+
+    async def start_probe(self, probe: PolicyConnection) -> None:
+        """Take the probe connection an uncertainty trigger draws from: reset, its RNG seeded apart from the arm's."""
+        self.probe = probe
+        await probe.reset()
+        if probe.supports_rng:
+            await probe.reset_rng(probe_seed(self.case.policy_seed))
+
+    def asks_again(self, now: QueryRecord | None) -> bool:
+        """Whether the arm asks again at this step (DESIGN §18): below `max_calls`, its last call answered (applied
+        or declined: a call that failed ends its asking), and the rule says so: `every_queries` after its last
+        call, or its trigger firing again on its own queries since then."""
+        asking = self.spec.asking
+        made = [a for a in (self.assistance, *self.again) if a.query_step is not None]
+        if asking is None or not made or len(made) >= asking.max_calls or made[-1].status not in ("applied", "declined"):
+            return False
+        last = made[-1].query_step
+        if asking.again == "fires" and self.spec.trigger is not None:
+            rows = [*self.query_records, *([now] if now is not None else [])]
+            return fires(self.spec.trigger, rows, self.step, self.case.case_id, self.horizon, self.interval, last,
+                         self.spec.triggers)
+        return self.step == last + asking.every_queries * self.interval
+
+    async def ask_again(self) -> None:
+        """A later call (DESIGN §18): the views now, a call of its own; an applied subgoal replaces the last."""
+        views = await self.sim.render(list(VLM_VIEWS), self.spec.image_size)
+        call, _ = await _assist(self.case, self.spec, self.sim, self.policy, self.again_advisor, self.original,
+                                self.horizon - self.step, self.step, views)
+        self.again.append(call)
+        if call.status == "applied":
+            self.instruction = call.instruction
 
     async def keyframe(self, name: str) -> None:
         """Render and hand one view to the frame sink (only when keyframes are asked for)."""
@@ -276,6 +365,8 @@ class ArmRun:
             python_hash_seed=self.python_hash_seed,
             trace=self.trace,
             assistance=self.assistance,
+            again=list(self.again),
+            trigger_steps=dict(self.trigger_steps),
             rule_firings=list(self.firings or []),
             idle_rules=list(getattr(self.policy, "idle_rules", [])),
             policy_rng_control=self.rng_control,
@@ -296,15 +387,28 @@ class ArmRun:
         )
 
 
+def _object_pos(info: dict) -> tuple[float, float, float] | None:
+    """The task object's position a simulator reported beside an observation (None: it names none)."""
+    pos = (info or {}).get("object_pos")
+    return None if pos is None else (float(pos[0]), float(pos[1]), float(pos[2]))
+
+
+def probe_seed(policy_seed: int) -> int:
+    """The seed an uncertainty trigger's probe connection starts from: its own stream, apart from every arm's."""
+    return int.from_bytes(hashlib.sha256(f"probe:{int(policy_seed)}".encode()).digest()[:4], "big") >> 1
+
+
 async def run_arm(
     case: Case,
     spec: ArmSpec,
     sim: Simulator,
     policy: PolicyConnection,
     advisor: Advisor | None = None,
+    again: Advisor | None = None,
 ) -> ArmResult:
-    """Replay one case under one arm; infrastructure failures become an `error` result, never an exception."""
-    arm = ArmRun(case, spec, sim, policy, advisor)
+    """Replay one case under one arm; infrastructure failures become an `error` result, never an exception.
+    `again`: who answers the arm's later calls (DESIGN §18; None: `advisor`)."""
+    arm = ArmRun(case, spec, sim, policy, advisor, again)
     try:
         await arm.start()
         await arm.run_until(arm.horizon)
@@ -358,6 +462,8 @@ async def _assist(
         query_step=step, call_id=answer.call_id, request_id=answer.request_id, receipt_ref=answer.receipt_ref,
         source=answer.source, source_sha256=answer.source_sha256, donor_case_id=answer.donor_case_id,
     )
+    if answer.status == "declined":
+        return Assistance(status="declined", **common), restored_render
     if answer.status != "ok":
         return Assistance(status=answer.status, error_kind=answer.error_kind, error=answer.error, **common), restored_render
     applied = inject(original, answer.subgoal)

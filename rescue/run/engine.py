@@ -287,15 +287,18 @@ class Engine:
                             "check the policy server (rescue preflight), then `rescue resume`")
         index, receipts = [], {}
         for name, arm in by_arm.items():
-            ref = arm.assistance.receipt_ref if answered_at_q(name) else None
-            if ref is None:
+            if not answered_at_q(name):
                 continue
-            # The outcome line this arm's reference names, read back by the one receipts reader.
-            line = self._outcomes.outcome(arm.assistance.call_id or "")
-            if line is not None and (line.lineno, line.sha256) == (ref.lineno, ref.sha256):
-                receipts[line.receipt.call_id] = line.receipt
-            if is_assisted(name):
-                index.append((arm.assistance.call_id, ref.path, ref.sha256))
+            for call in arm.calls():
+                ref = call.receipt_ref
+                if ref is None:
+                    continue
+                # The outcome line this call's reference names, read back by the one receipts reader.
+                line = self._outcomes.outcome(call.call_id or "")
+                if line is not None and (line.lineno, line.sha256) == (ref.lineno, ref.sha256):
+                    receipts[line.receipt.call_id] = line.receipt
+                if is_assisted(name):
+                    index.append((call.call_id, ref.path, ref.sha256))
         verdict = classify_case(self.config, case, by_arm, receipts, interrupted=False, donors=self.donors)
         # Each arm was recorded as it ended; the rest of them, the receipt index and the verdict land in one
         # transaction: a crash leaves the case claimed with the arms that ended (resume makes it unknown,
@@ -326,20 +329,27 @@ class Engine:
     def _keep(self, result: ArmResult) -> ArmResult:
         """Record an arm in the journal as soon as it ends, so that a kill keeps its work (the case stays claimed
         until its verdict); a record that fails here is made again with the verdict, or the case is settled."""
-        ref = result.assistance.receipt_ref
-        entry = (result.assistance.call_id, ref.path, ref.sha256) if ref and is_assisted(result.arm) else None
+        entries = [(c.call_id, c.receipt_ref.path, c.receipt_ref.sha256) for c in result.calls()
+                   if c.receipt_ref is not None and is_assisted(result.arm)]
         try:
-            self.journal.record_arm(result, entry)
+            self.journal.record_arm(result, entries)
         except Exception as exc:
             log.warning("arm.not_recorded_yet", case_id=result.case_id, arm=result.arm, error=one_line(str(exc)))
         return result
 
     def _spec(self, case: Case, arm: str, peers: Peers) -> ArmSpec:
-        """How an arm of a case runs; its q is the one the configuration gives this arm and case."""
+        """How an arm of a case runs; its q is the one the configuration gives this arm and case (a trigger's arm:
+        where its trigger fires, which the fork decides), and how often it may ask (DESIGN §18)."""
+        trigger = self.config.trigger_of(arm)
         return ArmSpec(
             arm=arm,
             interval=peers.interval,
-            query_step=self.config.query_step(arm, case.horizon),
+            query_step=None if trigger is not None else self.config.query_step(arm, case.horizon),
+            trigger=trigger,
+            triggers=tuple(self.config.triggers or ()),
+            asking=self.config.asking if is_assisted(arm) else None,
+            features=bool(self.config.triggers),
+            probe_samples=self._probe_samples(arm, trigger),
             profile=self.profile,
             protocol=self.protocol,
             on_steps=self.observer.steps_done,
@@ -350,6 +360,16 @@ class Engine:
             release_while_waiting=self.config.release_simulator_while_waiting,
             frame_sink=self._save_frame if self.config.keyframes else None,
         )
+
+    def _probe_samples(self, arm: str, trigger) -> int:
+        """The chunks an arm draws from a probe connection before each query: the leader, for the study's uncertainty
+        triggers; an uncertainty trigger's arm that asks again when it fires again, for its own (DESIGN §18)."""
+        if base_arm(arm) == "control":
+            return max((t.samples or 0 for t in self.config.triggers or [] if t.kind == "uncertainty"), default=0)
+        asking = self.config.asking
+        if trigger is not None and trigger.kind == "uncertainty" and asking is not None and asking.again == "fires":
+            return int(trigger.samples or 0)
+        return 0
 
     def _save_frame(self, case_id: str, arm: str, name: str, pixels) -> str:
         """Store a keyframe as PNG in the study folder; return its sha256."""
@@ -378,9 +398,10 @@ class Engine:
             if policy is None:
                 policy = await self._connect(peers)
             advisor = self._advisor_for(arm, peers, case)
+            again = self._advisor_for(arm, peers, case, first=False)
             self.observer.arm_started(arm)
             try:
-                return self._keep(await run_arm(case, spec, lease, policy, advisor))
+                return self._keep(await run_arm(case, spec, lease, policy, advisor, again))
             finally:
                 self.observer.arm_finished(arm)
         except Exception as exc:
@@ -406,10 +427,13 @@ class Engine:
             policies.append(await self._connect(peers))
             return policies[-1]
 
-        # One answer per arm at q, whatever the number of its continuations: they share the call (DESIGN §13).
-        advisors = {base: _once(self._advisor_for(base, peers, case))
-                    for base in dict.fromkeys(base_arm(name) for name in names if name != "control")}
-        followers = [Follower(self._spec(case, name, peers), sim_at_q, connect, advisors.get(base_arm(name)))
+        # One answer per arm at q, whatever the number of its continuations: they share the call (DESIGN §13); each
+        # later call of an arm is its own (DESIGN §18).
+        bases = list(dict.fromkeys(base_arm(name) for name in names if name != "control"))
+        advisors = {base: _once(self._advisor_for(base, peers, case)) for base in bases}
+        again = {base: self._advisor_for(base, peers, case, first=False) for base in bases}
+        followers = [Follower(self._spec(case, name, peers), sim_at_q, connect, advisors.get(base_arm(name)),
+                              again.get(base_arm(name)))
                      for name in names if name != "control"]
         for arm in names:
             self.observer.arm_started(arm)
@@ -419,6 +443,7 @@ class Engine:
             return await run_forked(
                 case, self._spec(case, "control", peers), (leases[0], policies[0]), followers,
                 control_done=leases[0].release, replay=self.config.policy.rng_control is not False, on_result=self._keep,
+                probe=connect,
             )
         except Exception as exc:
             return [_infrastructure_error(case, arm, exc) for arm in names]
@@ -430,19 +455,21 @@ class Engine:
             for lease in leases:
                 lease.release()
 
-    def _advisor_for(self, arm: str, peers: Peers, case: Case):
+    def _advisor_for(self, arm: str, peers: Peers, case: Case, first: bool = True):
         """Who answers an arm at q: its advisor's VLM (assisted, assisted:<name>), the sham's declared source
-        (sham), nobody (control); every continuation of an arm is its arm's."""
+        (sham), nobody (control); every continuation of an arm is its arm's. `first=False`: who answers its later
+        calls (DESIGN §18): its advisor's VLM, in calls no sham arm waits for."""
         arm = base_arm(arm)
         if is_assisted(arm):
             # A query point's arm asks its advisor (the primary's) at its own q, in a call of its own.
-            return self._advisor(peers.advisors.get(base_arm(arm, query_point=False)), arm)
+            return self._advisor(peers.advisors.get(base_arm(arm, query_point=False)), arm, first)
         if arm == "sham":
             return self.sham.advisor(case)
         return None
 
-    def _advisor(self, vlm: VLMClient | None, arm: str):
-        donor = arm == self._donor_arm
+    def _advisor(self, vlm: VLMClient | None, arm: str, first: bool = True):
+        # A sham arm waits for its donor's first answer, never for a later one.
+        donor = first and arm == self._donor_arm
 
         async def ask(case_id: str, instruction: str, remaining: int, views: dict) -> Answer:
             self.observer.vlm_waiting(+1)

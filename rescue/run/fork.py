@@ -15,7 +15,8 @@ from rescue.core.arms import continuation, continuation_seed
 from rescue.core.digest import digest_array
 from rescue.core.images import VLM_VIEWS, view_digests
 from rescue.core.manifest import Case
-from rescue.core.records import ArmResult
+from rescue.core.records import ArmResult, Assistance
+from rescue.core.triggers import fires
 from rescue.env.pool import SimLease, Simulator
 from rescue.policy.protocol import PolicyConnection
 from rescue.run.arm import Advisor, ArmRun, ArmSpec, query_policy
@@ -31,6 +32,8 @@ class Follower:
     simulator: Callable[[], Awaitable[Simulator]]
     connect: Callable[[], Awaitable[PolicyConnection]]
     advisor: Advisor | None = None
+    # Who answers its later calls (DESIGN §18), each a call of its own; None: `advisor`.
+    again: Advisor | None = None
 
 
 @dataclass
@@ -51,12 +54,16 @@ class Fork:
 
     def __init__(self, case: Case, spec: ArmSpec, control: tuple[Simulator, PolicyConnection],
                  followers: list[Follower], control_done: Callable[[], None], replay: bool,
-                 on_result: Callable[[ArmResult], None]):
+                 on_result: Callable[[ArmResult], None], probe: Callable[[], Awaitable[PolicyConnection]] | None = None):
         self.case, self.replay = case, replay
         self.control_done, self.on_result = control_done, on_result
         self.ctrl = ArmRun(case, spec, *control)
-        self.runs = [(ArmRun(case, f.spec, None, None, f.advisor), f) for f in followers]
+        self.runs = [(ArmRun(case, f.spec, None, None, f.advisor, f.again), f) for f in followers]
         self.started: dict[ArmRun, asyncio.Task] = {}
+        # The triggers the followers ask by (DESIGN §18): the leader then decides at every query step which fire.
+        self.triggers = {f.spec.trigger.name: f.spec.trigger for f in followers if f.spec.trigger is not None}
+        self.probe = probe
+        self.ctrl.keep_all_queries = bool(self.triggers)
 
     async def run(self) -> list[ArmResult]:
         """Run the prefix, fork at every q, finish every arm; the leader first, then the followers in order."""
@@ -71,21 +78,62 @@ class Fork:
         """Lead to each q in turn, snapshot there, and start the followers that fork at it."""
         ctrl = self.ctrl
         await ctrl.start()
+        if self.triggers:
+            await self.watch_prefix()
+            return
         for q in sorted({run.q for run, _ in self.runs} | {ctrl.q}):
             await ctrl.run_until(q)
-            point = None
-            if not ctrl.done:
-                point = ForkPoint(state=await ctrl._state_digest(), snapshot=await ctrl.sim.snapshot(),
-                                  render=view_digests(await ctrl.sim.render(list(VLM_VIEWS), ctrl.spec.image_size)))
-                if q == ctrl.q:
-                    ctrl.q_state, ctrl.q_render = point.state, point.render
-                else:
-                    ctrl.fork_points[q] = (point.state, point.render)
-            # The followers of this q start now; one whose q the leader never reached (it ended first) ends with it.
+            await self.fork_at(q, [run for run, _ in self.runs if run.q == q])
+
+    async def watch_prefix(self) -> None:
+        """The prefix with triggers (DESIGN §18): query by query, deciding before each query which triggers fire on
+        what the leader has shown so far; a trigger's followers fork at the step it first fires at, a fixed q's at
+        theirs. A trigger that never fires leaves its followers equal to the leader: not asked, no call."""
+        ctrl = self.ctrl
+        if self.probe is not None and ctrl.spec.probe_samples:
+            await ctrl.start_probe(await self.probe())
+        fixed = {run.q for run, f in self.runs if f.spec.trigger is None} | {ctrl.q}
+        fired: dict[str, int] = {}
+        while not ctrl.done and ctrl.step < ctrl.horizon:
+            step = ctrl.step
+            now = await ctrl.observe_now()
+            rows = [*ctrl.query_records, *([now] if now is not None else [])]
+            for name, trigger in self.triggers.items():
+                if name not in fired and fires(trigger, rows, step, self.case.case_id, ctrl.horizon, ctrl.interval,
+                                               triggers=ctrl.spec.triggers):
+                    fired[name] = step
+            starting = []
             for run, follower in self.runs:
-                if run.q == q:
-                    self.start_at(run)
-                    self.started[run] = asyncio.ensure_future(self.heard(self.finish(run, follower, point)))
+                trigger = follower.spec.trigger
+                if run not in self.started and (run.q == step if trigger is None else fired.get(trigger.name) == step):
+                    run.q = step
+                    starting.append(run)
+            if step in fixed or starting:
+                await self.fork_at(step, starting)
+            await ctrl.run_until(step + ctrl.interval)
+        ctrl.trigger_steps = {name: fired.get(name) for name in self.triggers}
+        rest = [run for run, _ in self.runs if run not in self.started]
+        for run in rest:
+            if run.spec.trigger is not None:
+                run.assistance = Assistance(status="not_asked")
+        await self.fork_at(ctrl.horizon, rest)
+
+    async def fork_at(self, q: int, runs: list[ArmRun]) -> None:
+        """Snapshot the leader at q (unless it ended before) and start the followers that fork there."""
+        ctrl = self.ctrl
+        point = None
+        if not ctrl.done:
+            point = ForkPoint(state=await ctrl._state_digest(), snapshot=await ctrl.sim.snapshot(),
+                              render=view_digests(await ctrl.sim.render(list(VLM_VIEWS), ctrl.spec.image_size)))
+            if q == ctrl.q:
+                ctrl.q_state, ctrl.q_render = point.state, point.render
+            else:
+                ctrl.fork_points[q] = (point.state, point.render)
+        # The followers of this q start now; one whose q the leader never reached (it ended first) ends with it.
+        for run, follower in self.runs:
+            if run in runs:
+                self.start_at(run)
+                self.started[run] = asyncio.ensure_future(self.heard(self.finish(run, follower, point)))
 
     async def fail_prefix(self, exc: Exception) -> list[ArmResult]:
         """The prefix is shared: its failure is the failure of every arm that had not forked yet."""
@@ -115,6 +163,7 @@ class Fork:
         run.query_records, run.queries = list(ctrl.query_records), list(ctrl.queries)
         run.original = run.instruction = ctrl.original
         run.success = run.done = ctrl.done and ctrl.success
+        run.object_pos = ctrl.object_pos
 
     async def replay_prefix(self, run: ArmRun, queries: list[tuple[int, dict]]) -> None:
         """Send the prefix's queries again on the follower's connection; each must give the leader's chunk."""
@@ -129,6 +178,10 @@ class Fork:
 
     async def finish(self, run: ArmRun, follower: Follower, point: ForkPoint | None) -> ArmResult:
         """A follower from q to its end: its own connection (replayed, reseeded), the snapshot restored, run on."""
+        if run.assistance.status == "not_asked":
+            # Its trigger never fired: the leader's episode is its own, with no connection and no call.
+            run.rng_control = self.ctrl.rng_control
+            return run.result(mode="fork")
         try:
             run.attach(await follower.connect())
             await run.start_policy()
@@ -140,6 +193,8 @@ class Fork:
                 # Each continuation its own draws, the same for every arm's k-th (paired across arms).
                 run.continuation_seed = continuation_seed(self.case.policy_seed, k)
                 await run.policy.reset_rng(run.continuation_seed)
+            if run.spec.probe_samples:
+                await run.start_probe(await follower.connect())
             if point is not None:
                 run.sim = await follower.simulator()
                 try:
@@ -198,6 +253,7 @@ async def run_forked(
     control_done: Callable[[], None] = lambda: None,
     replay: bool = True,
     on_result: Callable[[ArmResult], None] = lambda result: None,
+    probe: Callable[[], Awaitable[PolicyConnection]] | None = None,
 ) -> list[ArmResult]:
     """Fork at q: run the common prefix once (the control arm, as `spec` says), snapshot the simulator at q, finish
     every arm from it.
@@ -210,7 +266,9 @@ async def run_forked(
     stateless policy whose server gives no RNG control, DESIGN §13) the follower continues at once: what the
     policy answers from q on is a fresh draw. A follower of a declared extra query point (DESIGN §14) forks at its
     own q: the leader snapshots at each of them as it passes, and the follower starts from that snapshot as soon
-    as it is taken. Results: the leader (control) first, then the followers in order; `on_result` hears each as
-    soon as its arm ends.
+    as it is taken. A trigger's follower (DESIGN §18) forks where its trigger first fires on the leader's queries,
+    decided before each of them; `probe` gives the leader the connection an uncertainty trigger draws from.
+    Results: the leader (control) first, then the followers in order; `on_result` hears each as soon as its arm
+    ends.
     """
-    return await Fork(case, spec, control, followers, control_done, replay, on_result).run()
+    return await Fork(case, spec, control, followers, control_done, replay, on_result, probe).run()

@@ -177,7 +177,8 @@ def config_with_identity(config: StudyConfig, metadata: dict[str, Any]) -> Study
     episode = study_protocol(config)
     env = config.env.model_copy(update={"episode_protocol": episode.name, "episode_protocol_sha256": episode.sha256(),
                                         "instruction": episode.instruction})
-    fork = resolve_fork(config.fork_at_q, rng_control, config.continuations, bool(config.query_points))
+    fork = resolve_fork(config.fork_at_q, rng_control, config.continuations,
+                        bool(config.query_points or config.triggers))
     return config.model_copy(update={"policy": policy, "env": env, "rules": _rules_for(config.rules, profile),
                                      "fork_at_q": fork})
 

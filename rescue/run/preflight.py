@@ -338,7 +338,7 @@ async def run_preflight(
             run_config = await resolved_config(run_config)
             # The checks run under the resolved identity (C, observation profile, mode) a study would get.
             fork = resolve_fork(config.fork_at_q, bool(run_config.policy.rng_control), config.continuations,
-                                bool(config.query_points))
+                                bool(config.query_points or config.triggers))
             config = config.model_copy(update={"policy": run_config.policy, "fork_at_q": fork})
             async with start_peers(run_config, StudyLayout.of(workdir or tmp)) as peers:
                 url = peers.policy_url

@@ -31,8 +31,9 @@ class ShamSource:
         self._events: dict[str, asyncio.Event] = {}
 
     def heard(self, case_id: str, answer: Answer) -> None:
-        """The donor advisor answered `case_id`: wake any sham arm waiting for that case's answer."""
-        self._answers[case_id] = answer
+        """The donor advisor answered `case_id`: wake any sham arm waiting for that case's answer (its first: a later
+        call of the donor's arm, DESIGN §18, lends nothing)."""
+        self._answers.setdefault(case_id, answer)
         self._events.setdefault(case_id, asyncio.Event()).set()
 
     def advisor(self, case: Case) -> Advisor:
@@ -57,6 +58,10 @@ class ShamSource:
         while True:
             heard = self._answers.get(donor)
             if heard is not None:
+                if heard.status == "declined":
+                    # The donor's advisor kept the instruction: the sham has nothing to apply, and declines too.
+                    return Answer(status="declined", source="permuted", donor_case_id=donor, call_id=heard.call_id,
+                                  request_id=heard.request_id, receipt_ref=heard.receipt_ref)
                 if heard.status != "ok":
                     return _failed(donor, "donor_failed", f"donor {donor}'s VLM call ended {heard.status} ({heard.error_kind})")
                 return Answer(status="ok", subgoal=heard.subgoal, source="permuted", donor_case_id=donor,
@@ -65,6 +70,9 @@ class ShamSource:
             if state in ("finished", "interrupted"):
                 arm = self.journal.arms(donor).get(self.donor_arm)
                 a = arm.assistance if arm is not None else None
+                if a is not None and a.status == "declined":
+                    return Answer(status="declined", source="permuted", donor_case_id=donor, call_id=a.call_id,
+                                  request_id=a.request_id, receipt_ref=a.receipt_ref)
                 if a is None or a.status != "applied":
                     why = "was interrupted" if a is None else f"had assistance {a.status}"
                     return _failed(donor, "donor_failed", f"donor {donor} {why}")

@@ -46,7 +46,7 @@ JOB_KEYS: frozenset[str] = frozenset({
     "vlm.batch_window_s", "vlm.image_format", "vlm.image_detail", "vlm.max_output_tokens", "vlm.temperature",
     "vlm.seed", "vlm.reasoning_effort", "vlm.store", "vlm.startup_check", "vlm.price", "vlm.require_model_match",
     # Each entry's keys are checked on their own (ADVISOR_JOB_KEYS): an advisor names a service endpoint.
-    "advisors", "query_points",
+    "advisors", "query_points", "triggers", "asking", "vlm.may_decline",
 })
 
 
@@ -177,7 +177,8 @@ def job_request(data: Any) -> JobRequest:
     mixed = mixed_keys_problem(data)
     if mixed is not None:
         raise ConfigError(f"config: {mixed}")
-    tables = {"advisor": "advisors", "query_point": "query_points"}  # TOML's [[advisor]], [[query_point]] tables
+    # TOML's [[advisor]], [[query_point]] and [[trigger]] tables
+    tables = {"advisor": "advisors", "query_point": "query_points", "trigger": "triggers"}
     for table, key in tables.items():
         if table in data and key in data:
             raise ConfigError(f"config: give [[{table}]] tables or {key}, not both")

@@ -39,8 +39,9 @@ def ranges_markdown() -> str:
         r = RANGES[key]
         low = f"> {number(r.low)}" if r.low_open else f">= {number(r.low)}"
         high = f"< {number(r.high)}" if r.high_open else f"<= {number(r.high)}"
-        rows.append(f"| `{key.replace('advisors.', '[[advisor]] ').replace('query_points.', '[[query_point]] ')}` "
-                    f"| {low}, {high} |")
+        shown = (key.replace("advisors.", "[[advisor]] ").replace("query_points.", "[[query_point]] ")
+                 .replace("triggers.", "[[trigger]] ").replace("asking.", "[asking] "))
+        rows.append(f"| `{shown}` | {low}, {high} |")
     rows.append(f"| arms per case (arms × continuations) | <= {MAX_ARMS_PER_CASE:,} |")
     rows.append(f"| arm-steps of a study (forked arms share each case's prefix up to q) | <= {MAX_ARM_STEPS:,} |")
     rows.append(f"| estimated time of a study on its simulators ({SECONDS_PER_ARM_STEP} CPU-s an arm-step) "

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from rescue.core.arms import query_point_of
+from rescue.core.arms import base_arm, is_assisted, query_point_of
 from rescue.core.classify import classify
 from rescue.core.configuration.config import StudyConfig
 from rescue.core.figures.evaluation import classify_episode
@@ -26,6 +26,7 @@ from rescue.core.manifest import Case, Manifest
 from rescue.core.records import ArmResult, CaseRecord, Receipt
 from rescue.core.verdicts import Verdict
 from rescue.core.sham import sham_donors
+from rescue.core.triggers import call_steps, first_firing
 from rescue.core.figures.stats import Summary, summarize
 from rescue.core.figures.success_sample import frame_of, task_frames
 from rescue.study.files import fsync_dir, write_atomic, write_manifest
@@ -162,17 +163,29 @@ def case_record(
     donors: dict[str, str] | None = None,
 ) -> CaseRecord:
     """Gather what DESIGN §3 classification needs for one case: every arm its study runs (None: not recorded),
-    the outcome receipt each arm's subgoal came from, and the sham arm's declaration."""
+    the outcome receipt each arm's subgoals came from, the sham arm's declaration, and where each arm asks: its
+    query point's step, or where its trigger fires on the control arm's queries, and its later calls' steps, each
+    derived again from the records (DESIGN §18)."""
     sham = config.sham
     sham_on = sham.on and "sham" in config.arms
     judged = {name: arms.get(name) for name in config.case_arms}
+    steps = {arm: config.query_step(arm, case.horizon) for arm in config.arms
+             if query_point_of(arm) and config.trigger_of(arm) is None}
+    fired, again = asking_steps(case, judged, config, steps)
     return CaseRecord(
         case_id=case.case_id,
         group=case.group,
         task=case.task,
         horizon=case.horizon,
         query_step=config.query_step("control", case.horizon),
-        query_steps={arm: config.query_step(arm, case.horizon) for arm in config.arms if query_point_of(arm)},
+        query_steps={**steps, **{arm: case.horizon if at is None else at for arm, at in fired.items()}},
+        unasked=[arm for arm, at in fired.items() if at is None],
+        again_steps=again,
+        again_receipts={c.call_id: receipts[c.call_id] for arm in judged.values() if arm is not None
+                        for c in arm.again if c.call_id in receipts},
+        declining=config.may_decline,
+        triggers={arm: config.trigger_of(arm) for arm in config.arms if config.trigger_of(arm) is not None},
+        max_calls=config.max_calls,
         historical_fingerprint=case.fingerprint,
         pilot=case.pilot,
         historical_outcome=case.historical_outcome,
@@ -186,6 +199,34 @@ def case_record(
         sham_donor=(donors or {}).get(case.case_id) if sham_on and sham.source == "permuted" else None,
         sham_advisor=config.sham_donor_advisor if sham_on and sham.source == "permuted" else None,
     )
+
+
+def asking_steps(case: Case, arms: dict[str, ArmResult | None], config: StudyConfig,
+                 fixed: dict[str, int]) -> tuple[dict[str, int | None], dict[str, list[int]]]:
+    """Where each trigger's arm first asks, derived again from the control arm's recorded queries (None: its trigger
+    never fires; an arm whose control arm is not recorded is left out), and each asking arm's later calls' steps,
+    from its own (DESIGN §18)."""
+    control = arms.get("control")
+    triggers = list(config.triggers or [])
+    fired: dict[str, int | None] = {}
+    if control is not None:
+        for arm in config.arms:
+            trigger = config.trigger_of(arm)
+            if trigger is not None:
+                fired[arm] = first_firing(trigger, control.queries, case.case_id, case.horizon, config.interval,
+                                          triggers=triggers)
+    again: dict[str, list[int]] = {}
+    if config.max_calls > 1:
+        for name, arm in arms.items():
+            if arm is None or not is_assisted(name) or base_arm(name) != name:
+                continue
+            first = fired.get(name) if config.trigger_of(name) is not None else fixed.get(
+                name, config.query_step("control", case.horizon))
+            found = call_steps(first, config.asking, config.trigger_of(name), arm.queries, case.case_id, case.horizon,
+                               config.interval, triggers=triggers)
+            if found[1:]:
+                again[name] = found[1:]
+    return fired, again
 
 
 def classify_case(

@@ -373,16 +373,17 @@ class Journal:
         except sqlite3.IntegrityError:
             raise DuplicateRecord(f"arm {result.arm} of case {result.case_id!r} is already recorded") from None
 
-    def record_arm(self, result: ArmResult, receipt: tuple[str, str, str | None] | None = None) -> None:
-        """Record one finished arm of a claimed case as soon as it ends, with the receipt index entry of the call
-        its subgoal came from (DESIGN §4: work done survives a kill); the case stays claimed until `finish_case`
-        gives it its verdict. A second record of the arm raises."""
+    def record_arm(self, result: ArmResult,
+                   receipt: tuple[str, str, str | None] | list[tuple[str, str, str | None]] | None = None) -> None:
+        """Record one finished arm of a claimed case as soon as it ends, with the receipt index entries of the calls
+        its subgoals came from (one, or one per call: DESIGN §18) (DESIGN §4: work done survives a kill); the case
+        stays claimed until `finish_case` gives it its verdict. A second record of the arm raises."""
         with self._write() as conn:
             state = self._require_case(conn, result.case_id)
             if state != "claimed":
                 raise JournalError(f"case {result.case_id!r} is {state}, not claimed; cannot record its {result.arm} arm")
             self._insert_arm(conn, result)
-            self._index(conn, result.case_id, [receipt] if receipt else [])
+            self._index(conn, result.case_id, receipt if isinstance(receipt, list) else [receipt] if receipt else [])
 
     def finish_case(
         self,

@@ -9,9 +9,9 @@ studies run by several processes share it safely. It holds two things:
   stay the evidence; the ledger is what the cap is kept against.
 - **holds**: before a study claims a case it holds, for every call the case can make, the estimated
   cost of one call (the dearest call per case this model and endpoint have made, its output bounded
-  by `max_output_tokens` when set). A case calls once per arm that asks at its own q: each advisor's
-  arm and each declared query point's arm (`case_calls`); the K continuations of an arm share its
-  call. The check (spent + held + this case's estimates <= cap) and the holds are one transaction:
+  by `max_output_tokens` when set). A case calls up to `[asking] max_calls` times per arm that asks at
+  its own q: each advisor's arm and each declared query point's and trigger's arm (`case_calls`); the
+  K continuations of an arm share its call. The check (spent + held + this case's estimates <= cap) and the holds are one transaction:
   two studies cannot both pass a check only one of them fits. Each call's row replaces one of its
   case's holds in one transaction (per call, not per case), and a case's leftover holds (an arm that
   never asked) go when the case ends.
@@ -389,12 +389,15 @@ def ledger_cost(call: CallCost, receipt: Receipt) -> CallCost:
 
 
 def case_calls(config: StudyConfig) -> list[tuple[str, VLMConfig]]:
-    """(advisor arm, its VLM configuration) of every call one case of this study can make: one per arm that asks
-    at its own q (each advisor's arm, each declared query point's arm of the primary advisor); the continuations
-    of an arm share its call. The advisor arm is what a call's receipt names (`LabBudget.record`)."""
+    """(advisor arm, its VLM configuration) of every call one case of this study can make: up to `[asking]
+    max_calls` per arm that asks at its own q (each advisor's arm, each declared query point's and trigger's arm of
+    the primary advisor; DESIGN §18); the continuations of an arm share its call. The advisor arm is what a call's
+    receipt names (`LabBudget.record`). A trigger that never fires leaves its holds unused, given back when the case
+    ends."""
     vlms = {arm: vlm for _, arm, vlm in config.advisor_configs()}
     asking = dict.fromkeys(base_arm(a) for a in config.case_arms if is_assisted(a))
-    return [(base_arm(a, query_point=False), vlms[base_arm(a, query_point=False)]) for a in asking]
+    return [(base_arm(a, query_point=False), vlms[base_arm(a, query_point=False)]) for a in asking
+            for _ in range(config.max_calls)]
 
 
 def _arm_cost(arm: str, vlm: VLMConfig) -> ArmCost:

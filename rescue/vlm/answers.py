@@ -66,10 +66,31 @@ class AnswerSheet(BaseModel):
     answers: list[AnswerItem]
 
 
-def answer_schema(tokens: dict[str, str]) -> dict[str, Any]:
-    """The JSON schema of `AnswerSheet`, narrowed to exactly these request ids and tokens."""
-    schema = AnswerSheet.model_json_schema()
-    item = schema["$defs"]["AnswerItem"]
+class DecliningItem(BaseModel):
+    """One answer of an advisor that may decline (DESIGN §18): keep the instruction, or a subgoal."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str
+    token: str
+    keep_instruction: bool
+    subgoal: str
+
+
+class DecliningSheet(BaseModel):
+    """The structured output of an advisor that may decline: one answer per request, in row order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    answers: list[DecliningItem]
+
+
+def answer_schema(tokens: dict[str, str], may_decline: bool = False) -> dict[str, Any]:
+    """The JSON schema of `AnswerSheet` (of `DecliningSheet` for an advisor that may decline), narrowed to exactly
+    these request ids and tokens."""
+    sheet = DecliningSheet if may_decline else AnswerSheet
+    schema = sheet.model_json_schema()
+    item = schema["$defs"]["DecliningItem" if may_decline else "AnswerItem"]
     item["additionalProperties"] = False
     item["properties"]["request_id"]["enum"] = list(tokens)
     item["properties"]["token"]["enum"] = list(tokens.values())
@@ -83,7 +104,7 @@ class InvalidResponse(Exception):
     """The body arrived but cannot be read as answers."""
 
 
-_LINE = re.compile(r"^\s*(REQUEST_ID|TOKEN|SUBGOAL)\s*:\s*(.*?)\s*$", re.IGNORECASE)
+_LINE = re.compile(r"^\s*(REQUEST_ID|TOKEN|SUBGOAL|KEEP_INSTRUCTION)\s*:\s*(.*?)\s*$", re.IGNORECASE)
 
 
 def _json_object(text: str) -> Any | None:
@@ -113,11 +134,13 @@ def _items_from_json(obj: Any) -> list[dict[str, Any]]:
     return items
 
 
-def parse_answers(text: str, structured: bool) -> list[dict[str, Any]]:
-    """Read answers from a reply: strict JSON when structured, else JSON or `SUBGOAL:` lines."""
+def parse_answers(text: str, structured: bool, may_decline: bool = False) -> list[dict[str, Any]]:
+    """Read answers from a reply: strict JSON when structured, else JSON or `SUBGOAL:` (and `KEEP_INSTRUCTION:`)
+    lines."""
     if structured:
+        sheet = DecliningSheet if may_decline else AnswerSheet
         try:
-            return [a.model_dump() for a in AnswerSheet.model_validate_json(text).answers]
+            return [a.model_dump() for a in sheet.model_validate_json(text).answers]
         except ValidationError as exc:
             raise InvalidResponse(f"structured output does not match the schema: {exc.errors()[0]['msg']}") from None
     obj = _json_object(text.strip())
@@ -143,10 +166,19 @@ def parse_answers(text: str, structured: bool) -> list[dict[str, Any]]:
     return items
 
 
+def keeps(item: dict[str, Any]) -> bool:
+    """Whether an answer says "keep the instruction" (a JSON true, or a line `KEEP_INSTRUCTION: yes`/`true`)."""
+    value = item.get("keep_instruction")
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes")
+    return value is True
+
+
 def check_answers(
-    items: list[dict[str, Any]], tokens: dict[str, str], max_chars: int
+    items: list[dict[str, Any]], tokens: dict[str, str], max_chars: int, may_decline: bool = False
 ) -> tuple[dict[str, str | None], dict[str, str]]:
-    """Match answers to request ids; return (subgoal or None, reason) per request id."""
+    """Match answers to request ids; return (subgoal or None, reason) per request id. With `may_decline`, an answer
+    that keeps the instruction is valid without a subgoal: its subgoal is None and it has no reason."""
     by_id: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for item in items:
         by_id[item.get("request_id")].append(item)
@@ -162,6 +194,9 @@ def check_answers(
             errors[rid] = f"{len(got)} answers for one request"
         elif got[0].get("token") != token:
             errors[rid] = "token does not match the request's token"
+        elif may_decline and keeps(got[0]):
+            subgoals[rid] = None
+            continue
         elif not isinstance(subgoal, str) or not subgoal.strip():
             errors[rid] = "subgoal is empty"
         elif len(subgoal.strip()) > max_chars:

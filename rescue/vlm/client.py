@@ -434,14 +434,15 @@ class VLMClient:
         answers = []
         for p in group:
             rstatus = receipt.request_status[p.request_id]
-            rerror = receipt.request_errors.get(p.request_id) or (receipt.error if rstatus != "ok" else None)
+            answered = rstatus in ("ok", "declined")
+            rerror = receipt.request_errors.get(p.request_id) or (None if answered else receipt.error)
             answers.append(
                 SubgoalAnswer(
                     status=rstatus,
                     subgoal=receipt.subgoals.get(p.request_id),
                     call_id=call.call_id,
                     request_id=p.request_id,
-                    error_kind=None if rstatus == "ok" else (receipt.error_kind or rstatus),
+                    error_kind=None if answered else (receipt.error_kind or rstatus),
                     error=rerror,
                     receipt=receipt,
                     receipt_ref=ref,
@@ -485,13 +486,18 @@ class VLMClient:
         try:
             if reply.n_outputs != 1:
                 raise InvalidResponse(f"{reply.n_outputs} outputs instead of one")
-            items = parse_answers(reply.text, self.config.structured)
+            items = parse_answers(reply.text, self.config.structured, bool(self.config.may_decline))
         except InvalidResponse as exc:
             errors = {rid: str(exc) for rid in tokens}
             subgoals: dict[str, str | None] = {rid: None for rid in tokens}
         else:
-            subgoals, errors = check_answers(items, tokens, self.config.max_subgoal_chars)
-        per_request = {rid: ("invalid_response" if rid in errors else "ok", errors.get(rid)) for rid in tokens}
+            subgoals, errors = check_answers(items, tokens, self.config.max_subgoal_chars, bool(self.config.may_decline))
+
+        def request_status(rid: str) -> str:
+            # A valid answer without a subgoal kept the instruction (an advisor that may decline, DESIGN §18).
+            return "invalid_response" if rid in errors else "ok" if subgoals.get(rid) is not None else "declined"
+
+        per_request = {rid: (request_status(rid), errors.get(rid)) for rid in tokens}
         n_bad = len(errors)
         # The call is ok when any case got a usable subgoal; rejected cases are named per request.
         status = "ok" if n_bad < len(tokens) else "invalid_response"

@@ -101,7 +101,7 @@ def classify_error(exc: Exception) -> AttemptError:
 def request_kwargs(cfg: VLMConfig, prompt: str, images: list[bytes], tokens: dict[str, str]) -> dict[str, Any]:
     """The SDK call's arguments for one prompt, its images and the request ids and tokens it must answer."""
     urls = [data_url(png) for png in images]
-    schema = answer_schema(tokens)
+    schema = answer_schema(tokens, bool(cfg.may_decline))
     if cfg.api == "chat":
         content: list[dict[str, Any]] = [{"type": "text", "text": prompt}]
         content += [{"type": "image_url", "image_url": {"url": u, "detail": cfg.image_detail}} for u in urls]

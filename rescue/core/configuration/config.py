@@ -24,6 +24,7 @@ from rescue.core.arms import (
     query_point_arm,
     query_point_of,
 )
+from rescue.core.asking import AskingConfig, TriggerConfig, trigger_named
 from rescue.core.sham import ShamConfig
 from rescue.core.configuration.stopping import StoppingConfig
 from wrappers.async_rules import RulesConfig
@@ -217,6 +218,12 @@ class StudyConfig(BaseModel):
     """The study's advisors (`[[advisor]]` tables, DESIGN §11), in declared order, the first the study's primary
     (its verdict is the case's label): one assisted arm each, `assisted:<name>`. None: the one advisor is
     `[vlm]`, whose arm is `assisted`."""
+    triggers: list[TriggerConfig] | None = None
+    """Triggers (`[[trigger]]` tables, DESIGN §18), in declared order: each adds the primary advisor's arm
+    `assisted@<name>`, asking where its trigger first fires on the shared prefix (never, when it never fires),
+    after the query points' arms. None: none."""
+    asking: AskingConfig | None = None
+    """How many calls an arm that asks a VLM may make and when it asks again (`[asking]`, DESIGN §18); None: once."""
 
     stopping: StoppingConfig | None = Field(default=None, exclude_if=lambda v: v is None)
     """A rule that stops the study once its answer is decided (`[stopping]`, DESIGN §20): what is tested, the
@@ -225,8 +232,8 @@ class StudyConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _advisor_tables(cls, data: Any) -> Any:
-        # TOML's `[[advisor]]` and `[[query_point]]` tables arrive under `advisor` and `query_point`.
-        for table, key in (("advisor", "advisors"), ("query_point", "query_points")):
+        # TOML's `[[advisor]]`, `[[query_point]]` and `[[trigger]]` tables arrive under their singular names.
+        for table, key in (("advisor", "advisors"), ("query_point", "query_points"), ("trigger", "triggers")):
             if isinstance(data, dict) and table in data:
                 data = dict(data)
                 if key in data:
@@ -276,19 +283,24 @@ class StudyConfig(BaseModel):
 
     @model_validator(mode="after")
     def _query_point_arms(self) -> "StudyConfig":
-        # Each declared query point is an arm of the primary advisor's, after the arms asking at the pre-registered q.
-        if self.query_points is None:
+        # Each declared query point, then each trigger, is an arm of the primary advisor's, after the arms asking at
+        # the pre-registered q.
+        declared = [*(self.query_points or []), *(self.triggers or [])]
+        if not declared:
             if any(query_point_of(a) for a in self.arms):
                 raise ValueError("arms lists a query point's arm (assisted@<name>) but no [[query_point]] is declared")
             return self
-        names = [p.name for p in self.query_points]
-        if not names or len(set(names)) != len(names):
-            raise ValueError("query_points: declare each [[query_point]] once, by a name of its own")
+        names = [p.name for p in declared]
+        if (self.query_points is not None and not self.query_points) or len(set(names)) != len(names):
+            if not self.triggers:
+                raise ValueError("query_points: declare each [[query_point]] once, by a name of its own")
+            raise ValueError("query_points, triggers: declare each [[query_point]] and [[trigger]] once, by a name of "
+                             "its own")
         taken = [n for n in names if n in ("assisted", "control", "sham")]
         if taken:
-            raise ValueError(f"query_points: {taken[0]!r} names an arm; give the query point a name of its own")
+            raise ValueError(f"query_points, triggers: {taken[0]!r} names an arm; give it a name of its own")
         fractions: dict[float, str] = {}
-        for point in self.query_points:
+        for point in self.query_points or []:
             if point.fraction == 0.5:
                 raise ValueError(f"query_points: {point.name!r} asks at fraction 0.5, the pre-registered q's (1/2 of H): "
                                  "that arm is the primary's already")
@@ -297,10 +309,15 @@ class StudyConfig(BaseModel):
                                  f"{point.fraction:g}")
             fractions[point.fraction] = point.name
         if self.is_evaluation or not any(is_assisted(a) for a in self.arms):
-            raise ValueError("query_points: an evaluation asks nothing; a query point is an arm that asks")
+            raise ValueError("query_points, triggers: an evaluation asks nothing; a query point is an arm that asks")
         if self.fork_at_q is False:
-            raise ValueError("query points fork from the one prefix at their own q: they need fork_at_q "
+            raise ValueError("query points and triggers fork from the one prefix at their own q: they need fork_at_q "
                              "(leave it unset, or set it true)")
+        for t in self.triggers or []:
+            if t.kind == "random" and (trigger_named(self.triggers, t.matches) is None or t.matches == t.name
+                                       or trigger_named(self.triggers, t.matches).kind == "random"):
+                raise ValueError(f"trigger {t.name!r}: matches names {t.matches!r}, which is no other [[trigger]] "
+                                 "of the study that reads the episode (stall, gripper, uncertainty)")
         wanted = [query_point_arm(self.primary_arm, n) for n in names]
         given = [a for a in self.arms if query_point_of(a)]
         if given and given != wanted:
@@ -311,12 +328,29 @@ class StudyConfig(BaseModel):
         return self
 
     def query_step(self, arm: str, horizon: int) -> int:
-        """The env step an arm asks at: its declared query point's, else the pre-registered q (DESIGN §2, §14)."""
+        """The env step an arm asks at: its declared query point's, else the pre-registered q (DESIGN §2, §14).
+        A trigger's arm asks where its trigger fires (`trigger_of`): ValueError."""
         point = query_point_of(arm)
         if point is None:
             return query_point(horizon, self.interval)
+        if trigger_named(self.triggers, point) is not None:
+            raise ValueError(f"{arm} asks where its trigger fires, decided while the episode runs")
         fraction = next(p.fraction for p in self.query_points or [] if p.name == point)
         return query_point(horizon, self.interval, fraction)
+
+    def trigger_of(self, arm: str) -> TriggerConfig | None:
+        """The trigger an arm asks by (`assisted@<trigger>`, DESIGN §18); None: it asks at a fixed step."""
+        return trigger_named(self.triggers, query_point_of(arm))
+
+    @property
+    def max_calls(self) -> int:
+        """How many calls an arm that asks a VLM may make (`[asking] max_calls`; 1 without it)."""
+        return self.asking.max_calls if self.asking is not None else 1
+
+    @property
+    def may_decline(self) -> bool:
+        """Whether an advisor of the study may answer "keep the instruction" (DESIGN §18)."""
+        return any(vlm.may_decline for _, _, vlm in self.advisor_configs())
 
     @model_validator(mode="after")
     def _stopping_arms(self) -> "StudyConfig":
@@ -335,6 +369,9 @@ class StudyConfig(BaseModel):
         if self.continuations > 1 and self.fork_at_q is False:
             raise ValueError("continuations above 1 continue every arm from one snapshot at q: they need fork_at_q "
                              "(leave it unset, or set it true)")
+        if self.continuations > 1 and self.max_calls > 1:
+            raise ValueError("asking.max_calls above 1 with continuations above 1: an arm's continuations share its "
+                             "one call at q, and would each ask again from states of their own; choose one")
         return self
 
     @model_validator(mode="after")
@@ -444,9 +481,10 @@ HASHED_WHEN_SET = (("vlm", "max_concurrent_calls"), ("vlm", "requests_per_minute
                    ("env", "max_simulator_rss_gb"), ("vlm", "price"), ("sham", "advisor"), (None, "advisors"),
                    ("vlm", "lab_budget"), ("vlm", "lab_ledger"), ("env", "instruction"), ("vlm", "require_model_match"),
                    ("policy", "stateless"), ("policy", "rng_control"), (None, "query_points"),
-                   ("policy", "processes"), ("policy", "connect_timeout_s"), (None, "stopping"))
+                   ("policy", "processes"), ("policy", "connect_timeout_s"), (None, "triggers"), (None, "asking"),
+                   ("vlm", "may_decline"), (None, "stopping"))
 # The same for the keys of each `[[advisor]]` table added after advisors existed.
-ADVISOR_HASHED_WHEN_SET = ("lab_budget", "lab_ledger", "require_model_match")
+ADVISOR_HASHED_WHEN_SET = ("lab_budget", "lab_ledger", "require_model_match", "may_decline")
 # (section, key, value) of settings added after studies existed whose absence meant that value: in the digest only
 # when they differ from it.
 HASHED_UNLESS_DEFAULT = ((None, "continuations", 1),)

@@ -71,7 +71,8 @@ _VLM_RANGES: dict[str, Range] = {
     "price.output": Range(0, 1e9),
     "price.cached_input": Range(0, 1e9),
 }
-# Every bounded number by its dotted key (`advisors.*`: each advisor's; `query_points.*`: each query point's).
+# Every bounded number by its dotted key (`advisors.*`: each advisor's; `query_points.*`, `triggers.*`: each query
+# point's, each trigger's).
 RANGES: dict[str, Range] = {
     "cases_in_flight": Range(1, 100_000),
     "continuations": Range(1, 100),
@@ -84,11 +85,20 @@ RANGES: dict[str, Range] = {
     "policy.processes": Range(0, 4096),
     "policy.connect_timeout_s": Range(0, 86_400, low_open=True),
     "query_points.fraction": Range(0, 1, low_open=True, high_open=True),
+    "triggers.window": Range(1, 100_000),
+    "triggers.distance": Range(0, 100, low_open=True),
+    "triggers.cycles": Range(0, 100_000),
+    "triggers.samples": Range(2, 64),
+    "triggers.threshold": Range(0, 1e6),
+    "triggers.rate": Range(0, 1),
+    "triggers.seed": Range(-(2**63), 2**63 - 1),
+    "asking.max_calls": Range(1, 100),
+    "asking.every_queries": Range(1, 100_000),
     **{f"vlm.{k}": r for k, r in _VLM_RANGES.items()},
     **{f"advisors.{k}": r for k, r in _VLM_RANGES.items() if k != "lab_budget"},
 }
 # TOML's table names beside the configuration's keys.
-_TABLES = {"advisor": "advisors", "query_point": "query_points"}
+_TABLES = {"advisor": "advisors", "query_point": "query_points", "trigger": "triggers"}
 
 
 def mixed_keys_problem(data: Any, prefix: str = "") -> str | None:

@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from rescue.core.arms import ADVISOR_NAME
 from rescue.core.prompts import DEFAULT_ROOT
 
+# The default prompt template, and the one an advisor that may decline is asked with instead (DESIGN §18).
+DEFAULT_TEMPLATE = "subgoal_v1"
+DECLINING_TEMPLATE = "subgoal_or_keep_v1"
 # What a masked SecretStr dumps as; older study folders stored it in config.json.
 _MASK = "**********"
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
@@ -100,7 +103,7 @@ class VLMConfig(BaseModel):
     """Up to this many random seconds added to each backoff."""
     max_subgoal_chars: int = 1500
     """Longest subgoal accepted, in characters; a longer answer is rejected (`invalid_response`)."""
-    prompt_template: str = "subgoal_v1"
+    prompt_template: str = DEFAULT_TEMPLATE
     """Name of the prompt template (a file in the prompts folder)."""
     prompt_root: str | None = None
     """Folder of the prompt templates; None: the shipped prompts folder."""
@@ -157,6 +160,11 @@ class VLMConfig(BaseModel):
     (e.g. a proxy that reports its deployment's own name): the answer is applied, and preflight, the
     terminal summary and the report warn."""
 
+    may_decline: bool | None = None
+    """Whether the advisor may answer "keep the instruction" (DESIGN §18): its answers then carry
+    `keep_instruction`, and a declined arm runs on unchanged, labelled `declined`. None: false. With the default
+    prompt template, its declining counterpart (`subgoal_or_keep_v1`) is asked."""
+
     @property
     def refuses_other_models(self) -> bool:
         """`require_model_match` resolved: True unless set false."""
@@ -172,6 +180,13 @@ class VLMConfig(BaseModel):
                 data["api_key"] = None  # a mask written by an older version is not a key
             data["api_key_from_config"] = True
         return data
+
+    @model_validator(mode="after")
+    def _declining_prompt(self) -> "VLMConfig":
+        # An advisor that may decline is told so: the default template's counterpart offers "keep the instruction".
+        if self.may_decline and self.prompt_template == DEFAULT_TEMPLATE:
+            self.prompt_template = DECLINING_TEMPLATE
+        return self
 
     @model_validator(mode="after")
     def _seed_needs_chat(self) -> "VLMConfig":

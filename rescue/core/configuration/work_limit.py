@@ -112,9 +112,11 @@ def config_arms_problem(config: StudyConfig, limit: int = MAX_ARMS_PER_CASE) -> 
     k = 1 if config.is_evaluation else config.continuations
     advisors = len(config.advisor_configs())
     points = len(config.query_points or [])
+    triggers = len(config.triggers or [])
     parts = ["control"] if "control" in config.arms else []
     parts += [f"{advisors} advisor{'s' * (advisors != 1)}"] if advisors else []
     parts += [f"{points} query point{'s' * (points != 1)}"] if points else []
+    parts += [f"{triggers} trigger{'s' * (triggers != 1)}"] if triggers else []
     parts += ["sham"] if "sham" in config.arms else []
     text = f"{', '.join(parts)} = {len(config.arms)} arms × {k} continuation{'s' * (k != 1)}"
     return arms_problem(len(config.case_arms), text, limit)

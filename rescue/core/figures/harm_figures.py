@@ -18,7 +18,7 @@ from rescue.core.figures.harm import NetChange, case_score, net_change
 from rescue.core.figures.success_sample import SamplingFrame, frame_refusal
 from rescue.core.records import CaseRecord
 from rescue.core.success_labels import SUCCESS_LABELS, is_exposed
-from rescue.core.verdicts import Verdict
+from rescue.core.verdicts import DECLINED, Verdict
 
 Judged = tuple[CaseRecord, Verdict]
 
@@ -135,13 +135,16 @@ def _paired_scores(cases: Sequence[Judged], arm: str, harm: bool) -> tuple[list[
     (arm - control), the pairs' successes in the same order, and K."""
     scores, pairs, k_max = [], [], max((rec.continuations for rec, _ in cases), default=1)
     for rec, v in cases:
-        if harm:
-            verdict = v.of(arm, rec.primary)
-            if verdict is None:
-                raise ValueError(f"case {rec.case_id} has no verdict for its {arm} arm")
-            if not is_exposed(verdict.label, verdict.rule):
-                scores.append(0.0)
-                continue
+        verdict = v.of(arm, rec.primary)
+        if verdict is None:
+            raise ValueError(f"case {rec.case_id} has no verdict for its {arm} arm")
+        if verdict.label == DECLINED and verdict.in_m:
+            # The advisor kept the instruction (DESIGN §18): with the advice on, the episode runs as it would off.
+            scores.append(0.0)
+            continue
+        if harm and not is_exposed(verdict.label, verdict.rule):
+            scores.append(0.0)
+            continue
         found = pair_counts(rec, v, arm)
         if found is not None:
             a, c, k = found
@@ -166,7 +169,8 @@ def harm_figures(failures: Sequence[Judged], successes: Sequence[Judged], arm: s
                  confidence: float = 0.95, replays_exact: bool = False) -> HarmFigures:
     """One arm's harm on the successes, its rescue on the failures and the net change over `frame` (the main
     cohort's; None: the cases are the whole evaluation)."""
-    counts = dict.fromkeys(SUCCESS_LABELS, 0)
+    counts = dict.fromkeys((*SUCCESS_LABELS, DECLINED) if any(rec.declining for rec, _ in successes)
+                           else SUCCESS_LABELS, 0)
     unreached = 0
     for rec, v in successes:
         verdict = v.of(arm, rec.primary)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -10,83 +9,20 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.arms import base_arm, is_assisted, query_point_of
 from rescue.core.figures.continuations import PairedEstimate, estimate
+from rescue.core.figures.asking import AskingSummary, asking_summary
 from rescue.core.figures.harm_figures import HarmSummary, harm_summary
 from rescue.core.records import CaseRecord
-from rescue.core.verdicts import ArmVerdict, Label, Verdict
+from rescue.core.verdicts import DECLINED, ArmVerdict, Label, Verdict
 from rescue.core.figures.success_sample import SamplingFrame
-from rescue.core.figures.exact_stats import holm, mcnemar_exact, paired_diff_ci
+from rescue.core.figures.exact_stats import holm
+from rescue.core.figures.paired import PairedComparison, PairedTable, compare, ratio as _ratio
+
+__all__ = ["PairedComparison", "PairedTable", "compare"]  # where the record family has always been imported from
 
 LABELS: tuple[Label, ...] = ("rescued", "not_rescued", "unknown", "initial_state_deviation")
 
 
-# --- one arm against another: the record family ------------------------------------------------------------
-
-
-class PairedTable(BaseModel):
-    """The raw 2x2 of two arms' outcomes over the cases where both are compared."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    first_only: int = 0
-    """Cases where only the first arm succeeded (McNemar's b)."""
-    second_only: int = 0
-    """Cases where only the second arm succeeded (McNemar's c)."""
-    both_success: int = 0
-    """Cases where both arms succeeded."""
-    both_fail: int = 0
-    """Cases where both arms failed."""
-
-    @classmethod
-    def tally(cls, outcomes: Iterable[tuple[bool, bool]]) -> PairedTable:
-        """The table of (first succeeded, second succeeded) per case."""
-        counts = Counter((bool(a), bool(b)) for a, b in outcomes)
-        return cls(first_only=counts[(True, False)], second_only=counts[(False, True)],
-                   both_success=counts[(True, True)], both_fail=counts[(False, False)])
-
-    @property
-    def k(self) -> int:
-        """The cases tallied."""
-        return self.first_only + self.second_only + self.both_success + self.both_fail
-
-
-class PairedComparison(BaseModel):
-    """One arm against another, paired case by case: assisted vs control, assisted vs sham, advisor vs advisor,
-    query point vs query point (DESIGN §3, §8, §11, §14)."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True)
-
-    first: str
-    """The first arm's name (its successes are McNemar's b)."""
-    second: str
-    """The second arm's name."""
-    k: int
-    """The cases compared: against control, the first arm's M; between two arms that ask, the cases where both
-    are in E."""
-    pairs: PairedTable
-    """The raw 2x2 over those cases."""
-    mcnemar_p: float
-    """Two-sided exact McNemar p-value on the discordant cases; 1.0 without any."""
-    holm_p: float | None = Field(default=None, exclude_if=lambda v: v is None)
-    """`mcnemar_p` Holm-adjusted across the comparisons of its family (every pair of advisors; every pair of query
-    points); absent: not one of a family."""
-    diff: float | None
-    """The first's minus the second's success rate over those cases; None when there are none."""
-    diff_ci: tuple[float, float] | None
-    """Newcombe square-and-add interval of `diff`, at the summary's confidence; None when there are no cases."""
-    estimate: PairedEstimate | None = Field(default=None, exclude_if=lambda v: v is None)
-    """With K continuations per arm (K > 1, DESIGN §13): the mean paired difference in success probability over the
-    cases whose continuations are all in M (against control) or all in E (between arms that ask), its bootstrap
-    interval and exact sign-flip p; absent with one continuation (the test above is then the same test)."""
-
-
-def compare(first: str, second: str, outcomes: Sequence[tuple[bool, bool]], confidence: float = 0.95) -> PairedComparison:
-    """The paired comparison of two arms from (first succeeded, second succeeded) per case."""
-    table = PairedTable.tally(outcomes)
-    k, b, c = table.k, table.first_only, table.second_only
-    return PairedComparison(
-        first=first, second=second, k=k, pairs=table, mcnemar_p=mcnemar_exact(b, c), diff=_ratio(b - c, k),
-        diff_ci=paired_diff_ci(b, c, k, confidence, both_success=table.both_success) if k else None,
-    )
+# --- one arm against another: the record family (the paired table and comparison: rescue/core/figures/paired.py)
 
 
 class ArmFigures(BaseModel):
@@ -196,6 +132,10 @@ class Summary(ArmFigures, JudgedArms):
     harm: HarmSummary | None = Field(default=None, exclude_if=lambda v: v is None)
     """The historical successes (DESIGN §17), summarized apart from the failures above (N counts failures only):
     per arm their labels, exposure and harm, and the evaluation's net change; absent: a study of failures only."""
+    asking: AskingSummary | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Whether and when to ask (DESIGN §18): every way of asking compared per call, with its duty cycle, declines,
+    and the triggers' paired tests against their placebos and the fixed query points; absent: a study without
+    triggers, asking again or an advisor that may decline."""
 
     def figures(self) -> list[ArmFigures]:
         """Every judged arm's figures, the primary's (this summary's own) first."""
@@ -221,12 +161,14 @@ def ranked(figures: Sequence[ArmFigures]) -> list[ArmFigures]:
     return sorted(figures, key=lambda f: (f.r_over_e is None, -(f.r_over_e or 0.0), -f.r, order[f.arm]))
 
 
-def _ratio(x: int, n: int) -> float | None:
-    return x / n if n else None
+def labels_of(cases: Sequence[Judged]) -> tuple[str, ...]:
+    """The labels a cohort's counts hold: DESIGN §3's, and `declined` when an advisor of the study may decline
+    (DESIGN §18; a study without one counts exactly what it always has)."""
+    return (*LABELS, DECLINED) if any(rec.declining for rec, _ in cases) else LABELS
 
 
-def _label_counts(labels: Iterable[str]) -> dict[str, int]:
-    counts = dict.fromkeys(LABELS, 0)
+def _label_counts(labels: Iterable[str], known: Sequence[str] = LABELS) -> dict[str, int]:
+    counts = dict.fromkeys(known, 0)
     for label in labels:
         counts[label] += 1
     return counts
@@ -269,7 +211,7 @@ def _estimate(cases: Sequence[Judged], first: str, second: str, needs: str, conf
 def arm_figures(cases: Sequence[Judged], arm: str, confidence: float = 0.95) -> ArmFigures:
     """One arm's labels, R, M, E over its own verdicts, and its comparison with control over its M."""
     verdicts = [(rec, _verdict(rec, v, arm)) for rec, v in cases]
-    counts = _label_counts(v.label for _, v in verdicts)
+    counts = _label_counts((v.label for _, v in verdicts), labels_of(cases))
     n, r = len(verdicts), counts["rescued"]
     m = sum(v.in_m for _, v in verdicts)
     e = sum(v.in_e for _, v in verdicts)
@@ -294,11 +236,12 @@ def compare_arms(cases: Sequence[Judged], first: str, second: str, confidence: f
     return found
 
 
-def comparison_families(judged: Sequence[str]) -> list[tuple[list[tuple[str, str]], bool]]:
+def comparison_families(judged: Sequence[str], triggers: Iterable[str] = ()) -> list[tuple[list[tuple[str, str]], bool]]:
     """Which arms a study compares with each other, by family, and whether Holm adjusts within it: each arm
     asking at the pre-registered query point against the sham (alone, unadjusted), every pair of advisors at the
-    pre-registered query point, every pair of the primary advisor's query points (each family adjusted)."""
-    asking = [a for a in judged if is_assisted(a)]
+    pre-registered query point, every pair of the primary advisor's fixed query points (each family adjusted).
+    The arms of `triggers` are compared apart (rescue.core.figures.asking, DESIGN §18)."""
+    asking = [a for a in judged if is_assisted(a) and a not in set(triggers)]
     at_q = [a for a in asking if query_point_of(a) is None]
     points = [judged[0], *(a for a in asking if query_point_of(a) is not None)]
     families: list[tuple[list[tuple[str, str]], bool]] = []
@@ -313,7 +256,8 @@ def comparison_families(judged: Sequence[str]) -> list[tuple[list[tuple[str, str
 
 def _comparisons(cases: Sequence[Judged], judged: Sequence[str], confidence: float) -> list[PairedComparison]:
     out = []
-    for family, adjusted in comparison_families(judged):
+    triggers = {arm for rec, _ in cases for arm in rec.triggers}
+    for family, adjusted in comparison_families(judged, triggers):
         found = [compare_arms(cases, a, b, confidence) for a, b in family]
         if adjusted:
             for c, p in zip(found, holm([c.mcnemar_p for c in found])):
@@ -337,7 +281,7 @@ def _breakdowns(cases: Sequence[Judged], key: str, judged: Sequence[str], confid
     out = {}
     for name in sorted(buckets):
         bucket = buckets[name]
-        counts = _label_counts(v.label for _, v in bucket)
+        counts = _label_counts((v.label for _, v in bucket), labels_of(cases))
         out[name] = Breakdown(
             n=len(bucket), counts=counts, rescued=counts["rescued"], rate=_ratio(counts["rescued"], len(bucket)),
             versus_control=arm_figures(bucket, judged[0], confidence).versus_control,
@@ -408,6 +352,8 @@ def summarize(
                 pilot_failures[rec.task] = pilot_failures.get(rec.task, 0) + 1
         summary.harm = harm_summary(failures, successes, judged, frame, task_frames or {}, confidence,
                                     replays_exact=replays_exact, pilot_failures=pilot_failures)
+    if any(rec.triggers or rec.declining or rec.max_calls > 1 for rec, _ in main):
+        summary.asking = asking_summary(failures, successes, judged_arms(main), summary.harm, confidence)
     summary.pilot_ids = [rec.case_id for rec, _ in pilot]
     pilot_failures = [(rec, v) for rec, v in pilot if rec.historical_outcome != "success"]
     summary.pilot = _summarize_cohort(pilot_failures, confidence) if pilot else None

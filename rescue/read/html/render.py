@@ -61,7 +61,9 @@ def pair_of(pairs: Iterable[Any], row: str, col: str) -> Any:
 
 
 def _helpers() -> dict[str, Any]:
+    from rescue.core.figures.asking import way_name
     from rescue.core.figures.stats import LABELS, ranked
+    from rescue.read.asking_view import duty_text, net_text, per_call_text
     from rescue.read.html.paths import path_plot
     from rescue.read.html.significance import significance_reading
 
@@ -71,6 +73,7 @@ def _helpers() -> dict[str, Any]:
         "arm_name": arm_name, "shown_keys": lambda by_arm: {shown(a): u for a, u in by_arm.items()}, "pair_of": pair_of,
         "any_sham": lambda rows: any(b.figures_of("sham") is not None for b in rows.values()),
         "infos_by_arm": lambda infos: {a.arm: a for a in infos or []}, "path_plot": path_plot, "static": static,
+        "way_name": way_name, "duty_text": duty_text, "net_text": net_text, "per_call_text": per_call_text,
     }
 
 
