@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import export_of, rescue_cli, write_cases
-from vla_eval_peers import vla_eval_server
+from vla_eval_peers import log_rows, vla_eval_server
 
 from rescue.study.journal import Journal
 
@@ -40,16 +40,11 @@ def _config(tmp_path: Path, interval: int = CHUNK, top: str = "") -> Path:
     return path
 
 
-def _server_log(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def _predict_steps(rows: list[dict]) -> dict[str, list[int]]:
+def _predict_steps(path: Path) -> dict[str, list[int]]:
     """The steps each session predicted at (its own step count since its episode_start)."""
     out: dict[str, list[int]] = {}
-    for row in rows:
-        if "step" in row:
-            out.setdefault(row["session"], []).append(row["step"])
+    for row in log_rows(path, "predict"):
+        out.setdefault(row["session"], []).append(row["step"])
     return out
 
 
@@ -93,9 +88,9 @@ def test_a_rescue_study_against_the_deterministic_server_verifies_and_exports(tm
         # One trace row per chunk of the server's: its replans, at 0, 5, 10, ...
         assert [row.step for row in by_arm["control"].trace][:4] == [0, 5, 10, 15]
     # Every session (the leader's; each follower's, fresh at q) predicts at its own step 0 and every 5 after.
-    for steps in _predict_steps(_server_log(log)).values():
+    for steps in _predict_steps(log).values():
         assert steps == list(range(0, 5 * len(steps), 5))
-    assert len(_predict_steps(_server_log(log))) == 2 * 2  # per case: the leader and the assisted follower
+    assert len(_predict_steps(log)) == 2 * 2  # per case: the leader and the assisted follower
 
 
 def test_a_sampling_server_gets_k_continuations_per_arm(tmp_path):
@@ -152,9 +147,8 @@ def test_a_chunk_cut_by_the_horizon_does_not_leak_into_the_next_arm(tmp_path):
         rescue_cli("eval", "--suite", "libero_object", "--tasks", "0", "--episodes", "2", "--horizon", "12",
                    "--study", str(study), "--config", str(_config(tmp_path)), "--policy-url", url,
                    "--simulators", "1", "--cases-in-flight", "1")
-    rows = _server_log(log)
-    assert list(_predict_steps(rows).values()) == [[0, 5, 10], [0, 5, 10]]
-    starts = [row["episode_start"]["task"] for row in rows if "episode_start" in row]
+    assert list(_predict_steps(log).values()) == [[0, 5, 10], [0, 5, 10]]
+    starts = [row["task"] for row in log_rows(log, "episode_start")]
     assert [(s["suite"], s["task_id"], s["episode_idx"]) for s in starts] == [("libero_object", 0, 0), ("libero_object", 0, 1)]
     with Journal.open(study) as journal:
         assert {by_arm["control"].steps for by_arm in journal.all_arms().values()} == {12}

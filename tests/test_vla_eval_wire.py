@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 import msgpack
 import numpy as np
 import pytest
 from vla_eval.protocol.image_codec import encode_image
 from vla_eval.protocol.messages import Message, MessageType, pack_message, unpack_message
-from vla_eval_peers import DeterministicModel, vla_eval_server
+from vla_eval_peers import DeterministicModel, log_rows, vla_eval_server
 
 from rescue.policy import msgpack_numpy
 from rescue.policy.client import PolicyConnectionClosed
@@ -85,10 +84,6 @@ def _run(coro):
     return asyncio.run(asyncio.wait_for(coro, 120))
 
 
-def _log(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def test_one_action_per_observation_from_the_servers_chunk_buffer(tmp_path):
     log = tmp_path / "server.jsonl"
     chunk = DeterministicModel(chunk_size=3).chunk(nested(OBS))
@@ -117,12 +112,12 @@ def test_one_action_per_observation_from_the_servers_chunk_buffer(tmp_path):
     assert all(a.shape == (1, 7) and a.dtype == np.float32 for a in first)
     assert [np.array_equal(a[0], chunk[i % 3]) for i, a in enumerate(first)] == [True] * 7
     assert np.array_equal(second[0], chunk[0])
-    rows = _log(log)
-    starts = [r["episode_start"] for r in rows if "episode_start" in r]
-    assert starts[0] == {"task": {"name": OBS["task_description"], "suite": "libero_object", "task_id": 2, "episode_idx": 4}}
+    starts = log_rows(log, "episode_start")
+    assert starts[0]["task"] == {"name": OBS["task_description"], "suite": "libero_object", "task_id": 2, "episode_idx": 4}
     # Predicted at steps 0, 3, 6 of the first episode, at step 0 of the second; all on one session.
-    assert [r["step"] for r in rows if "step" in r] == [0, 3, 6, 0]
-    assert len({r["session"] for r in rows}) == 1
+    assert [r["step"] for r in log_rows(log, "predict")] == [0, 3, 6, 0]
+    assert [r["step"] for r in log_rows(log, "observation")] == [0, 1, 2, 3, 4, 5, 6, 0]
+    assert len({r["session"] for r in log_rows(log, "observation")}) == 1
 
 
 def test_an_error_frame_is_the_servers_words_and_the_connection_stays(tmp_path):

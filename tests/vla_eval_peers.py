@@ -93,13 +93,24 @@ class DeterministicModel(PredictModelServer):
         actions[:, 6][::4] = 0.0  # the harness sends +1 for it
         return actions.astype(np.float32)
 
+    def _log(self, row: dict) -> None:
+        if self.log_path:
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+
     async def on_episode_start(self, config: dict, ctx: SessionContext) -> None:
         if self.fail_episode_start:
             raise RuntimeError(f"no episode of {config.get('task', {}).get('suite')} here")
-        if self.log_path:
-            with open(self.log_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"session": ctx.session_id, "episode_start": config}) + "\n")
+        self._log({"kind": "episode_start", "session": ctx.session_id, "task": config.get("task")})
         await super().on_episode_start(config, ctx)
+
+    async def on_observation(self, obs: dict, ctx: SessionContext) -> None:
+        if self.log_path:
+            self._log({"kind": "observation", "session": ctx.session_id, "step": ctx.step, "keys": sorted(obs),
+                       "task": obs.get("task_description"),
+                       "obs": {**{f"images/{k}": _digest(np.asarray(v)) for k, v in obs.get("images", {}).items()},
+                               **{k: _digest(np.asarray(obs[k])) for k in ("states", "controller_states") if k in obs}}})
+        await super().on_observation(obs, ctx)
 
     def predict(self, obs: dict, ctx: SessionContext) -> dict:
         self.calls += 1
@@ -108,15 +119,31 @@ class DeterministicModel(PredictModelServer):
         if self.calls == self.fail_at_call:
             raise ValueError(f"the model refuses call {self.calls}")
         actions = self.chunk(obs)
-        if self.log_path:
-            row = {"session": ctx.session_id, "step": ctx.step, "call": self.calls,
-                   "task": obs.get("task_description"), "keys": sorted(obs),
-                   "obs": {**{f"images/{k}": _digest(np.asarray(v)) for k, v in obs.get("images", {}).items()},
-                           **{k: _digest(np.asarray(obs[k])) for k in ("states", "controller_states") if k in obs}},
-                   "actions": actions.tolist()}
-            with open(self.log_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
+        self._log({"kind": "predict", "session": ctx.session_id, "step": ctx.step, "call": self.calls,
+                   "actions": actions.tolist()})
         return {"actions": actions}
+
+
+def log_rows(path: Path, kind: str) -> list[dict]:
+    """The rows of one kind (episode_start, observation, predict) a served model logged, in order."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines()] if Path(path).exists() else []
+    return [row for row in rows if row["kind"] == kind]
+
+
+def episodes_seen(path: Path) -> dict[tuple[int, int], list[dict]]:
+    """What the model saw of each episode, by (task_id, episode_idx) of its episode_start: its observation and
+    predict rows in order (one session may hold several episodes, one after another)."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    current: dict[str, tuple[int, int]] = {}
+    out: dict[tuple[int, int], list[dict]] = {}
+    for row in rows:
+        if row["kind"] == "episode_start":
+            key = (row["task"]["task_id"], row["task"]["episode_idx"])
+            current[row["session"]] = key
+            out[key] = []
+        elif row["session"] in current:
+            out[current[row["session"]]].append({k: v for k, v in row.items() if k != "session"})
+    return out
 
 
 class SamplingModel(DeterministicModel):
