@@ -211,3 +211,15 @@ def test_the_command_writes_a_manifest_that_checks_and_refuses_bad_input_in_one_
     refused = rescue_cli("manifest", "from-vla-eval", str(bad), "--out", str(tmp_path / "x.jsonl"), check=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert refused.stderr.strip().count("\n") == 0 and "tasks: expected vla-eval's aggregate" in refused.stderr
+
+
+def test_a_libero_pro_suite_takes_the_step_limit_its_harness_benchmark_gives_it(tmp_path):
+    # LIBEROProBenchmark limits a suite by its base's (220 for libero_spatial_*); LIBEROBenchmark by its own table,
+    # where a LIBERO-PRO suite is not: 300.
+    limits = {}
+    for name, benchmark in (("pro", "vla_eval.benchmarks.libero_pro.benchmark:LIBEROProBenchmark"), ("plain", LIBERO)):
+        run = Run(tmp_path / name, benchmark=benchmark, suite="libero_spatial_with_mug")
+        run.episode(str(uuid.uuid4()), 0, 0, "fail")
+        (case,) = _import(run.close(), tmp_path / name).values()
+        limits[name] = (case.suite, case.horizon)
+    assert limits == {"pro": ("libero_spatial_with_mug", 220), "plain": ("libero_spatial_with_mug", 300)}

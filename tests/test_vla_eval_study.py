@@ -142,8 +142,9 @@ def test_a_server_that_dies_mid_arm_ends_the_arm_not_as_a_policy_failure(tmp_pat
 def test_a_chunk_cut_by_the_horizon_does_not_leak_into_the_next_arm(tmp_path):
     # Horizon 12 at C = 5: each episode's last chunk is cut after 2 of its 5 actions, 3 stay in the server's buffer.
     # The next episode, run right after it, must start from a prediction of its own, as the first did.
+    # The server asks for env seed 0, as OpenVLA-OFT's does: the harness would seed every episode's env with it.
     log, study = tmp_path / "server.jsonl", tmp_path / "study"
-    with vla_eval_server(chunk_size=CHUNK, log_path=str(log)) as url:
+    with vla_eval_server(chunk_size=CHUNK, log_path=str(log), env_seed=0) as url:
         rescue_cli("eval", "--suite", "libero_object", "--tasks", "0", "--episodes", "2", "--horizon", "12",
                    "--study", str(study), "--config", str(_config(tmp_path)), "--policy-url", url,
                    "--simulators", "1", "--cases-in-flight", "1")
@@ -152,3 +153,4 @@ def test_a_chunk_cut_by_the_horizon_does_not_leak_into_the_next_arm(tmp_path):
     assert [(s["suite"], s["task_id"], s["episode_idx"]) for s in starts] == [("libero_object", 0, 0), ("libero_object", 0, 1)]
     with Journal.open(study) as journal:
         assert {by_arm["control"].steps for by_arm in journal.all_arms().values()} == {12}
+        assert {case.env_seed for case in journal.cases()} == {0}

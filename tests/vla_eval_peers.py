@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from conftest import free_port, wait_healthy
+from conftest import ensure_stopped, free_port, wait_healthy
 from vla_eval.model_servers.base import SessionContext
 from vla_eval.model_servers.predict import PredictModelServer
 from vla_eval.specs import GRIPPER_CLOSE_POS, IMAGE_RGB, LANGUAGE, POSITION_DELTA, RAW, ROTATION_AA
@@ -174,12 +174,7 @@ def vla_eval_server(model: str = "deterministic", **args: Any) -> Iterator[str]:
         wait_healthy(port, f"the vla-eval {model} server", proc, path="/health")
         yield f"vla-eval+ws://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        ensure_stopped(proc)
         if proc.stderr is not None:
             proc.stderr.close()
 

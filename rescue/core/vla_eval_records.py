@@ -26,7 +26,7 @@ from typing import Any
 from rescue.core.catalog import Catalog
 from rescue.core.results import ResultsError
 from rescue.core.vla_eval_observation import name_for
-from rescue.core.vla_eval_settings import LIBERO_PARAMS, env_seed, horizon, merged_params, refusal
+from rescue.core.vla_eval_settings import LIBERO_PARAMS, base_suite, env_seed, horizon, merged_params, refusal
 
 # The harness's LIBERO benchmarks this simulator can replay, and the params each one's constructor takes (the
 # server's observation_params reach the benchmark only through those).
@@ -111,7 +111,7 @@ def _where(entry: Entry, row: Row) -> str:
     return f"{entry.name} episode {row.episode_id} (task {row.task_name!r})"
 
 
-def _entry_problem(entry: Entry, catalog: Catalog) -> str | None:
+def _entry_problem(entry: Entry) -> str | None:
     config = entry.metadata.get("config") or {}
     benchmark = str(config.get("benchmark", ""))
     if benchmark in NOT_HERE:
@@ -167,7 +167,7 @@ def _latest(rows: list[Row]) -> list[Row]:
 
 def read_run(entries: list[Entry], rows: list[Row], catalog: Catalog, source: str) -> Run:
     """The run's episodes; ResultsError naming every row and entry that cannot be replayed here."""
-    problems = [p for e in entries if (p := _entry_problem(e, catalog)) is not None]
+    problems = [p for e in entries if (p := _entry_problem(e)) is not None]
     if problems:
         raise ResultsError([f"{source}: {p}" for p in problems])
     by_id = {e.eval_id: e for e in entries}
@@ -210,7 +210,8 @@ def read_run(entries: list[Entry], rows: list[Row], catalog: Catalog, source: st
         config, server = entry.metadata.get("config") or {}, entry.metadata.get("server_info") or {}
         episode = Episode(
             suite=suite, task_id=task_id, init_state_index=index, episode_id=row.episode_id, env_seed=seed,
-            horizon=horizon(config.get("max_steps"), params, suite), reset_ordinal=ordinals[(row.sid, row.eid)],
+            horizon=horizon(config.get("max_steps"), params, base_suite(suite) if config.get("benchmark") == LIBERO_PRO else suite),
+            reset_ordinal=ordinals[(row.sid, row.eid)],
             status=row.status, steps=row.steps, sid=row.sid, eid=row.eid, eval_id=row.eval_id, entry=entry.name,
             model_server=str(server.get("model_server", "")),
             harness_version=str(entry.metadata.get("harness_version", "")), profile=name_for(params),

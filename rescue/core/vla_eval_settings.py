@@ -57,11 +57,25 @@ def env_seed(params: dict[str, Any]) -> int | None:
 
 
 def horizon(max_steps: Any, params: dict[str, Any], suite: str) -> int:
-    """The step limit of an episode: the run's `max_steps`, else the params', else the suite's."""
+    """The step limit of an episode: the run's `max_steps`, else the params', else the suite's (LIBEROBenchmark's
+    table: 300 for a suite not in it; LIBERO-PRO's benchmark passes its base suite)."""
     for value in (max_steps, params.get("max_steps")):
         if type(value) is int and value > 0:
             return value
     return MAX_STEPS.get(suite, DEFAULT_MAX_STEPS)
+
+
+def base_suite(suite: str) -> str:
+    """The LIBERO suite a LIBERO-PRO suite's step limit comes from in the harness (a prefix of its name)."""
+    return next((base for base in MAX_STEPS if suite == base or suite.startswith(f"{base}_")), suite)
+
+
+def episode_settings(metadata: dict[str, Any]) -> tuple[int | None, int | None]:
+    """The env seed and step limit a vla-eval server's HELLO gives the harness's LIBERO episodes when the run's
+    config says nothing (None: the HELLO names none, or no usable one)."""
+    params = merged_params({}, dict(metadata.get("observation_params") or {}))
+    limit = params.get("max_steps")
+    return env_seed(params), limit if type(limit) is int and limit > 0 else None
 
 
 def is_vla_eval(metadata: dict[str, Any]) -> bool:
