@@ -7,8 +7,9 @@ chunk_size 5, asking for the wrist image and the state), served once for both si
 - rescue: `rescue eval` of the same episodes under the vla-eval protocol against the same server, with one
   simulator (the harness's run is one process).
 Printed for each: wall, episodes per second, the CPU-seconds of its own process tree per episode (the command and,
-for rescue, its simulator process; the model server apart, and its CPU per episode for each side too), and whether
-the two sides' episodes ended alike (outcome and length, episode by episode).
+for rescue, its simulator process; the model server apart, and its CPU per episode for each side too), whether
+the two sides' episodes ended alike (outcome and length, episode by episode), and whether the two renderers
+the harness offers (`render: gpu` leaves EGL, `render: cpu` picks OSMesa) draw LIBERO's frames alike here.
 
 Run: MUJOCO_GL=egl .venv/bin/python benchmarks/vla_eval_side_by_side.py [--suite libero_object] [--tasks 2] [--episodes 4]
 """
@@ -92,6 +93,30 @@ def rescue_outcomes(study: Path) -> dict[tuple[int, int], tuple[str, int]]:
                 for cid, arms in journal.all_arms().items()}
 
 
+FRAMES = """
+import hashlib, sys
+from rescue.core.manifest import Case
+from rescue.env.libero import LiberoAdapter
+adapter = LiberoAdapter()
+for suite in sys.argv[1:]:
+    case = Case(case_id="r", suite=suite, task_id=0, init_state_index=0, env_seed=7, horizon=10)
+    obs = adapter.reset(case, "vla-eval-libero+wrist", "vla-eval").obs
+    print(suite, hashlib.sha256(obs["images/agentview"].tobytes() + obs["images/wrist"].tobytes()).hexdigest())
+adapter.close()
+"""
+
+
+def renderers_agree(suites: list[str]) -> bool:
+    """Whether EGL (rescue's default, the harness's `render: gpu` here) and OSMesa (its `render: cpu`) draw the
+    agentview and wrist frames of each suite's task 0 at reset byte for byte alike."""
+    digests = []
+    for gl in ("egl", "osmesa"):
+        out = subprocess.run([sys.executable, "-c", FRAMES, *suites], cwd=ROOT, capture_output=True, text=True, check=True,
+                             env={**env(), "MUJOCO_GL": gl, "PYOPENGL_PLATFORM": gl})
+        digests.append([line for line in out.stdout.splitlines() if line.startswith(tuple(suites))])
+    return digests[0] == digests[1] and len(digests[0]) == len(suites)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="libero_object")
@@ -133,6 +158,9 @@ def main() -> None:
         print(f"{name:28} {wall:8.1f} {n / wall:11.4f} {cpu_s / n:14.2f} {model_s / n:27.2f}")
     print(f"rescue / vla-eval: CPU per episode {rows[1][2] / rows[0][2]:.2f}x, wall {rows[1][1] / rows[0][1]:.2f}x; "
           f"episodes ended alike (outcome and length, each of {n}): {'yes' if same else 'NO'}")
+    suites = ["libero_spatial", args.suite] if args.suite != "libero_spatial" else ["libero_spatial"]
+    print(f"EGL and OSMesa frames (agentview and wrist at the reset of task 0 of {', '.join(suites)}) byte for byte "
+          f"alike: {'yes' if renderers_agree(suites) else 'NO'}")
 
 
 if __name__ == "__main__":
