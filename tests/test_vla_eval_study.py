@@ -52,7 +52,7 @@ def test_preflight_names_the_modes_and_refuses_a_q_off_the_chunk_boundary(tmp_pa
     manifest = _manifest(tmp_path / "m.jsonl", 1)
     with vla_eval_server(chunk_size=CHUNK) as url:
         runs = {c: rescue_cli("preflight", str(manifest), "--config", str(_config(tmp_path, c)), "--policy-url", url,
-                              "--cases", "1", "--clients", "3", "--idle-s", "1", check=False) for c in (CHUNK, 3)}
+                              "--cases", "1", "--clients", "2", "--idle-s", "1", check=False) for c in (CHUNK, 3)}
     good, bad = (" ".join(runs[c].stdout.split()) for c in (CHUNK, 3))
     assert runs[CHUNK].returncode == 0, good
     assert "is stateful and chunked on its side with no RNG control" in good
