@@ -5,6 +5,7 @@ seed 0; and what cannot be replayed here, refused by name."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from pathlib import Path
@@ -94,7 +95,7 @@ def test_an_unsharded_run_with_successes_and_an_error(tmp_path):
     assert (ep3.init_state_index, ep3.env_seed, ep3.horizon, ep3.tags["reset_ordinal"]) == (3, 7, 280, 3)
     assert ep3.tags["episode_protocol"] == "vla-eval" and ep3.tags["vla_eval_version"] == __version__
     assert ep3.tags["vla_eval_server"] == "Pi0ModelServer" and ep3.tags["shard_process"] == sid
-    assert ep3.tags["results_sha256"] == __import__("hashlib").sha256(path.read_bytes()).hexdigest()
+    assert ep3.tags["results_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     # The error is apart: in no denominator, its reason named.
     assert (ep3.tags["eval_episodes"], ep3.tags["eval_failures"], ep3.tags["eval_successes"]) == (7, 4, 3)
     assert ep3.tags["eval_errors"] == 1 and ep3.tags["eval_error_reasons"] == "model_act x1"

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from vla_eval.benchmarks.libero.benchmark import _quat_to_axisangle_robosuite
+from vla_eval.benchmarks.libero.benchmark import LIBEROBenchmark, _quat_to_axisangle_robosuite
 from vla_eval.orchestrator import _merge_observation_params
-from vla_eval.benchmarks.libero.benchmark import LIBEROBenchmark
 from vla_eval.rotation import matrix_to_quat as their_matrix_to_quat
 from vla_eval.rotation import quat_to_axisangle
 

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import export_of, rescue_cli, write_cases
+from conftest import export_of, rescue_cli
 from vla_eval_peers import log_rows, vla_eval_server
 
 from rescue.study.journal import Journal
