@@ -215,9 +215,10 @@ def ensure_stopped(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def wait_healthy(port: int, what: str, proc: subprocess.Popen | None = None, timeout_s: float = HANG_S) -> None:
-    """Until `what`, started as `proc`, answers 200 on http://127.0.0.1:PORT/healthz; RuntimeError when it exits
-    first (with what it printed on a piped stderr) or never answers."""
+def wait_healthy(port: int, what: str, proc: subprocess.Popen | None = None, timeout_s: float = HANG_S,
+                 path: str = "/healthz") -> None:
+    """Until `what`, started as `proc`, answers 200 on http://127.0.0.1:PORT/healthz (or `path`); RuntimeError when
+    it exits first (with what it printed on a piped stderr) or never answers."""
     import time
     import urllib.request
 
@@ -227,7 +228,7 @@ def wait_healthy(port: int, what: str, proc: subprocess.Popen | None = None, tim
             said = proc.stderr.read().decode(errors="replace") if proc.stderr is not None else ""
             raise RuntimeError(f"{what} exited {proc.returncode}: {said}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as reply:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1) as reply:
                 if reply.status == 200:
                     return
         except OSError:

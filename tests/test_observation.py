@@ -53,7 +53,9 @@ def test_quat2axisangle_is_robosuites():
 
 
 def test_builtin_profiles_and_lookup():
-    assert set(PROFILES) == {"openpi-libero", "lerobot-libero", "privileged"}
+    assert set(PROFILES) == {"openpi-libero", "lerobot-libero", "privileged", "vla-eval-libero", "vla-eval-libero+wrist",
+                             "vla-eval-libero+state", "vla-eval-libero+wrist+state", "vla-eval-libero+state+no-antipodal",
+                             "vla-eval-libero+wrist+state+no-antipodal"}
     assert get_profile("openpi-libero") is OPENPI_LIBERO
     with pytest.raises(ValueError, match="unknown observation profile 'openpi'"):
         get_profile("openpi")
@@ -63,7 +65,7 @@ def test_builtin_profiles_and_lookup():
 
 def test_profile_sha256_is_stable_and_covers_every_field():
     digests = {p.sha256() for p in PROFILES.values()}
-    assert len(digests) == 3
+    assert len(digests) == len(PROFILES)
     # The same data gives the same digest in a fresh interpreter (no hash-seed or id dependence).
     code = "from rescue.core.observation import PROFILES; import json; print(json.dumps({k: p.sha256() for k, p in PROFILES.items()}))"
     for seed in ("1", "2"):

@@ -214,7 +214,7 @@ def test_what_could_only_fail_when_the_job_starts_is_refused_at_submission_and_n
             ({"rules.x": 1, "rules": 5}, "rules.x: given both as a dotted key and in the table rules"),
             ({"vlm.model": "x", "vlm": {"model": "y"}}, "vlm.model: given both as a dotted key and in the table vlm"),
             ({"policy.observation": "openpi_libero"}, "no observation profile 'openpi_libero'; did you mean openpi-libero?"),
-            ({"env": {"episode_protocol": "nosuch"}}, "no episode protocol 'nosuch' (built in: rescue, openpi, lerobot)"),
+            ({"env": {"episode_protocol": "nosuch"}}, "no episode protocol 'nosuch' (built in: rescue, openpi, lerobot, vla-eval)"),
             # A task of the catalog the manifest does not hold is fine (a file shared by studies); a typo is not.
             ({"sham": {"source": "fixed", "by_task": {"libero_object/7": "x", "libero_objet/3": "pick up the bowl"}}},
              "sham.by_task: 'libero_objet/3' names no task (`suite/task_id`) of the manifest (its tasks: "

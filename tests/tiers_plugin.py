@@ -55,6 +55,9 @@ GROUP_SECONDS = {
     "test_advisors_e2e.py": 30,
     "test_query_points_e2e.py": 29,
     "test_model_cache.py": 28,
+    # `--durations=0` of each module alone under the simulator lock, 2026-12-06, AMD EPYC, 2 cores
+    "test_vla_eval_study.py": 192,
+    "test_vla_eval_conformance.py": 170,
     # the fast tier's longest (test_report_html.py also has slow tests: 19 s)
     "test_report_html.py": 21,
     "test_vlm.py": 20,

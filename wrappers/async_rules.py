@@ -235,9 +235,9 @@ class AsyncRuleWrapper:
         """Pass through: keep the connection alive without inference."""
         return await self._policy.keepalive()
 
-    async def episode_start(self, experiment: str, task: str, episode_id: str) -> Any:
-        """Pass through: openpi's episode-start control message (sent only to servers that accept it)."""
-        return await self._policy.episode_start(experiment, task, episode_id)
+    async def episode_start(self, experiment: str, task: str, episode_id: str, task_info: dict | None = None) -> Any:
+        """Pass through: the episode-start control message (sent only to servers that accept it)."""
+        return await self._policy.episode_start(experiment, task, episode_id, task_info=task_info)
 
     async def episode_end(self, success: bool | None) -> Any:
         """Pass through: openpi's episode-end control message."""

@@ -140,7 +140,7 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML configuration file (flags override it)")
     override(p, "--simulators", key="env.simulators", type=int, help="simulator processes (config default: 2)")
     override(p, "--cases-in-flight", key="cases_in_flight", type=int, help="cases run at once (config default: 4)")
-    override(p, "--policy-url", key="policy.url", help="ws:// URL of a policy server (default: serve the embedded policy)")
+    override(p, "--policy-url", key="policy.url", help="ws:// URL of a policy server (vla-eval+ws:// for a vla-eval model server; default: serve the embedded policy)")
     override(p, "--policy-factory", key="policy.factory", help="module:function of an in-process policy to serve")
     override(p, "--policy-processes", key="policy.processes", type=int, metavar="N",
                    help="processes of their own serving the in-process policy (0: the command process; "
@@ -162,5 +162,5 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_protocol_option(p: argparse.ArgumentParser) -> None:
-    override(p, "--episode-protocol", key="env.episode_protocol", choices=["rescue", "openpi", "lerobot"],
+    override(p, "--episode-protocol", key="env.episode_protocol", choices=["rescue", "openpi", "lerobot", "vla-eval"],
                    help="how an episode starts (default: openpi for a policy server, rescue for the embedded policies)")

@@ -1,4 +1,4 @@
-"""`rescue catalog`, `rescue manifest check | from-eval | from-lerobot | from-openpi`."""
+"""`rescue catalog`, `rescue manifest check | from-eval | from-lerobot | from-openpi | from-vla-eval`."""
 
 from __future__ import annotations
 
@@ -96,8 +96,30 @@ def cmd_manifest_from_results(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_manifest_from_vla_eval(args: argparse.Namespace) -> int:
+    from rescue.core.results import ResultsError
+    from rescue.run.vla_eval_import import manifest_from_vla_eval
+
+    successes = args.successes
+    if successes not in (None, "all"):
+        successes = _count(successes, "--successes")
+    try:
+        cases, run = manifest_from_vla_eval(Path(args.recording), Path(args.out), successes, args.seed)
+    except ResultsError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    won = sum(c.outcome == "success" for c in cases)
+    console.print(f"wrote {len(cases) - won} failure case(s)" + (f" and {won} success case(s)" if args.successes is not None else "")
+                  + f" to {args.out} (vla-eval episode protocol: each case's env seed, horizon and reset ordinal are its run's)")
+    if run.errors:
+        reasons = ", ".join(f"{reason} x{n}" for reason, n in sorted(run.error_reasons.items()))
+        console.print(f"{len(run.errors)} errored episode(s) left out of every denominator ({reasons})")
+    return 0
+
+
 def add_commands(sub) -> None:
-    """catalog, manifest check | from-eval | from-lerobot | from-openpi."""
+    """catalog, manifest check | from-eval | from-lerobot | from-openpi | from-vla-eval."""
     p = sub.add_parser("catalog", help="the suites a manifest may name, and what each LIBERO-PRO suite changes in its "
                        "base (initial states, model, wording), measured from the installed benchmark")
     p.add_argument("suite", nargs="?", help="one suite (or SUITE@base-inits): how it pairs with its base, task by task")
@@ -130,3 +152,10 @@ def add_commands(sub) -> None:
         m.add_argument("--out", required=True)
         m.add_argument("--seed", type=int, help=f"the evaluation's seed (default {default_seed})")
         m.set_defaults(func=cmd_manifest_from_results, kind=kind)
+    m = msub.add_parser("from-vla-eval", help="write the manifest of a vla-eval run (recording-<eval_id>.sqlite, or an "
+                        "unsharded run's *_aggregate.json), under the vla-eval protocol; errored episodes counted apart")
+    m.add_argument("recording", help="the run's recording-<eval_id>.sqlite (or its *_aggregate.json)")
+    m.add_argument("--out", required=True)
+    m.add_argument("--successes", help="add historical successes: 'all', or a seeded sample of N stratified by task")
+    m.add_argument("--seed", type=int, default=0, help="the seed of the successes' sample (default 0)")
+    m.set_defaults(func=cmd_manifest_from_vla_eval)

@@ -24,14 +24,20 @@ base suite's words. This tool's own protocol tells the rewritten words. A study 
 from __future__ import annotations
 
 import hashlib
-from typing import Literal, get_args
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from rescue.core.catalog import OFFICIAL_HORIZON, libero_catalog
 from rescue.core.digest import canonical_json
 
 InstructionChoice = Literal["perturbed", "task.language"]
+# The case tag that carries an episode's reset ordinal in its evaluation's process (`rescue manifest from-vla-eval`).
+RESET_ORDINAL_TAG = "reset_ordinal"
+# Fields added after studies recorded protocol digests: in the digest only when they differ from these defaults.
+_DIGESTED_UNLESS = {"gripper": "as_sent", "reset_ordinal": "init_state_index"}
 
 
 class EpisodeProtocol(BaseModel):
@@ -78,6 +84,13 @@ class EpisodeProtocol(BaseModel):
     send it for every suite (for a LIBERO-PRO `_lan` or `_task` suite, its base suite's words); `perturbed`, the
     suite's own wording (the catalog's `instruction`: the BDDL's rewritten `(:language ...)` where the suite
     rewrote its base's, else `task.language`). A `<suite>@base-inits` is told the perturbed words under either."""
+    gripper: Literal["as_sent", "sign"] = "as_sent"
+    """What the env does with the policy's gripper action: `as_sent` (robosuite's gripper reads it as is); `sign`:
+    vla-eval's LIBERO benchmark sends -1 for a negative value and +1 otherwise (0.0 becomes +1) before the step."""
+    reset_ordinal: Literal["init_state_index", "recorded"] = "init_state_index"
+    """Under `per_task` seeding, how many resets of the task's env came before an episode: its initial-state index
+    (episodes in order: openpi); `recorded`: the case's `reset_ordinal` tag, the order its evaluation's process
+    ran the task's episodes in (vla-eval's sharded runs claim them from a queue), else the index."""
 
     def sha256(self) -> str:
         """Digest of the definition (a study records it; a changed built-in is refused on resume).
@@ -85,6 +98,9 @@ class EpisodeProtocol(BaseModel):
         `instruction` counts only when it is `task.language`: every protocol told the perturbed words before the
         field existed, so a definition that still does keeps the digest its studies recorded."""
         data = self.model_dump(mode="json", exclude={"instruction"} if self.instruction == "perturbed" else None)
+        for key, default in _DIGESTED_UNLESS.items():
+            if data.get(key) == default:
+                data.pop(key)
         return hashlib.sha256(canonical_json(data).encode("utf-8")).hexdigest()
 
     def told(self, suite: str, task_id: int) -> str:
@@ -102,6 +118,21 @@ class EpisodeProtocol(BaseModel):
         if known is None or known.base not in self.horizons:
             raise ValueError(f"the {self.name} protocol has no horizon for suite {suite!r}")
         return self.horizons[known.base]
+
+    def executed(self, chunk: np.ndarray) -> np.ndarray:
+        """The actions as the protocol's env runs them (`gripper`); the chunk itself when it runs them as sent."""
+        if self.gripper == "as_sent":
+            return chunk
+        out = np.array(chunk, dtype=np.float64, copy=True)
+        out[:, -1] = np.where(out[:, -1] < 0, -1.0, 1.0)
+        return out
+
+    def resets_before(self, init_state_index: int, tags: Mapping[str, Any]) -> int:
+        """Under `per_task` seeding, the resets of the task's env before this episode's (`reset_ordinal`)."""
+        recorded = tags.get(RESET_ORDINAL_TAG)
+        if self.reset_ordinal == "recorded" and type(recorded) is int and recorded >= 0:
+            return recorded
+        return init_state_index
 
     def episode_seed(self, index: int) -> int:
         """The `env_seed` of episode `index` of a task under this protocol."""
@@ -144,7 +175,20 @@ LEROBOT = EpisodeProtocol(
     horizons={**OFFICIAL_HORIZON, "libero_spatial": 280}, episode_seeds="seed_plus_index", seed_base=1000,
     camera_size=360, episode_markers="never", instruction="task.language",
 )
-PROTOCOLS: dict[str, EpisodeProtocol] = {p.name: p for p in (RESCUE, OPENPI, LEROBOT)}
+# vla-eval's LIBERO benchmark (benchmarks/libero/benchmark.py, 0.8.0): OffScreenRenderEnv(bddl, 256, 256), hard resets,
+# env.seed(env_seed) once when the task's env is built (7; a server's observation_params or the run's config may
+# say 0), then per episode env.reset(), set_init_state(initial_states[episode_idx]), 10 steps of [0]*6 + [-1];
+# the gripper action is sign-discretised; task.language is the task description; its runner sends
+# episode_start/episode_end. A sharded run claims episodes from a queue: a case carries its reset ordinal.
+VLA_EVAL = EpisodeProtocol(
+    name="vla-eval",
+    description="vla-eval's LIBERO benchmark: hard resets, env.seed once per task env, episodes in their recorded "
+                "order, the gripper sign-discretised",
+    reset="hard", seeding="per_task", settle_steps=10, settle_action=NOOP_GRIPPER_OPEN,
+    horizons=dict(OFFICIAL_HORIZON), episode_seeds="task_seed", seed_base=7, episode_markers="announced",
+    instruction="task.language", gripper="sign", reset_ordinal="recorded",
+)
+PROTOCOLS: dict[str, EpisodeProtocol] = {p.name: p for p in (RESCUE, OPENPI, LEROBOT, VLA_EVAL)}
 # The protocol of a study that names none: an external policy server is evaluated the way openpi's
 # client runs it (as its observation profile defaults to openpi-libero); the bundled policies keep
 # this tool's own protocol, which every study made before protocols used.

@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
+from rescue.core import vla_eval_observation as vla_eval
 from rescue.core.digest import digest_array, digest_json
 
 # Render convention of the raw frames the adapter passes in: robosuite's "opengl"
@@ -54,6 +55,7 @@ STATE_PARTS: dict[str, tuple[str, int]] = {
     "gripper_qvel": ("robot0_gripper_qvel", 2),
     "joint_pos": ("robot0_joint_pos", 7),
     "joint_vel": ("robot0_joint_vel", 7),
+    **vla_eval.STATE_PARTS,  # the harness's own axis-angles, and its controller's pose (vla-eval-libero)
 }
 
 # Groups a "spread" state copies under their own keys (the embedded policies' view).
@@ -89,6 +91,9 @@ class ObservationProfile(BaseModel):
     extra: dict[str, str | int | float | bool] = Field(
         default_factory=dict, description="Constant extra keys sent with every observation."
     )
+    extra_states: tuple[StateSpec, ...] = Field(
+        default=(), description="Further concatenated state vectors, each under its own key (vla-eval's "
+        "controller_states).")
 
     def gripper_opening(self) -> tuple[str, int] | None:
         """Where the policy input holds the gripper's first finger joint (the key and its index in that
@@ -104,7 +109,8 @@ class ObservationProfile(BaseModel):
 
     def sha256(self) -> str:
         """Stable digest of the profile (canonical JSON), for a study's identity."""
-        return digest_json(self.model_dump(mode="json"))
+        # A profile without extra states digests as before the field existed (studies recorded those digests).
+        return digest_json(self.model_dump(mode="json", exclude={"extra_states"} if not self.extra_states else None))
 
     def rendered_at(self, size: int) -> ObservationProfile:
         """The profile with every camera that leaves its size to the episode protocol rendered at `size`."""
@@ -210,6 +216,8 @@ def compose_state(parts: tuple[str, ...], raw: dict[str, np.ndarray]) -> np.ndar
             value = quat2axisangle(value)
         elif part == "eef_axisangle_float32":
             value = quat2axisangle_float32(value)
+        elif part in vla_eval.DERIVED_PARTS:
+            value = vla_eval.DERIVED_PARTS[part](value)
         if value.shape != (length,):
             raise ValueError(f"state part {part!r} has shape {value.shape}, expected ({length},)")
         pieces.append(value)
@@ -242,6 +250,8 @@ def shape_observation(profile: ObservationProfile, raw: dict[str, np.ndarray], f
     else:
         for part in profile.state.parts:
             obs.update({k: np.asarray(v, dtype=dtype) for k, v in _spread(part, raw).items()})
+    for spec in profile.extra_states:
+        obs[spec.key] = compose_state(spec.parts, raw).astype(np.dtype(spec.dtype))
     obs.update(profile.extra)
     return obs
 
@@ -292,7 +302,10 @@ PRIVILEGED = ObservationProfile(
     instruction_key="prompt",
 )
 
-PROFILES: dict[str, ObservationProfile] = {p.name: p for p in (OPENPI_LIBERO, LEROBOT_LIBERO, PRIVILEGED)}
+# vla-eval's LIBERO benchmark, one variant per set of observation params a server asks for (rescue.core.vla_eval_observation).
+VLA_EVAL_LIBERO = tuple(ObservationProfile.model_validate(data) for data in vla_eval.profile_data())
+
+PROFILES: dict[str, ObservationProfile] = {p.name: p for p in (OPENPI_LIBERO, LEROBOT_LIBERO, PRIVILEGED, *VLA_EVAL_LIBERO)}
 
 
 def get_profile(name: str) -> ObservationProfile:

@@ -25,6 +25,7 @@ from rescue.core.catalog import OFFICIAL_HORIZON, libero_catalog, split_variant
 from rescue.core.digest import digest_array, digest_json, digest_text
 from rescue.core.episode_protocol import EpisodeProtocol, get_protocol
 from rescue.core.observation import PRIVILEGED, ObservationProfile, shape_observation
+from rescue.core.vla_eval_observation import reads_controller
 from rescue.env.protocol import (
     CaseLike,
     ChunkResult,
@@ -33,6 +34,7 @@ from rescue.env.protocol import (
     ProtocolLike,
     ResetResult,
     case_fields,
+    case_tags,
     process_info,
     resolve_profile,
 )
@@ -315,7 +317,7 @@ class LiberoAdapter:
         if episode.seeding == "per_task":
             # Seeded once per task, episodes in order: episode k's reset draws where the k before it stopped.
             # A reset draws from numpy's global stream only (fixture placement, robot noise); replay the draws.
-            for _ in range(c.init_state_index):
+            for _ in range(episode.resets_before(c.init_state_index, case_tags(case))):
                 self._restore_built_model(env)
                 env.env._reset_internal()
         if episode.reset == "hard":
@@ -407,6 +409,9 @@ class LiberoAdapter:
         raw = {k: v for k, v in self._env.env._get_observations().items() if not k.startswith(VIEW_PREFIX)}
         if self._profile.state.composition == "spread":
             raw.update(self._privileged(raw))
+        if reads_controller(self._profile):
+            controller = self._env.env.robots[0].controller
+            raw.update({"controller/ee_pos": np.array(controller.ee_pos), "controller/ee_ori_mat": np.array(controller.ee_ori_mat)})
         return shape_observation(self._profile, raw, self._take_frames())
 
     def _privileged(self, raw: dict) -> dict[str, np.ndarray]:

@@ -41,6 +41,12 @@ def case_fields(case: CaseLike) -> CaseRef:
     return CaseRef(case.suite, case.task_id, case.init_state_index, case.env_seed)
 
 
+def case_tags(case: CaseLike) -> Mapping[str, Any]:
+    """The tags of a typed Case or a case mapping (empty when it has none)."""
+    tags = case.get("tags") if isinstance(case, Mapping) else case.tags
+    return tags if isinstance(tags, Mapping) else {}
+
+
 def resolve_profile(profile: ProfileLike) -> ObservationProfile:
     """An ObservationProfile from a profile, a built-in name or None (privileged)."""
     if profile is None:

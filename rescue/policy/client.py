@@ -67,7 +67,7 @@ class WebsocketPolicyClient:
             while True:
                 try:
                     ws = await session.ws_connect(
-                        url,
+                        cls._ws_url(url),
                         headers=headers,
                         max_msg_size=max_msg_size,
                         autoping=False,  # the reader answers pings and watches for our pongs
@@ -89,13 +89,22 @@ class WebsocketPolicyClient:
             await session.close()
             raise
         try:
-            metadata = await asyncio.wait_for(client._next_reply(), max(deadline - loop.time(), 1.0))
+            metadata = await asyncio.wait_for(client._handshake(), max(deadline - loop.time(), 1.0))
         except BaseException:
             await client.close()
             raise
         client._metadata = metadata
         log.info("policy.connected", url=url, supports_rng=client.supports_rng)
         return client
+
+    @classmethod
+    def _ws_url(cls, url: str) -> str:
+        """The websocket URL to open for `url` (a wire of its own may spell its URLs otherwise)."""
+        return url
+
+    async def _handshake(self) -> dict[str, Any]:
+        """What the server says first: openpi's metadata frame."""
+        return await self._next_reply()
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -138,10 +147,11 @@ class WebsocketPolicyClient:
             return None
         return RngState.model_validate(await self._request({CONTROL_KEY: "rng_state"}))
 
-    async def episode_start(self, experiment: str, task: str, episode_id: str) -> dict | None:
+    async def episode_start(self, experiment: str, task: str, episode_id: str, task_info: dict | None = None) -> dict | None:
         """Send openpi's episode_start frame when the server announced it; else nothing (returns None).
 
-        A plain openpi server would hand the frame to its policy as an observation.
+        A plain openpi server would hand the frame to its policy as an observation. `task_info` (the episode's
+        suite, task id and initial state) is for wires that carry it; openpi's frame does not.
         """
         if not self.supports_episode_control:
             return None

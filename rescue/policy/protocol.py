@@ -51,8 +51,9 @@ class PolicyConnection(Protocol):
         """Keep the connection alive without inference; returns the RNG probe when supported."""
         ...
 
-    async def episode_start(self, experiment: str, task: str, episode_id: str) -> dict | None:
-        """Mark an episode's start to a server that announced EPISODE_EXTENSION; else do nothing (None)."""
+    async def episode_start(self, experiment: str, task: str, episode_id: str, task_info: dict | None = None) -> dict | None:
+        """Mark an episode's start to a server that announced EPISODE_EXTENSION; else do nothing (None).
+        `task_info`: the episode's suite, task_id and episode_idx, for a wire that carries them (vla-eval's)."""
         ...
 
     async def episode_end(self, success: bool | None) -> dict | None:

@@ -33,7 +33,9 @@ from rescue.core.trace import TraceRow, chained
 from rescue.core.triggers import dispersion, fires
 from rescue.env.pool import SimLease, Simulator
 from rescue.policy.protocol import PolicyConnection
+from rescue.policy.wires import is_stepwise
 from rescue.run.diagnose import ee_position, query_record
+from rescue.run.stepwise import run_stepwise
 from wrappers.injection import inject
 
 log = structlog.get_logger()
@@ -208,7 +210,10 @@ class ArmRun:
             # Recorded on the arm (policy_rng_control); the study discloses its mode once (DESIGN §13).
             self.log.info("arm.no_rng_control", reason="no RNG extension: this arm is a fresh draw of the policy")
         if self.spec.protocol.episode_markers == "announced":
-            marked = await self.policy.episode_start(self.spec.experiment, self.original, f"{self.case.case_id}/{self.spec.arm}")
+            marked = await self.policy.episode_start(
+                self.spec.experiment, self.original, f"{self.case.case_id}/{self.spec.arm}",
+                task_info={"suite": self.case.suite, "task_id": self.case.task_id,
+                           "episode_idx": self.case.init_state_index})
             self.episode_markers = marked is not None
 
     async def end_policy(self, success: bool | None) -> None:
@@ -251,8 +256,14 @@ class ArmRun:
             # The chunk is the one after any rules: the trace digests what runs.
             # Checked before the simulator sees it (rescue/core/actions.py): refused or clipped there.
             due = min(self.interval, self.horizon - self.step)
-            chunk = checked_chunk(reply, interval=self.interval, due=due, space=self.action_space,
-                                  policy=getattr(self.policy, "url", type(self.policy).__name__), step=self.step)
+            last = self.step + due >= self.horizon
+            result = None
+            if is_stepwise(self.policy):  # one observation per env step for one action each (vla-eval's wire)
+                chunk, result = await run_stepwise(self, reply, due, last, query_policy)
+            else:
+                chunk = self.spec.protocol.executed(checked_chunk(
+                    reply, interval=self.interval, due=due, space=self.action_space,
+                    policy=getattr(self.policy, "url", type(self.policy).__name__), step=self.step))
             if now is not None:
                 # What a trigger reads at this query, and the gripper command of the chunk that runs from it.
                 self.query_records[-1] = self.query_records[-1].model_copy(update={
@@ -267,8 +278,8 @@ class ArmRun:
             )
             self.trace.append(chained(self.trace, row))
             # Images are rendered only for an observation a policy query will read.
-            last = self.step + due >= self.horizon
-            result = await self.sim.run_chunk(chunk, due, "never" if last else "unless_success")
+            if result is None:
+                result = await self.sim.run_chunk(chunk, due, "never" if last else "unless_success")
             self.step += result.steps
             if self.spec.on_steps is not None:
                 self.spec.on_steps(result.steps)

@@ -37,13 +37,15 @@ from rescue.core.figures.success_sample import (
     sample_cases,
     sample_successes,
 )
+from rescue.core.vla_eval_settings import episode_settings
 from rescue.env.backend import LOCAL, Backend
 from rescue.env.warm import WARM_ENV, kept_warm, warm_folder
+from rescue.policy.wires import VLA_EVAL, wire_of
 from rescue.run.engine import run_study
 from rescue.run.recovery import complement_manifest, recover
 from rescue.run.stopping import order_meta
 from rescue.run.observer import RunObserver
-from rescue.run.peers import check_live_identity, resolved_config, study_protocol
+from rescue.run.peers import check_live_identity, probe_policy, resolved_config, study_protocol
 from rescue.study import logs
 from rescue.study.files import write_manifest
 from rescue.study.folder import StudyError, create_study, load_study_config, new_study_dir, open_journal, study_outcome
@@ -250,6 +252,11 @@ def evaluate(
     """A baseline evaluation: control arms over official initial states, same journal and rules."""
 
     protocol = study_protocol(config)
+    if protocol.name == "vla-eval" and wire_of(config.policy.url) == VLA_EVAL:
+        # The harness seeds and limits its episodes as the server's HELLO asks (OpenVLA-OFT's: env seed 0).
+        seed, asked = episode_settings(asyncio.run(probe_policy(config.policy)))
+        protocol = protocol.model_copy(update={"seed_base": protocol.seed_base if seed is None else seed})
+        horizon = horizon or asked
     horizon = horizon or protocol.horizon(suite)
     cases = episode_cases(suite, tasks, episodes, horizon, first_init, protocol)
     config = config.model_copy(update={"arms": ("control",), "sham": ShamConfig()})  # episodes: one arm

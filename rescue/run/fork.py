@@ -170,9 +170,9 @@ class Fork:
         interval = run.interval
         for (step, policy_input), row in zip(queries, run.trace):
             reply = await query_policy(run.policy, policy_input, step, run.firings)
-            chunk = checked_chunk(reply, interval=interval, due=min(interval, run.horizon - step),
-                                  space=self.ctrl.action_space,
-                                  policy=getattr(run.policy, "url", type(run.policy).__name__), step=step)
+            chunk = run.spec.protocol.executed(checked_chunk(
+                reply, interval=interval, due=min(interval, run.horizon - step), space=self.ctrl.action_space,
+                policy=getattr(run.policy, "url", type(run.policy).__name__), step=step))
             if digest_array(chunk) != row.actions:
                 raise RuntimeError(f"fork replay: the policy answered step {step} differently (not deterministic under its seed)")
 

@@ -37,11 +37,14 @@ from rescue.core.configuration.identity import (
     resolve_stateless,
 )
 from rescue.core.observation import ObservationProfile, get_profile, needs_torch
+from rescue.core.configuration.vla_eval_study import study_with_server
+from rescue.core.vla_eval_settings import is_vla_eval
 from rescue.core.reported_model import mismatch, model_matches
 from rescue.env.backend import LOCAL, Backend
 from rescue.env.memory import simulator_budget
 from rescue.env.pool import SimPool
 from rescue.policy.client import PolicyServerError, WebsocketPolicyClient
+from rescue.policy.wires import connect
 from rescue.study.layout import RECEIPTS, StudyLayout
 from rescue.study.ledger import LabBudget
 from rescue.study.receipts import ReceiptLog
@@ -82,7 +85,7 @@ async def probe_policy(policy: PolicyConfig) -> dict[str, Any]:
         return policy_metadata(factory, policy.factory, served=True)
     try:
         client = await asyncio.wait_for(
-            WebsocketPolicyClient.connect(policy.url, api_key=policy_api_key(policy), connect_timeout_s=POLICY_ANSWER_S),
+            connect(policy.url, api_key=policy_api_key(policy), connect_timeout_s=POLICY_ANSWER_S),
             POLICY_ANSWER_S,
         )
     except (OSError, asyncio.TimeoutError, aiohttp.ClientError, PolicyServerError) as exc:
@@ -153,6 +156,8 @@ def _of(advisor: str | None) -> str:
 
 def config_with_identity(config: StudyConfig, metadata: dict[str, Any]) -> StudyConfig:
     """The study's configuration with its identity fixed: C, observation profile, announced identity."""
+    if is_vla_eval(metadata):
+        config = study_with_server(config, metadata)
     default = BUNDLED_DEFAULT_OBSERVATION if config.policy.url is None else EXTERNAL_DEFAULT_OBSERVATION
     observation = resolve_observation(config.policy.observation, metadata, default)
     try:
@@ -266,8 +271,7 @@ class Peers:
     async def connect_policy(self, url: str | None = None) -> WebsocketPolicyClient:
         """A new connection to `url` (None: the first policy URL), tried again while its port refuses for
         `policy_connect_s`."""
-        return await WebsocketPolicyClient.connect(url or self.policy_url, api_key=self.policy_api_key,
-                                                   connect_timeout_s=self.policy_connect_s)
+        return await connect(url or self.policy_url, api_key=self.policy_api_key, connect_timeout_s=self.policy_connect_s)
 
     def next_policy_url(self) -> str:
         """The policy URL the next connection goes to: each in turn."""
@@ -289,8 +293,7 @@ async def start_peers(
         api_key = policy_api_key(config.policy)
         policy_urls = await _serve_policy(config, layout, closers)
         for url in policy_urls:  # every process serves the same policy: each is checked
-            probe = await WebsocketPolicyClient.connect(url, api_key=api_key,
-                                                        connect_timeout_s=config.policy.connect_timeout())
+            probe = await connect(url, api_key=api_key, connect_timeout_s=config.policy.connect_timeout())
             metadata = dict(probe.metadata)
             await probe.close()
             check_identity(config, metadata)

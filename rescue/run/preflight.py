@@ -44,6 +44,8 @@ from rescue.vlm.client import VLMClient
 from wrappers.async_rules import AsyncRuleWrapper, rule_inputs_problems
 from rescue.run.idle_hold import first_obs, idle_length_check, check_idle_hold
 from rescue.run.preflight_report import Check, PreflightReport
+from rescue.policy.wires import VLA_EVAL, wire_of
+from rescue.run.preflight_vla_eval import check_chunk_boundary, check_server
 
 log = structlog.get_logger()
 
@@ -184,6 +186,10 @@ async def check_policy_query(case: Case, config: StudyConfig, peers: Peers) -> C
     except Exception as exc:
         return Check(name=name, verdict="fail", detail=f"{type(exc).__name__}: {_last_line(exc)}")
     interval = peers.interval
+    if wire_of(config.policy.url) == VLA_EVAL:  # one action per observation; the chunk stays on the server
+        return Check(name=name, verdict="pass" if actions.ndim == 2 and actions.shape[0] == 1 else "fail",
+                     detail=f"profile {profile!r}: the vla-eval server answered one action of shape {actions.shape[1:]} "
+                     f"to the observation (its chunk of C = {interval} stays on its side)")
     if actions.ndim != 2 or actions.shape[0] < interval:
         return Check(
             name=name,
@@ -355,6 +361,10 @@ async def run_preflight(
                 checks.append(rng_check)
                 checks.append(mode_check(config))
                 checks.append(await check_episode_markers(run_config, peers))
+                if wire_of(config.policy.url) == VLA_EVAL:
+                    checks.append(await check_server(cases, config, peers))
+                    if k > 0:
+                        checks.append(await check_chunk_boundary(cases[0], config, peers))
                 for case in cases[:k]:
                     checks.append(await check_determinism(case, config, peers, clients))
                     log.info("preflight.check", **checks[-1].model_dump())

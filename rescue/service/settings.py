@@ -105,7 +105,7 @@ class NamedPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     url: str | None = None
-    """The policy server's websocket URL (ws:// or wss://)."""
+    """The policy server's websocket URL (ws:// or wss://; vla-eval+ws:// or vla-eval+wss:// for a vla-eval model server)."""
     factory: str | None = None
     """`module:attr` of an in-process policy served on loopback (when there is no url)."""
     api_key_env: str | None = None
@@ -119,8 +119,8 @@ class NamedPolicy(BaseModel):
     def _one_source(self) -> NamedPolicy:
         if (self.url is None) == (self.factory is None):
             raise ValueError("give exactly one of url and factory")
-        if self.url is not None and not re.match(r"wss?://[^/\s]+", self.url):
-            raise ValueError(f"url {self.url!r}: a ws:// or wss:// URL")
+        if self.url is not None and not re.match(r"(vla-eval\+)?wss?://[^/\s]+", self.url):
+            raise ValueError(f"url {self.url!r}: a ws:// or wss:// URL (vla-eval+ws:// for a vla-eval model server)")
         if self.factory is not None and self.api_key_env is not None:
             raise ValueError("api_key_env goes with a url (an in-process policy takes no key)")
         return self

@@ -13,7 +13,8 @@ from typing import Any
 
 # The metadata keys a policy server announces about itself that make it "the same policy"; `torch_threads`
 # (rescue-serve's adapters pin and announce it): a sampling policy's outputs differ across thread counts.
-IDENTITY_KEYS = ("policy", "action_horizon", "observation", "torch_threads")
+# `wire` and `observation_params`: a vla-eval server's (its HELLO's; rescue.policy.vla_eval_client).
+IDENTITY_KEYS = ("policy", "action_horizon", "observation", "torch_threads", "wire", "observation_params")
 
 
 class IdentityError(ValueError):
