@@ -90,3 +90,10 @@ def test_the_check_would_see_a_missing_page_or_heading(tmp_path):
         path.write_text(text)
     assert anchors(pages[b]) == {"b", "the-tests-rounds-2026-12-05", "the-tests-rounds"}
     assert broken_links(pages, tmp_path) == ["a.md: b.md#moved-away", "a.md: c.md"]
+
+
+def test_the_readme_stays_the_front_door():
+    """Under 300 lines, with its two commands: set up and run the demo, set up and run the tests."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 300, f"README.md has {len(text.splitlines())} lines; keep it under 300"
+    assert "bash scripts/demo.sh" in text and "bash scripts/test.sh" in text
