@@ -357,6 +357,24 @@ def test_the_large_studies_users_run_are_accepted_with_their_estimate():
     assert "GB of disk; the study's file system has 1.0 GB free" in config_work_problem(long, [520] * 1004, free_disk=10**9)
 
 
+def test_a_trigger_arm_is_estimated_from_the_first_step_its_trigger_can_fire_at():
+    """A trigger's q is decided while the episode runs: the estimate forks it at the earliest step it can fire (a
+    stall of window 3 at C = 8: step 24), never as an arm run whole and never past what runs."""
+    from rescue.core.configuration.work_limit import case_arm_steps
+
+    stall = {"trigger": [{"name": "stall", "kind": "stall", "window": 3, "distance": 0.02}]}
+    config = StudyConfig.model_validate({**stall, "policy": {"replan_interval": 8}})
+    assert config.case_arms == ("control", "assisted", "assisted@stall")
+    # The leader 280, the assisted arm from q = 144, the stall's arm from step 24.
+    assert case_arm_steps(config, 280) == 280 + (280 - 144) + (280 - 24)
+    unknown_c = StudyConfig.model_validate(stall)  # C not yet known: the stall can fire from step 3 on
+    assert case_arm_steps(unknown_c, 280) == 280 + (280 - 140) + (280 - 3)
+    placebo = StudyConfig.model_validate({"trigger": [*stall["trigger"], {"name": "placebo", "kind": "random",
+                                                                         "matches": "stall", "rate": 0.5}],
+                                          "policy": {"replan_interval": 8}})
+    assert case_arm_steps(placebo, 280) == 280 + (280 - 144) + 2 * (280 - 24)
+
+
 def test_a_studys_own_policy_server_takes_every_arm_its_cases_in_flight_open():
     """The serving distribution caps connections (256 by default); a study of 70 arms a case, 4 cases in flight,
     opens up to 280 at once, so the server it starts for itself takes them."""

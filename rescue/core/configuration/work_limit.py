@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from rescue.core.arms import base_arm, query_point_arm, query_point_of
 from rescue.core.configuration.config import StudyConfig
+from rescue.core.triggers import earliest_step
 
 # One case's arms × continuations: they are recorded in one journal transaction and fan out of one snapshot.
 MAX_ARMS_PER_CASE = 1024
@@ -73,11 +74,16 @@ def forks(config: StudyConfig) -> bool:
     implied by query points or continuations (an evaluation forks nothing)."""
     if config.is_evaluation or config.fork_at_q is False:
         return False
-    return bool(config.fork_at_q) or bool(config.query_points) or config.continuations > 1
+    return bool(config.fork_at_q) or bool(config.query_points) or bool(config.triggers) or config.continuations > 1
 
 
 def _q(config: StudyConfig, arm: str, horizon: int) -> int:
-    """An arm's q; before C is known, the fraction of H it asks at (q rounds that up to the grid of C)."""
+    """An arm's q; before C is known, the fraction of H it asks at (q rounds that up to the grid of C). A trigger's
+    arm asks where its trigger fires, decided while the episode runs: the first step it can fire at (with C
+    unknown, 1 for C), so that the estimate is never under what runs."""
+    trigger = config.trigger_of(arm)
+    if trigger is not None:
+        return min(horizon, earliest_step(trigger, config.policy.replan_interval or 1, config.triggers or ()))
     if config.policy.replan_interval is not None:
         return config.query_step(arm, horizon)
     point = query_point_of(arm)
