@@ -190,3 +190,16 @@ def test_a_failures_only_study_ranks_by_rescue_per_call_and_a_study_without_trig
                                   "arms": {k: v for k, v in r.arms.items() if k in ("control", "assisted")}})
              for r in records]
     assert summarize(plain, [classify(r) for r in plain]).asking is None
+
+
+def test_a_fixed_point_that_wins_per_call_without_a_sham_is_not_said_to_beat_chance():
+    """The best way is a fixed point and no sham asks beside it: nothing tests it against chance, and the reading
+    says why (not that a placebo is missing: placebos match triggers)."""
+    records = [r.model_copy(update={"triggers": {}, "arms": {k: v for k, v in r.arms.items()
+                                                             if k in ("control", "assisted", "assisted@early")}})
+               for r in _cohort()]
+    s = summarize(records, [classify(r) for r in records], frame=SamplingFrame(failures=12, successes=8))
+    a = s.asking
+    assert a is not None and [w.kind for w in a.ways] == ["fixed", "fixed"]
+    assert a.best in ("assisted", "assisted@early") and a.best_beats_chance is None
+    assert a.reading.endswith("the study has no sham arm to compare it with, so whether it beats chance is not tested.")

@@ -279,7 +279,7 @@ def _best(summary: AskingSummary, cases: Sequence[Judged], confidence: float) ->
         summary.reading = (f"{head}; against the sham at the pre-registered q: {c.pairs.first_only} only it, "
                            f"{c.pairs.second_only} only the sham, exact McNemar p = {c.mcnemar_p:.3g}: it {verdict}.")
         return
-    summary.reading = f"{head}; no placebo asks at its budget, so whether it beats chance is not tested."
+    summary.reading = f"{head}; the study has no sham arm to compare it with, so whether it beats chance is not tested."
 
 
 def way_name(way: WayOfAsking) -> str:
