@@ -1,12 +1,13 @@
 """The work a study may ask for, in one place, counted as it will run and priced for the machine.
 
-A case runs its arms × continuations; forked arms (`fork_at_q`, query points, K > 1) share the case's prefix up to
-their q, so a case costs H steps for its leader plus H - q for every other arm and continuation, not H each. What
-a study asks is refused, in one line that gives the estimate, when it would take longer than `MAX_HOURS` on its
-simulators (`rescue run --max-hours` raises it), or more disk than the study's file system has free; and, as a
-guard on one case's records (its arms land in one journal transaction), past `MAX_ARMS_PER_CASE` arms per case. No
-declared query point may be unable to fire within a case's horizon, and no two asking arms may ask at one step of
-a case. The service's `[limits]` may lower the arms per case and the arm-steps.
+A case runs its arms × continuations; forked arms (`fork_at_q`, query points, triggers, K > 1) share the case's
+prefix up to their q, so a case costs H steps for its leader plus H - q for every other arm and continuation, not H
+each (a trigger's q: the first step it can fire at). What a study asks is refused, in one line that gives the
+estimate, when it would take longer than `MAX_HOURS` on its simulators (`rescue run --max-hours` raises it), or
+more disk than the study's file system has free; and, as a guard on one case's records (its arms land in one
+journal transaction), past `MAX_ARMS_PER_CASE` arms per case. No declared query point may be unable to fire within
+a case's horizon, and no two asking arms may ask at one step of a case. The service's `[limits]` may lower the arms
+per case and the arm-steps.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def arms_problem(arms_per_case: int, parts: str, limit: int = MAX_ARMS_PER_CASE,
 
 def forks(config: StudyConfig) -> bool:
     """Whether the study's arms will continue from snapshots at their q: fork_at_q set or resolved true, or
-    implied by query points or continuations (an evaluation forks nothing)."""
+    implied by query points, triggers or continuations (an evaluation forks nothing)."""
     if config.is_evaluation or config.fork_at_q is False:
         return False
     return bool(config.fork_at_q) or bool(config.query_points) or bool(config.triggers) or config.continuations > 1
