@@ -241,19 +241,21 @@ class Manifest(BaseModel):
 # --- reading JSON ------------------------------------------------------------
 
 
-class _RepeatedKey(ValueError):
+class RepeatedKey(ValueError):
+    """A JSON object names a key twice (`unique_keys`)."""
+
     def __init__(self, key: str):
         super().__init__(key)
         self.key = key
 
 
-def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # json.loads keeps the last of two equal keys silently; a manifest line
-    # with "horizon" twice is ambiguous, so it is refused.
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads`'s object_pairs_hook for objects whose keys are each given once: json.loads keeps the last of two
+    equal keys silently (a manifest line with "horizon" twice is ambiguous), so RepeatedKey names it."""
     obj: dict[str, Any] = {}
     for key, value in pairs:
         if key in obj:
-            raise _RepeatedKey(key)
+            raise RepeatedKey(key)
         obj[key] = value
     return obj
 
@@ -264,7 +266,7 @@ def _reject_constant(name: str) -> Any:
 
 
 def _loads(text: str) -> Any:
-    return json.loads(text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant)
+    return json.loads(text, object_pairs_hook=unique_keys, parse_constant=_reject_constant)
 
 
 class _Unreadable:
@@ -282,7 +284,7 @@ def _parse(text: str, where: str, one_line: bool) -> Any:
         if one_line:  # `where` names the line: the column is enough
             return _Unreadable(f"{where}:{exc.colno}: invalid JSON: {exc.msg}")
         return _Unreadable(f"{where}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}")
-    except _RepeatedKey as exc:
+    except RepeatedKey as exc:
         return _Unreadable(f"{where}: {_format_loc((exc.key,))}: the key appears twice in one object")
     except RecursionError:
         return _Unreadable(f"{where}: invalid JSON: nested too deeply")

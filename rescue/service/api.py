@@ -35,7 +35,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rescue.core.configuration.config_files import ConfigError
-from rescue.core.manifest import ManifestError
+from rescue.core.manifest import ManifestError, RepeatedKey, unique_keys
 from rescue.service.settings import ServiceConfig
 from rescue.service.job_request import job_request
 from rescue.service.queue import (
@@ -143,26 +143,12 @@ def _job_or_404(request: web.Request):
                                content_type="application/json") from None
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object whose keys are each given once (json.loads keeps the last of two silently)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise DuplicateKey(key)
-        out[key] = value
-    return out
-
-
-class DuplicateKey(ValueError):
-    """A JSON object names a key twice."""
-
-
 def _parse(raw: bytes) -> Any:
     """A POST's JSON, bounded in nesting, each key of an object once and valid text throughout; ValueError says
     why not."""
     try:
-        body = json.loads(raw, object_pairs_hook=_unique_keys) if raw.strip() else {}
-    except DuplicateKey as exc:
+        body = json.loads(raw, object_pairs_hook=unique_keys) if raw.strip() else {}
+    except RepeatedKey as exc:
         raise ValueError(f"the body gives the key {exc.args[0]!r} twice in one object") from None
     except RecursionError:
         raise ValueError(f"the body nests deeper than {MAX_DEPTH} levels") from None
