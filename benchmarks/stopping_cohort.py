@@ -47,16 +47,14 @@ def rescue(*args: str) -> float:
 
 
 def decision(study: Path) -> dict | None:
-    if not (study / "journal.sqlite").exists():
-        return None
-    con = sqlite3.connect(f"file:{study / 'journal.sqlite'}?mode=ro", uri=True, timeout=30)
+    """The rule's decision as the study's journal keeps it; None: not decided, or no journal yet."""
+    from rescue.study.folder import STOPPING_DECISION_KEY, StudyError, open_journal
+
     try:
-        row = con.execute("SELECT value FROM meta WHERE key = 'stopping_decision'").fetchone()
-    except sqlite3.OperationalError:
+        with open_journal(study) as journal:
+            return journal.meta().get(STOPPING_DECISION_KEY)
+    except (StudyError, sqlite3.Error):  # the run has not made its journal yet
         return None
-    finally:
-        con.close()
-    return None if row is None else json.loads(row[0])
 
 
 def run_killed(manifest: Path, config: Path, study: Path) -> float:
